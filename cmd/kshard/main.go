@@ -1,0 +1,43 @@
+// Command kshard runs a replica of the sharded ConfigBinding controller, shows
+// the state of a ring, and starts the local sandbox.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "kshard:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	zapOpts := zap.Options{Development: true}
+	root := &cobra.Command{
+		Use:           "kshard",
+		Short:         "A sharded, multi-replica Kubernetes controller",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			logger := zap.New(zap.UseFlagOptions(&zapOpts))
+			ctrl.SetLogger(logger)
+			cmd.SetContext(ctrl.LoggerInto(cmd.Context(), logger))
+		},
+	}
+	zapFlags := flagSetOf(zapOpts.BindFlags)
+	root.PersistentFlags().AddGoFlagSet(zapFlags)
+	root.AddCommand(newDevCommand())
+	return root
+}
