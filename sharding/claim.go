@@ -1,0 +1,37 @@
+package sharding
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// parseShardLeaseName is the inverse of ShardLeaseName.
+func parseShardLeaseName(name string, shards int32) (int32, bool) {
+	v, ok := strings.CutPrefix(name, "kshard-shard-")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
+		return 0, false
+	}
+	return int32(n), true
+}
+
+// acquirable says whether this replica may try to take a shard Lease now,
+// and why: it does not exist yet, it was released, it expired, or it is
+// already ours (a restarted replica reclaiming its shards).
+func acquirable(l *shardLease, identity string, now time.Time) (string, bool) {
+	switch {
+	case l == nil:
+		return "created", true
+	case l.holder == "":
+		return "released", true
+	case l.holder == identity:
+		return "reclaimed", true
+	case !now.Before(l.expiry):
+		return "expired", true
+	}
+	return "", false
+}

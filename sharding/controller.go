@@ -1,0 +1,91 @@
+package sharding
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// Request is a reconcile request that carries its shard, so a reconciler
+// knows which shard's cache to read and can check that it still holds it.
+// The same object in two shards (its label was corrected) is two requests.
+type Request struct {
+	Shard int32
+	types.NamespacedName
+}
+
+// String is used in logs.
+func (r Request) String() string { return fmt.Sprintf("%d/%s", r.Shard, r.NamespacedName) }
+
+// NewController creates the sharded controller of a Replica: one work queue
+// and one bounded set of workers for every shard held, whatever their number,
+// fed by the shards' informers. The reconciler runs only while its shard is
+// held: a request for a shard being drained or gone is dropped, and a drain
+// waits for the shard's in-flight reconciles before the Lease is released.
+func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error) {
+	g := &guard{r: r, inner: rec}
+	if r.opts.AuditLog != nil {
+		g.audit = &auditLog{w: r.opts.AuditLog}
+	}
+	opts.Reconciler = g
+	opts.NeedLeaderElection = ptr.To(false)
+	c, err := controller.NewTyped(name, r.mgr, opts)
+	if err != nil {
+		return nil, fmt.Errorf("creating sharded controller %s: %w", name, err)
+	}
+	if err := c.Watch(source{r}); err != nil {
+		return nil, fmt.Errorf("watching shards: %w", err)
+	}
+	return c, nil
+}
+
+// source hands the controller's queue to the Replica, whose shards feed it.
+type source struct{ r *Replica }
+
+func (s source) Start(_ context.Context, q workqueue.TypedRateLimitingInterface[Request]) error {
+	s.r.setQueue(q)
+	return nil
+}
+
+func (s source) String() string { return "sharding.Replica(" + s.r.opts.Ring + ")" }
+
+// guard admits a reconcile only while its shard is held, counts it as in
+// flight for the drain, and cancels it when the shard stops.
+type guard struct {
+	r     *Replica
+	inner reconcile.TypedReconciler[Request]
+	audit *auditLog
+}
+
+func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, error) {
+	s := g.r.shard(req.Shard)
+	if s == nil || !s.begin() {
+		return reconcile.Result{}, nil
+	}
+	defer s.end()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.runCtx, cancel)
+	defer stop()
+	if g.audit == nil {
+		return g.inner.Reconcile(ctx, req)
+	}
+	rec := AuditRecord{Replica: g.r.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}
+	if obj, ok := g.r.opts.For.Object.DeepCopyObject().(client.Object); ok && s.cache.Get(ctx, req.NamespacedName, obj) == nil {
+		rec.Generation = obj.GetGeneration()
+	}
+	rec.Event, rec.Time = "start", time.Now()
+	g.audit.write(rec)
+	defer func() {
+		rec.Event, rec.Time = "end", time.Now()
+		g.audit.write(rec)
+	}()
+	return g.inner.Reconcile(ctx, req)
+}

@@ -1,0 +1,188 @@
+package sharding
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+)
+
+// asObject unwraps the tombstone a delete event may carry.
+func asObject(obj any) (client.Object, bool) {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	o, ok := obj.(client.Object)
+	return o, ok
+}
+
+// enqueue adds a request unless the shard stopped taking work. Objects from
+// a shard's initial list go in at low priority, so live changes in shards
+// already running are not stuck behind a newly acquired shard's backlog.
+func (s *shard) enqueue(key types.NamespacedName, initial bool) {
+	if !s.active() {
+		return
+	}
+	req := Request{Shard: s.id, NamespacedName: key}
+	if pq, ok := s.r.queue.(priorityqueue.PriorityQueue[Request]); ok && initial {
+		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority)}, req)
+		return
+	}
+	s.r.queue.Add(req)
+}
+
+func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool {
+	for _, p := range preds {
+		if !f(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// primaryHandler turns the shard's primary objects into requests, after
+// checking that each one's label matches its domain: a wrong label is
+// corrected (the right shard's owner picks the object up), never reconciled.
+func (s *shard) primaryHandler() toolscache.ResourceEventHandler {
+	preds := s.r.opts.For.Predicates
+	return toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			o, ok := asObject(obj)
+			if !ok {
+				return
+			}
+			s.countObjects(1)
+			if !s.rightShard(o) {
+				return
+			}
+			if passes(preds, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o}) }) {
+				s.enqueue(client.ObjectKeyFromObject(o), initial)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			oldO, ok1 := asObject(oldObj)
+			newO, ok2 := asObject(newObj)
+			if !ok1 || !ok2 || !s.rightShard(newO) {
+				return
+			}
+			if passes(preds, func(p predicate.Predicate) bool {
+				return p.Update(event.UpdateEvent{ObjectOld: oldO, ObjectNew: newO})
+			}) {
+				s.enqueue(client.ObjectKeyFromObject(newO), false)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			o, ok := asObject(obj)
+			if !ok {
+				return
+			}
+			s.countObjects(-1)
+			// Gone from this shard's cache is not deleted: the object may
+			// only have left the label selector. The reconciler sees
+			// NotFound and must not clean anything up on it.
+			if passes(preds, func(p predicate.Predicate) bool { return p.Delete(event.DeleteEvent{Object: o}) }) {
+				s.enqueue(client.ObjectKeyFromObject(o), false)
+			}
+		},
+	}
+}
+
+func (s *shard) countObjects(delta int64) {
+	shardObjects.WithLabelValues(s.name).Set(float64(s.objects.Add(delta)))
+}
+
+// ownedHandler enqueues the controller owner (of the primary kind) of the
+// shard's owned objects.
+func (s *shard) ownedHandler(k Kind) toolscache.ResourceEventHandler {
+	owner := func(o client.Object) (types.NamespacedName, bool) {
+		ref := metav1.GetControllerOf(o)
+		if ref == nil || ref.Kind != s.r.forGVK.Kind {
+			return types.NamespacedName{}, false
+		}
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != s.r.forGVK.Group {
+			return types.NamespacedName{}, false
+		}
+		return types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}, true
+	}
+	return toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			o, ok := asObject(obj)
+			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o}) }) {
+				return
+			}
+			if key, ok := owner(o); ok {
+				s.enqueue(key, initial)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			oldO, ok1 := asObject(oldObj)
+			newO, ok2 := asObject(newObj)
+			if !ok1 || !ok2 || !passes(k.Predicates, func(p predicate.Predicate) bool {
+				return p.Update(event.UpdateEvent{ObjectOld: oldO, ObjectNew: newO})
+			}) {
+				return
+			}
+			if key, ok := owner(newO); ok {
+				s.enqueue(key, false)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			o, ok := asObject(obj)
+			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool { return p.Delete(event.DeleteEvent{Object: o}) }) {
+				return
+			}
+			if key, ok := owner(o); ok {
+				s.enqueue(key, false)
+			}
+		},
+	}
+}
+
+// rightShard reports whether an object's domain maps to this shard, and
+// corrects its label in the background when it does not.
+func (s *shard) rightShard(o client.Object) bool {
+	domain := s.r.opts.Domain(o)
+	want := ShardOf(domain, s.r.opts.Shards)
+	if want == s.id {
+		return true
+	}
+	go func() {
+		if err := s.r.stampLabels(context.Background(), o, domain, want); err != nil {
+			s.log.Error(err, "Correcting a wrong shard label", "object", client.ObjectKeyFromObject(o))
+		} else {
+			s.log.Info("Corrected a wrong shard label", "object", client.ObjectKeyFromObject(o), "from", s.id, "to", want)
+		}
+	}()
+	return false
+}
+
+// stampLabels writes an object's domain and shard labels with a merge patch
+// of the labels alone: the shard follows from the immutable domain, so
+// concurrent stamps agree and need no resourceVersion guard.
+func (r *Replica) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{
+		LabelShard:  fmt.Sprint(shard),
+		LabelDomain: domain,
+	}}})
+	if err != nil {
+		return err
+	}
+	obj, ok := o.DeepCopyObject().(client.Object)
+	if !ok {
+		return fmt.Errorf("%T is not a client.Object", o)
+	}
+	if err := r.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("labeling %s with shard %d: %w", client.ObjectKeyFromObject(o), shard, err)
+	}
+	return nil
+}

@@ -1,0 +1,514 @@
+package sharding_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/sharding"
+)
+
+var cp *controlplane.ControlPlane
+
+// Environment of a replica process: the test binary re-executed with these
+// set runs one replica instead of the tests, so a test can SIGKILL it.
+const (
+	envReplica    = "KSHARD_TEST_REPLICA"
+	envKubeconfig = "KSHARD_TEST_KUBECONFIG"
+	envNamespace  = "KSHARD_TEST_NAMESPACE"
+	envRing       = "KSHARD_TEST_RING"
+	envAudit      = "KSHARD_TEST_AUDIT"
+	envTiming     = "KSHARD_TEST_TIMING"
+)
+
+func TestMain(m *testing.M) {
+	if id := os.Getenv(envReplica); id != "" {
+		os.Exit(runReplicaProcess(id))
+	}
+	os.Exit(controlplane.RunTests(m, &cp))
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = configv1alpha1.AddToScheme(s)
+	return s
+}
+
+func newClient(t testing.TB) client.Client {
+	t.Helper()
+	c, err := client.New(cp.Config, client.Options{Scheme: newScheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newNamespace(t testing.TB, c client.Client) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "sharding-"}}
+	if err := c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// timing is a lease timing short enough for tests to see several handovers.
+type timing struct{ lease, renew, retry time.Duration }
+
+var fastTiming = timing{lease: 6 * time.Second, renew: 4 * time.Second, retry: time.Second}
+
+func (tm timing) String() string { return fmt.Sprintf("%s/%s/%s", tm.lease, tm.renew, tm.retry) }
+
+func parseTiming(s string) timing {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 {
+		return fastTiming
+	}
+	var tm timing
+	var errs [3]error
+	tm.lease, errs[0] = time.ParseDuration(parts[0])
+	tm.renew, errs[1] = time.ParseDuration(parts[1])
+	tm.retry, errs[2] = time.ParseDuration(parts[2])
+	if errs[0] != nil || errs[1] != nil || errs[2] != nil {
+		return fastTiming
+	}
+	return tm
+}
+
+// replicaConfig says how to run one replica.
+type replicaConfig struct {
+	id, namespace, ring string
+	shards              int32
+	timing              timing
+	statefulSet         string
+	audit               *os.File
+	restConfig          *rest.Config
+}
+
+// replica is a running replica with its manager.
+type replica struct {
+	id     string
+	rep    *sharding.Replica
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the manager returned, with err set
+	err    error
+}
+
+func (r *replica) stop(t testing.TB) {
+	t.Helper()
+	r.cancel()
+	select {
+	case <-r.done:
+		if r.err != nil {
+			t.Errorf("replica %s: %v", r.id, r.err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Errorf("replica %s did not stop", r.id)
+	}
+}
+
+// newReplica builds the manager, Replica and recording controller of one
+// replica, as any controller using the library would.
+func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
+	cfg := rest.CopyConfig(rc.restConfig)
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme:                  newScheme(),
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		LeaderElection:          true,
+		LeaderElectionNamespace: rc.namespace,
+		LeaderElectionID:        rc.ring + "-labeler",
+		LeaseDuration:           ptr.To(rc.timing.lease),
+		RenewDeadline:           ptr.To(rc.timing.renew),
+		RetryPeriod:             ptr.To(rc.timing.retry),
+		LeaderElectionReleaseOnCancel: true,
+		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
+		GracefulShutdownTimeout: ptr.To(time.Minute),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := sharding.Options{
+		Ring:           rc.ring,
+		Identity:       rc.id,
+		LeaseNamespace: rc.namespace,
+		Shards:         rc.shards,
+		LeaseDuration:  rc.timing.lease,
+		RenewDeadline:  rc.timing.renew,
+		RetryPeriod:    rc.timing.retry,
+		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}},
+		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}}},
+		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
+		StatefulSet:    rc.statefulSet,
+	}
+	if rc.audit != nil {
+		opts.AuditLog = rc.audit
+	}
+	rep, err := sharding.New(mgr, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec := &statusReconciler{rep: rep, client: mgr.GetClient()}
+	if _, err := rep.NewController("recorder", rec, controller.TypedOptions[sharding.Request]{MaxConcurrentReconciles: 4}); err != nil {
+		return nil, nil, err
+	}
+	return &replica{id: rc.id, rep: rep}, mgr, nil
+}
+
+func startReplica(t testing.TB, rc replicaConfig) *replica {
+	t.Helper()
+	if rc.restConfig == nil {
+		rc.restConfig = cp.Config
+	}
+	r, mgr, err := newReplica(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), zap.New(zap.UseDevMode(true))))
+	r.cancel, r.done = cancel, make(chan struct{})
+	go func() { defer close(r.done); r.err = mgr.Start(ctx) }()
+	t.Cleanup(func() { r.cancel(); <-r.done })
+	return r
+}
+
+// statusReconciler is the smallest useful sharded reconciler: it reads the
+// object from its shard's cache and records, in status, the generation it
+// saw and which shard and replica saw it.
+type statusReconciler struct {
+	rep    *sharding.Replica
+	client client.Client
+}
+
+func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) (reconcile.Result, error) {
+	reader, ok := r.rep.Reader(req.Shard)
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	var cb configv1alpha1.ConfigBinding
+	if err := reader.Get(ctx, req.NamespacedName, &cb); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	// A little work, so that overlapping reconciles would have a window.
+	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+	if cb.Status.ObservedGeneration == cb.Generation && ptr.Deref(cb.Status.Shard, -1) == req.Shard && cb.Status.Replica == r.rep.Identity() {
+		return reconcile.Result{}, nil
+	}
+	if !r.rep.Holds(req.Shard) {
+		return reconcile.Result{}, nil
+	}
+	patch := client.MergeFromWithOptions(cb.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	cb.Status.ObservedGeneration = cb.Generation
+	cb.Status.Shard = ptr.To(req.Shard)
+	cb.Status.Replica = r.rep.Identity()
+	if err := r.client.Status().Patch(ctx, &cb, patch); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			// A newer version is on its way through the informer.
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
+}
+
+// runReplicaProcess is the body of a replica process.
+func runReplicaProcess(id string) int {
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
+	kc, err := clientcmd.BuildConfigFromFlags("", os.Getenv(envKubeconfig))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rc := replicaConfig{id: id, namespace: os.Getenv(envNamespace), ring: os.Getenv(envRing), shards: 64,
+		timing: parseTiming(os.Getenv(envTiming)), restConfig: kc}
+	if path := os.Getenv(envAudit); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		rc.audit = f
+	}
+	_, mgr, err := newReplica(rc)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// replicaProcess is a replica running as a child process.
+type replicaProcess struct {
+	id  string
+	cmd *exec.Cmd
+}
+
+func startReplicaProcess(t testing.TB, id, ns, ring string, tm timing, audit string) *replicaProcess {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envReplica+"="+id, envKubeconfig+"="+kubeconfig, envNamespace+"="+ns,
+		envRing+"="+ring, envAudit+"="+audit, envTiming+"="+tm.String())
+	logFile, err := os.Create(filepath.Join(t.TempDir(), id+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &replicaProcess{id: id, cmd: cmd}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			if out, err := os.ReadFile(logFile.Name()); err == nil && len(out) > 0 {
+				tail := out[max(0, len(out)-4000):]
+				t.Logf("log of replica %s (tail):\n%s", id, tail)
+			}
+		}
+	})
+	return p
+}
+
+func (p *replicaProcess) kill(t testing.TB) time.Time {
+	t.Helper()
+	if err := p.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	_ = p.cmd.Wait()
+	return killed
+}
+
+// shardHolders reads every shard Lease of a ring.
+func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coordinationv1.Lease {
+	t.Helper()
+	var list coordinationv1.LeaseList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns),
+		client.MatchingLabels{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindShard}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[int32]coordinationv1.Lease{}
+	for _, l := range list.Items {
+		var n int32
+		if _, err := fmt.Sscanf(l.Name, "kshard-shard-%d", &n); err == nil {
+			out[n] = l
+		}
+	}
+	return out
+}
+
+func holderOf(l coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
+
+func leaseExpiry(l coordinationv1.Lease) time.Time {
+	if l.Spec.RenewTime == nil {
+		return time.Time{}
+	}
+	return l.Spec.RenewTime.Add(time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second)
+}
+
+// heldBy counts shards per holder; "" counts unheld or expired shards.
+func heldBy(leases map[int32]coordinationv1.Lease, shards int32, now time.Time) map[string][]int32 {
+	out := map[string][]int32{}
+	for n := range shards {
+		l, ok := leases[n]
+		h := ""
+		if ok && holderOf(l) != "" && leaseExpiry(l).After(now) {
+			h = holderOf(l)
+		}
+		out[h] = append(out[h], n)
+	}
+	return out
+}
+
+// createBindings creates n ConfigBindings spread over domains, unlabeled:
+// the labeler stamps them.
+func createBindings(t testing.TB, c client.Client, ns string, n, domains int) []client.ObjectKey {
+	t.Helper()
+	var keys []client.ObjectKey
+	for i := range n {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cb-%d", i)},
+			Spec: configv1alpha1.ConfigBindingSpec{
+				Domain: fmt.Sprintf("domain-%d", i%domains),
+				Keys:   []configv1alpha1.ConfigKey{"k"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("cm-%d", i)},
+			},
+		}
+		if err := c.Create(context.Background(), cb); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, client.ObjectKeyFromObject(cb))
+	}
+	return keys
+}
+
+// allReconciled reports whether every binding in ns has its current
+// generation recorded in status by the replica holding its shard now.
+func allReconciled(c client.Client, ns, ring string, t testing.TB) error {
+	var list configv1alpha1.ConfigBindingList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	holders := shardHolders(t, c, ns, ring)
+	for _, cb := range list.Items {
+		shard, ok := sharding.ParseShardLabel(cb.Labels, 64)
+		if !ok {
+			return fmt.Errorf("%s has no valid shard label: %v", cb.Name, cb.Labels)
+		}
+		if want := sharding.ShardOf(cb.Spec.Domain, 64); shard != want {
+			return fmt.Errorf("%s labeled shard %d, its domain maps to %d", cb.Name, shard, want)
+		}
+		if cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("%s: generation %d observed %d", cb.Name, cb.Generation, cb.Status.ObservedGeneration)
+		}
+		if got := ptr.Deref(cb.Status.Shard, -1); got != shard {
+			return fmt.Errorf("%s: status shard %d, label %d", cb.Name, got, shard)
+		}
+		if h := holderOf(holders[shard]); cb.Status.Replica != h {
+			return fmt.Errorf("%s: reconciled by %q, shard %d held by %q", cb.Name, cb.Status.Replica, shard, h)
+		}
+	}
+	return nil
+}
+
+// eventually polls cond until it returns nil or the bound passes. Bounds are
+// generous: they catch a hang, not a slow machine.
+func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: still failing after %s: %v", what, within, err)
+}
+
+// interval is one reconcile of one object by one replica.
+type interval struct {
+	replica    string
+	start, end time.Time
+	generation int64
+}
+
+// readAudit merges audit logs into intervals per object. A start with no end
+// (the replica was killed) lasts until killedAt[replica].
+func readAudit(t testing.TB, killedAt map[string]time.Time, paths ...string) map[string][]interval {
+	t.Helper()
+	type key struct{ replica, object string }
+	open := map[key][]sharding.AuditRecord{}
+	out := map[string][]interval{}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var rec sharding.AuditRecord
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+				continue // a line cut by SIGKILL
+			}
+			obj := rec.Namespace + "/" + rec.Name
+			k := key{rec.Replica, obj}
+			switch rec.Event {
+			case "start":
+				open[k] = append(open[k], rec)
+			case "end":
+				// Reconciles of one object on one replica never run
+				// concurrently (the work queue guarantees it), so the
+				// oldest open start is this end's.
+				if starts := open[k]; len(starts) > 0 {
+					out[obj] = append(out[obj], interval{replica: rec.Replica, start: starts[0].Time, end: rec.Time, generation: starts[0].Generation})
+					open[k] = starts[1:]
+				}
+			}
+		}
+		f.Close()
+	}
+	for k, starts := range open {
+		for _, s := range starts {
+			end, ok := killedAt[k.replica]
+			if !ok {
+				end = time.Now()
+			}
+			out[k.object] = append(out[k.object], interval{replica: k.replica, start: s.Time, end: end, generation: s.Generation})
+		}
+	}
+	return out
+}
+
+// overlaps lists pairs of intervals of one object on different replicas
+// that intersect.
+func overlaps(byObject map[string][]interval) []string {
+	var found []string
+	for obj, ivs := range byObject {
+		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
+		for i := range ivs {
+			for j := i + 1; j < len(ivs) && ivs[j].start.Before(ivs[i].end); j++ {
+				if ivs[i].replica != ivs[j].replica {
+					found = append(found, fmt.Sprintf("%s: %s [%s, %s] and %s [%s, %s]", obj,
+						ivs[i].replica, ivs[i].start.Format(time.StampMicro), ivs[i].end.Format(time.StampMicro),
+						ivs[j].replica, ivs[j].start.Format(time.StampMicro), ivs[j].end.Format(time.StampMicro)))
+				}
+			}
+		}
+	}
+	return found
+}
+
+// syncWriter lets replicas in one process share an audit file.
+type syncWriter struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.f.Write(p)
+}

@@ -1,0 +1,111 @@
+package sharding
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	ctrlsource "sigs.k8s.io/controller-runtime/pkg/source"
+)
+
+// labeler stamps the domain and shard labels on primary objects that have
+// no valid shard label. It runs on the elected leader only and watches only
+// those objects (selector: shard label not in [0, shards)), so it costs
+// nothing while every object is labeled, and no webhook sits on the write
+// path: a new object waits for one watch event and one patch instead.
+type labeler struct {
+	r         *Replica
+	unlabeled atomic.Int64
+}
+
+// NeedLeaderElection is true: one labeler per ring is enough.
+func (l *labeler) NeedLeaderElection() bool { return true }
+
+// unlabeledSelector matches objects whose shard label is missing or is not
+// one of the ring's shards.
+func unlabeledSelector(shards int32) (labels.Selector, error) {
+	values := make([]string, shards)
+	for i := range values {
+		values[i] = strconv.Itoa(i)
+	}
+	req, err := labels.NewRequirement(LabelShard, selection.NotIn, values)
+	if err != nil {
+		return nil, fmt.Errorf("building the unlabeled-object selector: %w", err)
+	}
+	return labels.NewSelector().Add(*req), nil
+}
+
+func (l *labeler) Start(ctx context.Context) error {
+	r := l.r
+	sel, err := unlabeledSelector(r.opts.Shards)
+	if err != nil {
+		return err
+	}
+	mgr := r.mgr
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient:           mgr.GetHTTPClient(),
+		Scheme:               mgr.GetScheme(),
+		Mapper:               mgr.GetRESTMapper(),
+		DefaultLabelSelector: sel,
+		DefaultTransform:     cache.TransformStripManagedFields(),
+	})
+	if err != nil {
+		return fmt.Errorf("creating labeler cache: %w", err)
+	}
+	inf, err := c.GetInformer(ctx, r.opts.For.Object)
+	if err != nil {
+		return fmt.Errorf("watching unlabeled objects: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { unlabeledObjects.Set(float64(l.unlabeled.Add(1))) },
+		DeleteFunc: func(any) { unlabeledObjects.Set(float64(l.unlabeled.Add(-1))) },
+	}); err != nil {
+		return fmt.Errorf("counting unlabeled objects: %w", err)
+	}
+	ctl, err := controller.NewUnmanaged("kshard-labeler-"+r.opts.Ring, controller.Options{
+		Reconciler:              reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) { return l.reconcile(ctx, c, req) }),
+		MaxConcurrentReconciles: 4,
+		SkipNameValidation:      ptr.To(true),
+		Logger:                  r.log.WithName("labeler"),
+	})
+	if err != nil {
+		return fmt.Errorf("creating labeler: %w", err)
+	}
+	if err := ctl.Watch(ctrlsource.Kind(c, r.opts.For.Object, &handler.EnqueueRequestForObject{})); err != nil {
+		return fmt.Errorf("creating labeler: %w", err)
+	}
+	r.log.Info("Labeling unlabeled objects as the elected leader")
+	errs := make(chan error, 2)
+	go func() { errs <- c.Start(ctx) }()
+	go func() { errs <- ctl.Start(ctx) }()
+	err = <-errs
+	<-errs
+	unlabeledObjects.Set(0)
+	return err
+}
+
+func (l *labeler) reconcile(ctx context.Context, c client.Reader, req reconcile.Request) (reconcile.Result, error) {
+	obj, ok := l.r.opts.For.Object.DeepCopyObject().(client.Object)
+	if !ok {
+		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", l.r.opts.For.Object)
+	}
+	if err := c.Get(ctx, req.NamespacedName, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	domain := l.r.opts.Domain(obj)
+	return reconcile.Result{}, l.r.stampLabels(ctx, obj, domain, ShardOf(domain, l.r.opts.Shards))
+}

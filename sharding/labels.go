@@ -1,0 +1,51 @@
+package sharding
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// The label and annotation keys of kshard. Shard labels live on the objects;
+// ring labels and annotations live on the Leases that coordinate replicas.
+const (
+	// LabelShard holds an object's shard number. Informers select on it, so
+	// a replica lists and watches only the shards it holds.
+	LabelShard = "kshard.dev/shard"
+	// LabelDomain holds the business domain the shard was computed from, so
+	// a person can see why an object landed where it did.
+	LabelDomain = "kshard.dev/domain"
+	// LabelRing marks the Leases of one ring, so replicas watch only those.
+	LabelRing = "kshard.dev/ring"
+	// LabelLeaseKind tells member Leases from shard Leases.
+	LabelLeaseKind = "kshard.dev/lease-kind"
+	// AnnotationShards is the shard count a member was started with. Members
+	// that disagree with the ring claim nothing.
+	AnnotationShards = "kshard.dev/shards"
+)
+
+// Values of LabelLeaseKind.
+const (
+	LeaseKindMember = "member"
+	LeaseKindShard  = "shard"
+)
+
+// MemberLeaseName is the name of a replica's member Lease.
+func MemberLeaseName(replica string) string { return "kshard-member-" + replica }
+
+// ShardLeaseName is the name of the Lease that one replica must hold to run
+// a shard.
+func ShardLeaseName(shard int32) string { return fmt.Sprintf("kshard-shard-%d", shard) }
+
+// ParseShardLabel returns the shard an object's label names, and whether it
+// names one in [0, shards).
+func ParseShardLabel(labels map[string]string, shards int32) (int32, bool) {
+	v, ok := labels[LabelShard]
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
+		return 0, false
+	}
+	return int32(n), true
+}

@@ -1,0 +1,141 @@
+package sharding
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+)
+
+// Defaults. Every held shard Lease is written once per RetryPeriod, so a ring
+// costs about Shards/RetryPeriod Lease writes per second whatever its size:
+// 64 shards at 5 s is 12.8 writes/s. A crashed replica's shards move after
+// LeaseDuration; a fenced replica stops RenewDeadline after its last renewal,
+// LeaseDuration−RenewDeadline before anyone else may start.
+const (
+	DefaultShards        int32 = 64
+	DefaultLeaseDuration       = 15 * time.Second
+	DefaultRenewDeadline       = 10 * time.Second
+	DefaultRetryPeriod         = 5 * time.Second
+	DefaultDrainTimeout        = 10 * time.Second
+)
+
+// Kind is an object kind that a shard watches.
+type Kind struct {
+	// Object is an instance of the kind, e.g. &corev1.ConfigMap{}.
+	Object client.Object
+	// Predicates filter its events before they become requests.
+	Predicates []predicate.Predicate
+}
+
+// Options configure a Replica.
+type Options struct {
+	// Ring names the ring; replicas of one controller share it. Required.
+	Ring string
+	// Identity is this replica's unique name in the ring. Defaults to
+	// $POD_NAME, else the hostname.
+	Identity string
+	// LeaseNamespace holds the ring's Leases. Required.
+	LeaseNamespace string
+	// Shards is the fixed shard count of the ring. Defaults to 64.
+	Shards int32
+
+	// LeaseDuration, RenewDeadline and RetryPeriod have the meaning they have
+	// in client-go leader election, per shard Lease and member Lease.
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
+	// DrainTimeout bounds how long a release waits for in-flight reconciles.
+	DrainTimeout time.Duration
+
+	// For is the primary kind: its objects carry the shard label and become
+	// requests. Required.
+	For Kind
+	// Owns are kinds whose objects carry their owner's shard label and
+	// enqueue their controller owner of the For kind.
+	Owns []Kind
+	// Domain returns a primary object's business domain. Required.
+	Domain func(client.Object) string
+
+	// OnAcquire runs after a shard's informers synced (warm caches here).
+	OnAcquire func(shard int32)
+	// OnRelease runs during a drain, after the shard's informers stopped and
+	// before its Lease is released (evict per-shard caches here).
+	OnRelease func(shard int32)
+
+	// StatefulSet, when set, names the StatefulSet the replicas run in, so a
+	// terminating replica can tell a restart (keep its ring position) from a
+	// scale-down (leave). Without it a terminating replica always leaves.
+	StatefulSet string
+
+	// AuditLog, when set, receives a JSON line (AuditRecord) at the start
+	// and end of every reconcile, for proving that reconciles never overlap.
+	AuditLog io.Writer
+
+	// Logger defaults to the manager's logger.
+	Logger logr.Logger
+}
+
+func (o *Options) setDefaults(log logr.Logger) error {
+	if o.Identity == "" {
+		o.Identity = os.Getenv("POD_NAME")
+	}
+	if o.Identity == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("defaulting identity from hostname: %w", err)
+		}
+		o.Identity = h
+	}
+	if o.Shards == 0 {
+		o.Shards = DefaultShards
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = DefaultLeaseDuration
+	}
+	if o.RenewDeadline == 0 {
+		o.RenewDeadline = DefaultRenewDeadline
+	}
+	if o.RetryPeriod == 0 {
+		o.RetryPeriod = DefaultRetryPeriod
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = log
+	}
+	return o.validate()
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if o.Ring == "" {
+		errs = append(errs, errors.New("ring is required"))
+	}
+	if o.LeaseNamespace == "" {
+		errs = append(errs, errors.New("lease namespace is required"))
+	}
+	if o.Shards < 1 || o.Shards > 4096 {
+		errs = append(errs, fmt.Errorf("shards must be in [1, 4096], got %d", o.Shards))
+	}
+	if o.For.Object == nil {
+		errs = append(errs, errors.New("the primary kind (For) is required"))
+	}
+	if o.Domain == nil {
+		errs = append(errs, errors.New("the Domain function is required"))
+	}
+	if !(o.RetryPeriod < o.RenewDeadline && o.RenewDeadline < o.LeaseDuration) {
+		errs = append(errs, fmt.Errorf("need retry period (%s) < renew deadline (%s) < lease duration (%s)",
+			o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid sharding options: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,352 @@
+package sharding
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// Replica is one member of a ring: it keeps its member Lease, computes the
+// ring from the live members, claims the shards the ring gives it, runs a
+// cache per held shard and feeds their objects to the controller, and hands
+// shards over when the ring changes or the process stops.
+//
+// A Replica is a manager.Runnable that runs on every replica (it does not
+// need leader election), and the controller's event source.
+type Replica struct {
+	opts      Options
+	log       logr.Logger
+	mgr       manager.Manager
+	leases    kubernetes.Interface
+	apiReader client.Reader
+	writer    client.Client
+	forGVK    schema.GroupVersionKind
+
+	leaseCache cache.Cache
+	kick       chan struct{}
+
+	queueOnce  sync.Once
+	queueReady chan struct{}
+	queue      workqueue.TypedRateLimitingInterface[Request]
+
+	mu       sync.Mutex
+	ring     *Ring
+	mismatch bool
+	shards   map[int32]*shard
+	acquires chan struct{} // bounds concurrent acquisitions
+}
+
+// New creates a Replica and adds it to the manager.
+func New(mgr manager.Manager, opts Options) (*Replica, error) {
+	if err := opts.setDefaults(mgr.GetLogger().WithName("sharding")); err != nil {
+		return nil, err
+	}
+	forGVK, err := apiutil.GVKForObject(opts.For.Object, mgr.GetScheme())
+	if err != nil {
+		return nil, fmt.Errorf("finding the kind of the primary object: %w", err)
+	}
+	cs, err := kubernetes.NewForConfigAndClient(mgr.GetConfig(), mgr.GetHTTPClient())
+	if err != nil {
+		return nil, fmt.Errorf("creating Lease client: %w", err)
+	}
+	leaseScheme := runtime.NewScheme()
+	if err := coordinationv1.AddToScheme(leaseScheme); err != nil {
+		return nil, err
+	}
+	leaseCache, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient:           mgr.GetHTTPClient(),
+		Scheme:               leaseScheme,
+		DefaultNamespaces:    map[string]cache.Config{opts.LeaseNamespace: {}},
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{LabelRing: opts.Ring}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating Lease cache: %w", err)
+	}
+	r := &Replica{
+		opts:       opts,
+		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity),
+		mgr:        mgr,
+		leases:     cs,
+		apiReader:  mgr.GetAPIReader(),
+		writer:     mgr.GetClient(),
+		forGVK:     forGVK,
+		leaseCache: leaseCache,
+		kick:       make(chan struct{}, 1),
+		queueReady: make(chan struct{}),
+		ring:       NewRing(opts.Shards, nil),
+		shards:     map[int32]*shard{},
+		acquires:   make(chan struct{}, 16),
+	}
+	if err := mgr.Add(r); err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(&labeler{r: r}); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Identity is this replica's name in the ring.
+func (r *Replica) Identity() string { return r.opts.Identity }
+
+// Shards is the ring's shard count.
+func (r *Replica) Shards() int32 { return r.opts.Shards }
+
+// NeedLeaderElection is false: every replica runs its shards.
+func (r *Replica) NeedLeaderElection() bool { return false }
+
+// Start runs the replica until ctx is done, then hands its shards over
+// (or, when restarting in a StatefulSet, releases them but keeps its place)
+// before it returns.
+func (r *Replica) Start(ctx context.Context) error {
+	r.log.Info("Starting replica", "shards", r.opts.Shards, "leaseNamespace", r.opts.LeaseNamespace)
+	leaseCtx, stopLeaseCache := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLeaseCache()
+	inf, err := r.leaseCache.GetInformer(leaseCtx, &coordinationv1.Lease{})
+	if err != nil {
+		return fmt.Errorf("watching ring Leases: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { r.wake() },
+		UpdateFunc: func(any, any) { r.wake() },
+		DeleteFunc: func(any) { r.wake() },
+	}); err != nil {
+		return fmt.Errorf("watching ring Leases: %w", err)
+	}
+	cacheDone := make(chan error, 1)
+	go func() { cacheDone <- r.leaseCache.Start(leaseCtx) }()
+	if !r.leaseCache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("syncing ring Leases: %w", context.Cause(ctx))
+	}
+
+	member := newMemberLease(r)
+	memberDone := make(chan struct{})
+	memberCtx, stopMember := context.WithCancel(ctx)
+	go func() { defer close(memberDone); member.run(memberCtx) }()
+
+	r.coordinate(ctx)
+
+	// Shutdown: decide whether we leave the ring or only restart, then drain.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.DrainTimeout+r.opts.RenewDeadline)
+	defer cancel()
+	intent := r.terminationIntent(shutdownCtx)
+	r.log.Info("Stopping replica", "intent", intent)
+	stopMember()
+	<-memberDone
+	if intent == IntentLeave {
+		// Leaving first lets the others compute the new ring at once, so they
+		// are ready to acquire each shard the moment it is released.
+		member.delete(shutdownCtx)
+	} else {
+		member.renewOnce(shutdownCtx)
+	}
+	reason := "shutdown"
+	if intent == IntentRestart {
+		reason = "restart"
+	}
+	r.releaseAll(reason)
+	stopLeaseCache()
+	<-cacheDone
+	return nil
+}
+
+func (r *Replica) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// coordinate recomputes the ring and the wanted shards on every Lease event
+// and at the next time a Lease may expire, until ctx is done.
+func (r *Replica) coordinate(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		case <-timer.C:
+		}
+		next := r.sync(ctx)
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}
+
+// sync is one pass of the coordinator. It returns how long until it should
+// look again when nothing happens.
+func (r *Replica) sync(ctx context.Context) time.Duration {
+	var list coordinationv1.LeaseList
+	if err := r.leaseCache.List(ctx, &list); err != nil {
+		r.log.Error(err, "Listing ring Leases")
+		return r.opts.RetryPeriod
+	}
+	now := time.Now()
+	next := now.Add(r.opts.RetryPeriod)
+	view := readLeases(list.Items, r.opts.Shards, now)
+	for _, t := range view.expiries {
+		if t.After(now) && t.Before(next) {
+			next = t
+		}
+	}
+
+	ringMembers.Set(float64(len(view.members)))
+	unownedShards.Set(float64(view.unowned()))
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mismatch := view.shardCount != 0 && view.shardCount != r.opts.Shards
+	if mismatch != r.mismatch {
+		r.mismatch = mismatch
+		if mismatch {
+			shardCountMismatch.Set(1)
+			r.log.Error(nil, "REFUSING TO CLAIM SHARDS: this replica's shard count differs from the ring's; fix --shards",
+				"mine", r.opts.Shards, "ring", view.shardCount)
+		} else {
+			shardCountMismatch.Set(0)
+		}
+	}
+	if mismatch {
+		for _, s := range r.shards {
+			s.release("mismatch")
+		}
+		return time.Until(next)
+	}
+
+	ring := NewRing(r.opts.Shards, view.members)
+	r.ring = ring
+	for n := range r.opts.Shards {
+		desired := ring.Owner(n) == r.opts.Identity
+		s, have := r.shards[n]
+		switch {
+		case desired && !have:
+			lease := view.shards[n]
+			if reason, ok := acquirable(lease, r.opts.Identity, now); ok {
+				r.startShard(ctx, n, reason)
+			}
+		case !desired && have:
+			s.release("rebalance")
+		}
+	}
+	return time.Until(next)
+}
+
+// startShard begins acquiring a shard. Caller holds r.mu.
+func (r *Replica) startShard(ctx context.Context, n int32, reason string) {
+	s := newShard(r, n)
+	r.shards[n] = s
+	go func() {
+		s.run(ctx, reason)
+		r.mu.Lock()
+		if r.shards[n] == s {
+			delete(r.shards, n)
+		}
+		r.mu.Unlock()
+		r.wake()
+	}()
+}
+
+// releaseAll drains and releases every shard and waits for them.
+func (r *Replica) releaseAll(reason string) {
+	r.mu.Lock()
+	held := make([]*shard, 0, len(r.shards))
+	for _, s := range r.shards {
+		held = append(held, s)
+	}
+	r.mu.Unlock()
+	for _, s := range held {
+		s.release(reason)
+	}
+	for _, s := range held {
+		<-s.done
+	}
+}
+
+// shard returns the runtime of a shard this replica holds, if any.
+func (r *Replica) shard(n int32) *shard {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.shards[n]
+}
+
+// Holds reports whether this replica holds a shard and may reconcile its
+// objects. A reconciler checks it before writing: a shard can be lost at
+// any time.
+func (r *Replica) Holds(n int32) bool {
+	s := r.shard(n)
+	return s != nil && s.active()
+}
+
+// Reader reads a held shard's objects from its informer cache.
+func (r *Replica) Reader(n int32) (client.Reader, bool) {
+	s := r.shard(n)
+	if s == nil || !s.active() {
+		return nil, false
+	}
+	return s.cache, true
+}
+
+// HeldShards lists the shards this replica runs, sorted.
+func (r *Replica) HeldShards() []int32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int32
+	for n := range r.opts.Shards {
+		if s, ok := r.shards[n]; ok && s.active() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Ready is a readiness check: ready once this replica runs every shard the
+// ring gives it, with synced informers, and its shard count agrees.
+func (r *Replica) Ready() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mismatch {
+		return fmt.Errorf("shard count %d differs from the ring's", r.opts.Shards)
+	}
+	var missing []int32
+	for _, n := range r.ring.ShardsOf(r.opts.Identity) {
+		if s, ok := r.shards[n]; !ok || !s.synced() {
+			missing = append(missing, n)
+		}
+	}
+	if len(r.ring.Members()) == 0 {
+		return fmt.Errorf("not a ring member yet")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%d desired shards not running yet: %v", len(missing), missing)
+	}
+	return nil
+}
+
+// setQueue is called once by the controller's source.
+func (r *Replica) setQueue(q workqueue.TypedRateLimitingInterface[Request]) {
+	r.queueOnce.Do(func() {
+		r.queue = q
+		close(r.queueReady)
+	})
+}

@@ -1,0 +1,602 @@
+package sharding_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/sharding"
+)
+
+const shards = 64
+
+func ringConfig(ns, ring, id string) replicaConfig {
+	return replicaConfig{id: id, namespace: ns, ring: ring, shards: shards, timing: fastTiming}
+}
+
+// expectRingHeld waits until every shard is held, by the owner the ring of
+// the given members names.
+func expectRingHeld(t *testing.T, c client.Client, ns, ring string, members []string) {
+	t.Helper()
+	want := sharding.NewRing(shards, members)
+	eventually(t, 2*time.Minute, "every shard held by its ring owner", func() error {
+		leases := shardHolders(t, c, ns, ring)
+		now := time.Now()
+		for n := range int32(shards) {
+			l, ok := leases[n]
+			if !ok || holderOf(l) != want.Owner(n) || !leaseExpiry(l).After(now) {
+				return fmt.Errorf("shard %d held by %q, ring owner %q", n, holderOf(l), want.Owner(n))
+			}
+		}
+		return nil
+	})
+}
+
+// leaseHistory watches a ring's shard Leases and records every holder change,
+// to check that no shard is ever taken from a live holder.
+type leaseHistory struct {
+	mu        sync.Mutex
+	last      map[string]coordinationv1.Lease
+	violation []string
+	changes   int
+}
+
+func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cp.Config)
+	w, err := cs.CoordinationV1().Leases(ns).Watch(context.Background(), metav1.ListOptions{
+		LabelSelector: sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + sharding.LeaseKindShard,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			h.observe(*l)
+		}
+	}()
+	t.Cleanup(w.Stop)
+	return h
+}
+
+func (h *leaseHistory) observe(l coordinationv1.Lease) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	prev, seen := h.last[l.Name]
+	h.last[l.Name] = l
+	if !seen || holderOf(l) == "" || holderOf(prev) == "" || holderOf(prev) == holderOf(l) {
+		return
+	}
+	h.changes++
+	// Taken straight from another holder: only allowed once that holder's
+	// Lease had expired.
+	if l.Spec.AcquireTime == nil || l.Spec.AcquireTime.Time.Before(leaseExpiry(prev)) {
+		h.violation = append(h.violation, fmt.Sprintf("%s taken by %s at %v while %s held it until %v",
+			l.Name, holderOf(l), l.Spec.AcquireTime, holderOf(prev), leaseExpiry(prev)))
+	}
+}
+
+func (h *leaseHistory) check(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, v := range h.violation {
+		t.Error(v)
+	}
+}
+
+// TestThreeReplicasSplitTheRing: every shard is held by exactly the replica
+// the ring names, loads are balanced, and each replica's caches hold only its
+// own shards' objects.
+func TestThreeReplicasSplitTheRing(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "split"
+	keys := createBindings(t, c, ns, 300, 60)
+	ids := []string{"r-0", "r-1", "r-2"}
+	var reps []*replica
+	for _, id := range ids {
+		reps = append(reps, startReplica(t, ringConfig(ns, ring, id)))
+	}
+	expectRingHeld(t, c, ns, ring, ids)
+	eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+
+	total, maxHeld := 0, 0
+	for _, r := range reps {
+		held := r.rep.HeldShards()
+		total += len(held)
+		maxHeld = max(maxHeld, len(held))
+		eventually(t, time.Minute, "replica ready", r.rep.Ready)
+	}
+	if total != shards {
+		t.Fatalf("replicas hold %d shards in all, want %d", total, shards)
+	}
+	if ratio := float64(maxHeld) / (float64(shards) / 3); ratio > 1.25 {
+		t.Fatalf("max/mean shards per replica = %.2f, want <= 1.25", ratio)
+	}
+
+	// Each replica can read exactly the objects of the shards it holds.
+	seen := map[client.ObjectKey]string{}
+	for _, r := range reps {
+		for _, n := range r.rep.HeldShards() {
+			reader, ok := r.rep.Reader(n)
+			if !ok {
+				t.Fatalf("%s holds shard %d but has no reader", r.id, n)
+			}
+			var list configv1alpha1.ConfigBindingList
+			if err := reader.List(context.Background(), &list); err != nil {
+				t.Fatal(err)
+			}
+			for _, cb := range list.Items {
+				if got, _ := sharding.ParseShardLabel(cb.Labels, shards); got != n {
+					t.Errorf("%s: shard %d cache holds %s of shard %d", r.id, n, cb.Name, got)
+				}
+				if prev, dup := seen[client.ObjectKeyFromObject(&cb)]; dup {
+					t.Errorf("%s cached by %s and %s", cb.Name, prev, r.id)
+				}
+				seen[client.ObjectKeyFromObject(&cb)] = r.id
+			}
+		}
+	}
+	if len(seen) != len(keys) {
+		t.Fatalf("replicas cache %d objects in all, want %d", len(seen), len(keys))
+	}
+}
+
+// TestGracefulLeaveAndJoin: a replica that stops hands its shards over
+// before its Leases could have expired; a joining replica takes its share;
+// no shard Lease is ever taken from a live holder.
+func TestGracefulLeaveAndJoin(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "leave-join"
+	createBindings(t, c, ns, 200, 50)
+	history := watchLeases(t, ns, ring)
+	// Long leases: a handover that waited for expiry would be plain to see.
+	slow := timing{lease: 60 * time.Second, renew: 40 * time.Second, retry: 2 * time.Second}
+	reps := map[string]*replica{}
+	for _, id := range []string{"r-0", "r-1", "r-2"} {
+		rc := ringConfig(ns, ring, id)
+		rc.timing = slow
+		reps[id] = startReplica(t, rc)
+	}
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1", "r-2"})
+
+	before := shardHolders(t, c, ns, ring)
+	reps["r-2"].stop(t)
+	stopped := time.Now()
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1"})
+	after := shardHolders(t, c, ns, ring)
+	for n, l := range before {
+		if holderOf(l) != "r-2" {
+			continue
+		}
+		got := after[n]
+		// The old holder's Lease would have expired at leaseExpiry(l) (or
+		// later: it kept renewing until it stopped). The new holder took it
+		// before that: the handover did not wait for expiry.
+		if !got.Spec.AcquireTime.Time.Before(leaseExpiry(l)) || !got.Spec.AcquireTime.Time.Before(stopped.Add(slow.lease)) {
+			t.Errorf("shard %d: acquired by %s at %v, old Lease expired at %v", n, holderOf(got), got.Spec.AcquireTime, leaseExpiry(l))
+		}
+	}
+	eventually(t, 2*time.Minute, "all objects reconciled after leave", func() error { return allReconciled(c, ns, ring, t) })
+
+	rc := ringConfig(ns, ring, "r-3")
+	rc.timing = slow
+	reps["r-3"] = startReplica(t, rc)
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1", "r-3"})
+	eventually(t, 2*time.Minute, "all objects reconciled after join", func() error { return allReconciled(c, ns, ring, t) })
+	history.check(t)
+}
+
+// TestCrashFailover: the shards of a replica killed with SIGKILL stay
+// unheld until their Leases expire, then the survivors take them.
+func TestCrashFailover(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "crash"
+	createBindings(t, c, ns, 200, 50)
+	audit := filepath.Join(t.TempDir(), "audit.jsonl")
+	procs := map[string]*replicaProcess{}
+	for _, id := range []string{"p-0", "p-1", "p-2"} {
+		procs[id] = startReplicaProcess(t, id, ns, ring, fastTiming, audit)
+	}
+	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1", "p-2"})
+	history := watchLeases(t, ns, ring)
+
+	killedAt := procs["p-1"].kill(t)
+	before := shardHolders(t, c, ns, ring)
+	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-2"})
+	after := shardHolders(t, c, ns, ring)
+	moved := 0
+	for n, l := range before {
+		if holderOf(l) != "p-1" {
+			continue
+		}
+		moved++
+		if got := after[n]; got.Spec.AcquireTime.Time.Before(leaseExpiry(l)) {
+			t.Errorf("shard %d of the killed replica acquired by %s at %v, before its Lease expired at %v",
+				n, holderOf(got), got.Spec.AcquireTime, leaseExpiry(l))
+		}
+	}
+	if moved == 0 {
+		t.Fatal("the killed replica held no shard")
+	}
+	eventually(t, 2*time.Minute, "all objects reconciled after crash", func() error { return allReconciled(c, ns, ring, t) })
+	history.check(t)
+	if o := overlaps(readAudit(t, map[string]time.Time{"p-1": killedAt}, audit)); len(o) > 0 {
+		t.Fatalf("overlapping reconciles:\n%v", o)
+	}
+}
+
+// TestNoOverlappingReconciles: through join, graceful leave, crash and
+// rejoin under continuous spec updates, no two replicas ever reconcile one
+// object at the same time, and every object's latest generation is
+// reconciled.
+func TestNoOverlappingReconciles(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "overlap"
+	keys := createBindings(t, c, ns, 150, 40)
+	dir := t.TempDir()
+	auditOf := func(id string) string { return filepath.Join(dir, id+".jsonl") }
+	procs := map[string]*replicaProcess{}
+	start := func(id string) { procs[id] = startReplicaProcess(t, id, ns, ring, fastTiming, auditOf(id)) }
+	start("p-0")
+	start("p-1")
+	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1"})
+
+	// Continuous spec updates in the background.
+	ctx, stopUpdates := context.WithCancel(context.Background())
+	var updates atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			key := keys[i%len(keys)]
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(ctx, key, &cb); err != nil {
+				continue
+			}
+			cb.Spec.Keys = []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(fmt.Sprintf("k%d", i))}
+			if c.Update(ctx, &cb) == nil {
+				updates.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+
+	killed := map[string]time.Time{}
+	start("p-2") // join
+	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1", "p-2"})
+	if err := procs["p-0"].cmd.Process.Signal(os.Interrupt); err != nil { // graceful leave
+		t.Fatal(err)
+	}
+	_ = procs["p-0"].cmd.Wait()
+	expectRingHeld(t, c, ns, ring, []string{"p-1", "p-2"})
+	killed["p-1"] = procs["p-1"].kill(t) // crash
+	expectRingHeld(t, c, ns, ring, []string{"p-2"})
+	start("p-0") // rejoin
+	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-2"})
+	stopUpdates()
+	wg.Wait()
+	t.Logf("%d spec updates during the run", updates.Load())
+
+	eventually(t, 2*time.Minute, "latest generation of every object reconciled", func() error { return allReconciled(c, ns, ring, t) })
+	var paths []string
+	for _, id := range []string{"p-0", "p-1", "p-2"} {
+		paths = append(paths, auditOf(id))
+	}
+	byObject := readAudit(t, killed, paths...)
+	if len(byObject) == 0 {
+		t.Fatal("the audit log is empty")
+	}
+	if o := overlaps(byObject); len(o) > 0 {
+		t.Fatalf("%d overlapping reconciles, e.g.:\n%v", len(o), o[:min(len(o), 5)])
+	}
+}
+
+// TestFencing: a replica whose API traffic is cut stops its shards before
+// its Leases expire, so nobody else can start them while it still runs.
+func TestFencing(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "fencing"
+	createBindings(t, c, ns, 100, 30)
+	proxy := newCutProxy(t, cp.Config.Host)
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Host = "https://" + proxy.addr()
+	rc := ringConfig(ns, ring, "fenced")
+	rc.restConfig = cfg
+	r := startReplica(t, rc)
+	expectRingHeld(t, c, ns, ring, []string{"fenced"})
+	eventually(t, time.Minute, "replica ready", r.rep.Ready)
+
+	leases := shardHolders(t, c, ns, ring)
+	proxy.cut()
+	eventually(t, time.Minute, "replica stopped its shards", func() error {
+		if held := r.rep.HeldShards(); len(held) > 0 {
+			return fmt.Errorf("still runs %d shards", len(held))
+		}
+		return nil
+	})
+	stoppedAt := time.Now()
+	// Every Lease it held is still unexpired in the API server's eyes at
+	// the time it stopped: nobody could have taken over yet. (Its last
+	// renewal is at least as late as what we read before the cut.)
+	current := shardHolders(t, c, ns, ring)
+	for n, l := range current {
+		if holderOf(l) != "fenced" {
+			t.Fatalf("shard %d held by %q after the cut", n, holderOf(l))
+		}
+		if !stoppedAt.Before(leaseExpiry(l)) {
+			t.Errorf("shard %d stopped at %v, after its Lease expired at %v", n, stoppedAt, leaseExpiry(l))
+		}
+		if leaseExpiry(l).Before(leaseExpiry(leases[n])) {
+			t.Fatalf("shard %d Lease went backwards", n)
+		}
+	}
+}
+
+// TestLabeler: unlabeled, out-of-range and wrong-label objects all end up
+// correctly labeled and reconciled.
+func TestLabeler(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "labeler"
+	mk := func(name, domain string, labels map[string]string) {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec: configv1alpha1.ConfigBindingSpec{Domain: domain, Keys: []configv1alpha1.ConfigKey{"k"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: name}},
+		}
+		if err := c.Create(context.Background(), cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrong := fmt.Sprint((sharding.ShardOf("payments", shards) + 1) % shards)
+	mk("unlabeled", "payments", nil)
+	mk("out-of-range", "payments", map[string]string{sharding.LabelShard: "999"})
+	mk("garbage", "shipping", map[string]string{sharding.LabelShard: "x"})
+	mk("wrong", "payments", map[string]string{sharding.LabelShard: wrong})
+	startReplica(t, ringConfig(ns, ring, "r-0"))
+	startReplica(t, ringConfig(ns, ring, "r-1"))
+	eventually(t, 2*time.Minute, "all labeled and reconciled", func() error { return allReconciled(c, ns, ring, t) })
+	var cb configv1alpha1.ConfigBinding
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "wrong"}, &cb); err != nil {
+		t.Fatal(err)
+	}
+	if cb.Labels[sharding.LabelDomain] != "payments" {
+		t.Fatalf("domain label = %q", cb.Labels[sharding.LabelDomain])
+	}
+}
+
+// TestShardCountMismatch: a replica started with another shard count than
+// the ring's claims nothing, and says so.
+func TestShardCountMismatch(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "mismatch"
+	a := startReplica(t, ringConfig(ns, ring, "r-0"))
+	b := startReplica(t, ringConfig(ns, ring, "r-1"))
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1"})
+	odd := ringConfig(ns, ring, "r-odd")
+	odd.shards = 32
+	m := startReplica(t, odd)
+	// The odd replica announces itself (its member Lease exists) ...
+	eventually(t, time.Minute, "odd member Lease", func() error {
+		var l coordinationv1.Lease
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("r-odd")}, &l)
+	})
+	// ... and is not ready, holds nothing, and the others keep the ring.
+	eventually(t, time.Minute, "odd replica reports the mismatch", func() error {
+		if err := m.rep.Ready(); err == nil {
+			return fmt.Errorf("mismatching replica reports ready")
+		}
+		return nil
+	})
+	for range 5 {
+		time.Sleep(fastTiming.retry)
+		if held := m.rep.HeldShards(); len(held) > 0 {
+			t.Fatalf("mismatching replica holds %v", held)
+		}
+		for n, l := range shardHolders(t, c, ns, ring) {
+			if holderOf(l) == "r-odd" {
+				t.Fatalf("shard %d Lease held by the mismatching replica", n)
+			}
+		}
+	}
+	if len(a.rep.HeldShards())+len(b.rep.HeldShards()) != shards {
+		t.Fatalf("the agreeing replicas hold %d+%d shards", len(a.rep.HeldShards()), len(b.rep.HeldShards()))
+	}
+}
+
+func TestTerminationIntent(t *testing.T) {
+	for _, tc := range []struct {
+		identity, sts string
+		desired       int32
+		deleting      bool
+		want          sharding.Intent
+	}{
+		{"kshard-1", "kshard", 3, false, sharding.IntentRestart},
+		{"kshard-2", "kshard", 3, false, sharding.IntentRestart},
+		{"kshard-3", "kshard", 3, false, sharding.IntentLeave},
+		{"kshard-2", "kshard", 2, false, sharding.IntentLeave},
+		{"kshard-0", "kshard", 0, false, sharding.IntentLeave},
+		{"kshard-0", "kshard", 3, true, sharding.IntentLeave},
+		{"kshard-01", "kshard", 3, false, sharding.IntentLeave},
+		{"other-0", "kshard", 3, false, sharding.IntentLeave},
+		{"kshard-0", "", 3, false, sharding.IntentLeave},
+		{"kshard-x", "kshard", 3, false, sharding.IntentLeave},
+	} {
+		if got := sharding.TerminationIntent(tc.identity, tc.sts, tc.desired, tc.deleting); got != tc.want {
+			t.Errorf("%s in %s of %d (deleting %v): %s, want %s", tc.identity, tc.sts, tc.desired, tc.deleting, got, tc.want)
+		}
+	}
+}
+
+// TestStatefulSetRestartKeepsShards: a replica that stops while its ordinal
+// is below the StatefulSet's replicas keeps its ring position: nobody takes
+// its shards, and it reclaims them on return. Scaled below its ordinal, it
+// leaves and hands over.
+func TestStatefulSetRestartKeepsShards(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "sts"
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kshard"},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(int32(2)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "kshard"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "kshard"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "kshard", Image: "kshard"}}},
+			},
+		},
+	}
+	if err := c.Create(context.Background(), sts); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(id string) replicaConfig {
+		rc := ringConfig(ns, ring, id)
+		// Long member Leases: the restart window.
+		rc.timing = timing{lease: 30 * time.Second, renew: 20 * time.Second, retry: time.Second}
+		rc.statefulSet = "kshard"
+		return rc
+	}
+	r0 := startReplica(t, cfg("kshard-0"))
+	r1 := startReplica(t, cfg("kshard-1"))
+	_ = r0
+	members := []string{"kshard-0", "kshard-1"}
+	expectRingHeld(t, c, ns, ring, members)
+	mine := sharding.NewRing(shards, members).ShardsOf("kshard-1")
+
+	// Restart: ordinal 1 < 2 replicas.
+	r1.stop(t)
+	for range 3 {
+		time.Sleep(time.Second)
+		leases := shardHolders(t, c, ns, ring)
+		for _, n := range mine {
+			if h := holderOf(leases[n]); h != "" {
+				t.Fatalf("shard %d of the restarting replica taken by %q", n, h)
+			}
+		}
+	}
+	var member coordinationv1.Lease
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("kshard-1")}, &member); err != nil {
+		t.Fatalf("restarting replica's member Lease: %v", err)
+	}
+	r1 = startReplica(t, cfg("kshard-1"))
+	expectRingHeld(t, c, ns, ring, members)
+
+	// Scale-down: 1 replica, so ordinal 1 leaves and hands over.
+	sts.Spec.Replicas = ptr.To(int32(1))
+	if err := c.Update(context.Background(), sts); err != nil {
+		t.Fatal(err)
+	}
+	r1.stop(t)
+	expectRingHeld(t, c, ns, ring, []string{"kshard-0"})
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("kshard-1")}, &member); err == nil {
+		t.Fatal("the leaving replica's member Lease still exists")
+	}
+}
+
+// cutProxy forwards TCP to the API server until cut, then drops every
+// connection and refuses new ones: a network partition on loopback.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	isCut  bool
+}
+
+func newCutProxy(t *testing.T, apiHost string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(apiHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: u.Host}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.isCut {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			out, err := net.Dial("tcp", p.target)
+			if err != nil {
+				p.mu.Unlock()
+				in.Close()
+				continue
+			}
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go pipe(in, out)
+			go pipe(out, in)
+		}
+	}()
+	return p
+}
+
+func pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.isCut = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}

@@ -1,0 +1,64 @@
+package sharding
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Intent is what a terminating replica does with its place in the ring.
+type Intent string
+
+const (
+	// IntentLeave hands every shard over and leaves the ring: the replica is
+	// going away (scale-down, or no StatefulSet to say otherwise).
+	IntentLeave Intent = "leave"
+	// IntentRestart releases the shards but keeps the member Lease, so the
+	// ring does not change and the same replica reclaims its shards when it
+	// returns, instead of moving them away and back (a rolling update).
+	IntentRestart Intent = "restart"
+)
+
+// TerminationIntent decides from StatefulSet facts: a pod whose ordinal is
+// below the desired replica count will be recreated under the same name, so
+// it is restarting; one at or above it is being scaled away. A StatefulSet
+// being deleted, or an identity that is not "<statefulset>-<ordinal>", leaves.
+func TerminationIntent(identity, statefulSet string, desiredReplicas int32, deleting bool) Intent {
+	if deleting || statefulSet == "" {
+		return IntentLeave
+	}
+	suffix, ok := strings.CutPrefix(identity, statefulSet+"-")
+	if !ok {
+		return IntentLeave
+	}
+	ordinal, err := strconv.ParseInt(suffix, 10, 32)
+	if err != nil || ordinal < 0 || strconv.FormatInt(ordinal, 10) != suffix {
+		return IntentLeave
+	}
+	if int32(ordinal) < desiredReplicas {
+		return IntentRestart
+	}
+	return IntentLeave
+}
+
+// terminationIntent reads the StatefulSet. Any doubt (no StatefulSet
+// configured, an API error) means leave: handing over costs a move, while a
+// wrong restart leaves shards unowned until the member Lease expires.
+func (r *Replica) terminationIntent(ctx context.Context) Intent {
+	if r.opts.StatefulSet == "" {
+		return IntentLeave
+	}
+	var sts appsv1.StatefulSet
+	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
+		r.log.Error(err, "Reading the StatefulSet to decide between restart and leave; leaving")
+		return IntentLeave
+	}
+	desired := int32(1)
+	if sts.Spec.Replicas != nil {
+		desired = *sts.Spec.Replicas
+	}
+	return TerminationIntent(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
+}

@@ -1,0 +1,150 @@
+package sharding
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// RingStatus is a ring as the cluster shows it: who holds each shard, who
+// should, and which shards nobody runs. `kshard status` prints it.
+type RingStatus struct {
+	Ring       string
+	ShardCount int32
+	Members    []MemberStatus
+	Shards     []ShardStatus
+	// Unowned are shards with no live holder: their objects are not being
+	// reconciled.
+	Unowned []int32
+	// Unlabeled counts primary objects with no valid shard label.
+	Unlabeled int
+}
+
+// MemberStatus is one member Lease.
+type MemberStatus struct {
+	Name       string
+	Live       bool
+	ShardCount int32
+	Held       int
+	Desired    int
+	RenewAge   time.Duration
+}
+
+// ShardStatus is one shard.
+type ShardStatus struct {
+	Shard    int32
+	Holder   string
+	Desired  string
+	LeaseAge time.Duration // since acquisition by the current holder
+	Objects  int
+}
+
+// ReadStatus reads a ring's Leases and counts the primary objects of kind
+// gvk per shard label (metadata only, paginated).
+func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gvk schema.GroupVersionKind) (*RingStatus, error) {
+	var leases coordinationv1.LeaseList
+	if err := c.List(ctx, &leases, client.InNamespace(namespace), client.MatchingLabels{LabelRing: ring}); err != nil {
+		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
+	}
+	now := time.Now()
+	view := readLeases(leases.Items, 1<<12, now)
+	st := &RingStatus{Ring: ring, ShardCount: view.shardCount}
+	if st.ShardCount == 0 {
+		// No live member: take the largest shard Lease number seen.
+		for n := range view.shards {
+			st.ShardCount = max(st.ShardCount, n+1)
+		}
+	}
+	counts, unlabeled, err := countObjects(ctx, c, gvk, st.ShardCount)
+	if err != nil {
+		return nil, err
+	}
+	st.Unlabeled = unlabeled
+	r := NewRing(st.ShardCount, view.members)
+	held := map[string]int{}
+	for n := range st.ShardCount {
+		s := ShardStatus{Shard: n, Desired: r.Owner(n), Objects: counts[n]}
+		if l, ok := view.shards[n]; ok && l.live(now) {
+			s.Holder = l.holder
+			held[l.holder]++
+		} else {
+			st.Unowned = append(st.Unowned, n)
+		}
+		st.Shards = append(st.Shards, s)
+	}
+	for _, l := range leases.Items {
+		switch l.Labels[LabelLeaseKind] {
+		case LeaseKindShard:
+			if n, ok := parseShardLeaseName(l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
+				st.Shards[n].LeaseAge = now.Sub(l.Spec.AcquireTime.Time)
+			}
+		case LeaseKindMember:
+			name := ptr.Deref(l.Spec.HolderIdentity, strings.TrimPrefix(l.Name, "kshard-member-"))
+			var count int32
+			_, _ = fmt.Sscan(l.Annotations[AnnotationShards], &count)
+			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}
+			m.Live = leaseExpiry(l.Spec).After(now) && ptr.Deref(l.Spec.HolderIdentity, "") != ""
+			if l.Spec.RenewTime != nil {
+				m.RenewAge = now.Sub(l.Spec.RenewTime.Time)
+			}
+			st.Members = append(st.Members, m)
+		}
+	}
+	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].Name < st.Members[j].Name })
+	return st, nil
+}
+
+func countObjects(ctx context.Context, c client.Reader, gvk schema.GroupVersionKind, shards int32) (map[int32]int, int, error) {
+	counts := map[int32]int{}
+	unlabeled := 0
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	for {
+		if err := c.List(ctx, list, client.Limit(500), client.Continue(list.Continue)); err != nil {
+			return nil, 0, fmt.Errorf("counting %s per shard: %w", gvk.Kind, err)
+		}
+		for _, o := range list.Items {
+			if n, ok := ParseShardLabel(o.Labels, shards); ok {
+				counts[n]++
+			} else {
+				unlabeled++
+			}
+		}
+		if list.Continue == "" {
+			return counts, unlabeled, nil
+		}
+	}
+}
+
+// Print writes the status as tables a person reads.
+func (st *RingStatus) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "ring %s: %d shards, %d unowned, %d unlabeled objects\n\n", st.Ring, st.ShardCount, len(st.Unowned), st.Unlabeled)
+	fmt.Fprintln(tw, "MEMBER\tLIVE\tSHARD COUNT\tHELD\tDESIRED\tRENEWED")
+	for _, m := range st.Members {
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%s ago\n", m.Name, m.Live, m.ShardCount, m.Held, m.Desired, m.RenewAge.Round(time.Second))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "SHARD\tHOLDER\tDESIRED\tLEASE AGE\tOBJECTS")
+	for _, s := range st.Shards {
+		holder, age := s.Holder, s.LeaseAge.Round(time.Second).String()
+		if holder == "" {
+			holder, age = "<none>", "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", s.Shard, holder, s.Desired, age, s.Objects)
+	}
+	_ = tw.Flush()
+	if len(st.Unowned) > 0 {
+		fmt.Fprintf(w, "\nUNOWNED SHARDS (their objects are not reconciled): %v\n", st.Unowned)
+	}
+}
