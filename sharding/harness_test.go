@@ -249,6 +249,8 @@ func runReplicaProcess(id string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	kc.QPS = -1 // as ctrl.GetConfig does: the API server's fairness is the limit
+
 	rc := replicaConfig{id: id, namespace: os.Getenv(envNamespace), ring: os.Getenv(envRing), shards: 64,
 		timing: parseTiming(os.Getenv(envTiming)), restConfig: kc}
 	if path := os.Getenv(envAudit); path != "" {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -59,7 +60,13 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("finding the kind of the primary object: %w", err)
 	}
-	cs, err := kubernetes.NewForConfigAndClient(mgr.GetConfig(), mgr.GetHTTPClient())
+	// Lease writes must never wait behind the replica's own informer and
+	// reconcile traffic in a client-side rate limiter: a throttled renewal
+	// fences shards for nothing. The API server's priority and fairness
+	// still protects it.
+	leaseConfig := rest.CopyConfig(mgr.GetConfig())
+	leaseConfig.QPS, leaseConfig.Burst, leaseConfig.RateLimiter = -1, 0, nil
+	cs, err := kubernetes.NewForConfigAndClient(leaseConfig, mgr.GetHTTPClient())
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease client: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,6 +164,42 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	}
 	if len(seen) != len(keys) {
 		t.Fatalf("replicas cache %d objects in all, want %d", len(seen), len(keys))
+	}
+
+	// kshard status reads the same picture from the cluster.
+	st, err := sharding.ReadStatus(context.Background(), c, ns, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ShardCount != shards || len(st.Unowned) != 0 || len(st.Members) != 3 || st.Unlabeled != 0 {
+		t.Fatalf("status: %d shards, unowned %v, %d members, %d unlabeled", st.ShardCount, st.Unowned, len(st.Members), st.Unlabeled)
+	}
+	objects := 0
+	for _, s := range st.Shards {
+		objects += s.Objects
+		if s.Holder != s.Desired {
+			t.Errorf("status: shard %d held by %q, desired %q", s.Shard, s.Holder, s.Desired)
+		}
+	}
+	if objects != len(keys) {
+		t.Fatalf("status counts %d objects, want %d", objects, len(keys))
+	}
+	var out strings.Builder
+	st.Print(&out)
+	if !strings.Contains(out.String(), "0 unowned") {
+		t.Fatalf("status output:\n%s", out.String())
+	}
+
+	// Stopping every replica leaves every shard unowned, and status says so.
+	for _, r := range reps {
+		r.stop(t)
+	}
+	st, err = sharding.ReadStatus(context.Background(), c, ns, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Unowned) != shards {
+		t.Fatalf("after stopping every replica, %d shards unowned, want %d", len(st.Unowned), shards)
 	}
 }
 

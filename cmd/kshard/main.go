@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,6 +20,9 @@ func main() {
 	defer stop()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "kshard:", err)
+		if errors.Is(err, errUnowned) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
@@ -38,6 +42,6 @@ func newRootCommand() *cobra.Command {
 	}
 	zapFlags := flagSetOf(zapOpts.BindFlags)
 	root.PersistentFlags().AddGoFlagSet(zapFlags)
-	root.AddCommand(newDevCommand())
+	root.AddCommand(newDevCommand(), newStatusCommand())
 	return root
 }

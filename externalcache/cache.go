@@ -1,0 +1,487 @@
+package externalcache
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allegro/bigcache/v3"
+	"github.com/go-logr/logr"
+	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
+)
+
+// State says how a Lookup may be used.
+type State uint8
+
+const (
+	// StatePending: no usable value; a fetch is queued, in flight or waiting to be retried. Err
+	// carries the last fetch error, if any.
+	StatePending State = iota
+	// StateFresh: the value is within its soft TTL.
+	StateFresh
+	// StateStale: the value is past its soft TTL but within its hard TTL; it is served while a
+	// refresh runs. Err carries the last refresh error, if any (for example ErrCircuitOpen).
+	StateStale
+	// StateNotFound: the source said the key does not exist, within NegativeTTL.
+	StateNotFound
+)
+
+// String names the state for logs and conditions.
+func (s State) String() string {
+	switch s {
+	case StatePending:
+		return "Pending"
+	case StateFresh:
+		return "Fresh"
+	case StateStale:
+		return "Stale"
+	case StateNotFound:
+		return "NotFound"
+	}
+	return fmt.Sprintf("State(%d)", s)
+}
+
+// Lookup is the answer of Get: a value and how it may be used, never a wait.
+type Lookup struct {
+	// Value is the cached value, set when State is StateFresh or StateStale. It is the caller's
+	// copy.
+	Value []byte
+	// Revision is the source's revision of the value.
+	Revision int64
+	// FetchedAt is when the value (or the not-found answer) was fetched, by Options.Now.
+	FetchedAt time.Time
+	State     State
+	// Err is the last fetch error for the key, so a caller can report the service unavailable
+	// while serving a stale value.
+	Err error
+}
+
+// Cache is a sharded, off-heap cache of an external service's keys with asynchronous,
+// protected fetching. Create it with New and run it with Start; Get, Wait, Warm and DropShard are
+// safe for concurrent use.
+type Cache struct {
+	opts     Options
+	log      logr.Logger
+	bcConfig bigcache.Config
+
+	// ctx is the cache's lifetime: cancelled when Start's context is done.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	shardsMu sync.Mutex
+	shards   atomic.Pointer[map[int32]*shard]
+
+	// mu guards the fetch state: flights, the ready queue and waiting for queue room.
+	mu      sync.Mutex
+	flights map[flightKey]*flight
+	ready   []*flight
+	space   chan struct{}
+	wake    chan struct{}
+
+	feedsMu   sync.Mutex
+	feeds     map[string]*feedLoop
+	running   bool
+	feedLoops atomic.Int32
+
+	group   singleflight.Group
+	limiter *rate.Limiter
+	breaker *gobreaker.CircuitBreaker[Value]
+	// halfOpens counts the breaker's transitions to half-open, each of which lets
+	// HalfOpenProbes calls through.
+	halfOpens atomic.Int64
+	hold      hold
+	notifier  *notifier
+	started   atomic.Bool
+}
+
+// New validates the options, applies defaults and returns a Cache that serves Get at once and
+// fetches once Start runs.
+func New(opts Options) (*Cache, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("configuring the external cache: %w", err)
+	}
+	c := &Cache{
+		opts:     opts,
+		log:      opts.Log,
+		bcConfig: opts.bigcacheConfig(),
+		flights:  map[flightKey]*flight{},
+		wake:     make(chan struct{}, opts.Workers),
+		feeds:    map[string]*feedLoop{},
+		limiter:  rate.NewLimiter(opts.RateLimit, opts.RateBurst),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.breaker = newBreaker(opts.Breaker, func() context.Context { return c.ctx }, c.log, &c.halfOpens)
+	c.notifier = newNotifier(opts.OnUpdate, opts.NotifyQueueSize, c.log)
+	c.shards.Store(&map[int32]*shard{})
+	return c, nil
+}
+
+// Start runs the fetch workers, the notification dispatcher and the change feeds until ctx is
+// done, then releases every waiter with ErrStopped. It makes the Cache a controller-runtime
+// manager.Runnable. It may be called once.
+func (c *Cache) Start(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("starting the external cache: already started")
+	}
+	addLive(c)
+	defer removeLive(c)
+	stop := context.AfterFunc(ctx, c.cancel)
+	defer stop()
+
+	c.log.Info("Starting external cache", "workers", c.opts.Workers, "maxBytes", c.opts.MaxBytes,
+		"maxShards", c.opts.MaxShards, "feed", c.opts.Feed != nil)
+	for range c.opts.Workers {
+		c.wg.Go(c.work)
+	}
+	c.wg.Go(func() { c.notifier.run(c.ctx) })
+	c.feedsMu.Lock()
+	c.running = true
+	for domain, fl := range c.feeds {
+		c.startFeedLocked(domain, fl)
+	}
+	c.feedsMu.Unlock()
+
+	<-c.ctx.Done()
+	c.feedsMu.Lock()
+	c.running = false
+	c.feedsMu.Unlock()
+	c.wg.Wait()
+	c.mu.Lock()
+	for fk, f := range c.flights {
+		delete(c.flights, fk)
+		c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, ErrStopped)})
+	}
+	c.ready = nil
+	c.mu.Unlock()
+	c.log.Info("Stopped external cache")
+	return nil
+}
+
+// Get returns what the cache knows about key in shard without ever waiting: a fresh value; a
+// stale one, with a refresh enqueued; a cached not-found; or Pending, with a fetch enqueued.
+// The controller is told through OnUpdate when a pending key resolves or a value changes.
+func (c *Cache) Get(shard int32, key Key) Lookup {
+	if err := key.validate(); err != nil {
+		missCounter.Inc()
+		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
+	}
+	sh, err := c.shardFor(shard)
+	if err != nil {
+		missCounter.Inc()
+		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
+	}
+	ck := key.cacheKey()
+	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) {
+		countLookup(l)
+		return l
+	}
+	sh.noteDomain(c, key.Domain)
+	c.mu.Lock()
+	l, _, full := c.admitLocked(sh, key, ck)
+	c.mu.Unlock()
+	if full {
+		queueRejected.Inc()
+		l.Err = fmt.Errorf("fetching %s: %w", key, ErrQueueFull)
+	}
+	countLookup(l)
+	return l
+}
+
+func countLookup(l Lookup) {
+	switch l.State {
+	case StateFresh:
+		hitCounter.Inc()
+	case StateStale:
+		staleCounter.Inc()
+	case StateNotFound:
+		negativeCounter.Inc()
+	default:
+		missCounter.Inc()
+	}
+}
+
+// Wait blocks until key is resolved or ctx is done, for callers that may block (admission
+// webhooks, tools, tests): it returns at once for a fresh, stale or not-found key, and otherwise
+// waits for the key's fetch on the same path that notifies OnUpdate. A failed fetch returns its
+// error with the Lookup (Stale with the old value, or Pending). A not-found key is not an error.
+func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) {
+	if err := key.validate(); err != nil {
+		return Lookup{Err: err}, fmt.Errorf("waiting for %s: %w", key, err)
+	}
+	sh, err := c.shardFor(shard)
+	if err != nil {
+		return Lookup{Err: err}, fmt.Errorf("waiting for %s: %w", key, err)
+	}
+	ck := key.cacheKey()
+	sh.noteDomain(c, key.Domain)
+	for {
+		c.mu.Lock()
+		l, f, full := c.admitLocked(sh, key, ck)
+		if full {
+			room := c.roomLocked()
+			c.mu.Unlock()
+			select {
+			case <-room:
+				continue
+			case <-ctx.Done():
+				return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
+			}
+		}
+		if l.State != StatePending || f == nil || f.state == stateFailed {
+			c.mu.Unlock()
+			return l, waitErr(l)
+		}
+		r := f.resolution()
+		c.mu.Unlock()
+		select {
+		case <-r.done:
+			l = r.lookup
+			l.Value = bytes.Clone(l.Value)
+			return l, waitErr(l)
+		case <-ctx.Done():
+			return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
+		}
+	}
+}
+
+func waitErr(l Lookup) error {
+	if l.State == StatePending {
+		if l.Err == nil {
+			return errors.New("fetch ended without a result")
+		}
+		return l.Err
+	}
+	return nil
+}
+
+// Warm enqueues fetches for the keys of shard that are not fresh, waiting for room in the queue
+// when it is full. A controller calls it in the background after acquiring a shard, so that its
+// objects find their keys cached.
+func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
+	sh, err := c.shardFor(shard)
+	if err != nil {
+		return fmt.Errorf("warming shard %d: %w", shard, err)
+	}
+	var errs []error
+	for _, key := range keys {
+		if err := key.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("warming %s: %w", key, err))
+			continue
+		}
+		ck := key.cacheKey()
+		if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) {
+			continue
+		}
+		sh.noteDomain(c, key.Domain)
+		for {
+			c.mu.Lock()
+			_, _, full := c.admitLocked(sh, key, ck)
+			if !full {
+				c.mu.Unlock()
+				break
+			}
+			room := c.roomLocked()
+			c.mu.Unlock()
+			select {
+			case <-room:
+			case <-ctx.Done():
+				return fmt.Errorf("warming shard %d: %w", shard, ctx.Err())
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DropShard forgets everything about shard: its entries, its queued and in-flight fetches
+// (waiters get ErrShardDropped, results are discarded) and its share of the change feeds, which
+// stop for domains no other held shard uses. A controller calls it when it releases the shard,
+// after the shard's reconciles have stopped; a later Get for the shard starts it afresh.
+func (c *Cache) DropShard(shard int32) {
+	c.shardsMu.Lock()
+	held := *c.shards.Load()
+	sh := held[shard]
+	if sh == nil {
+		c.shardsMu.Unlock()
+		return
+	}
+	next := maps.Clone(held)
+	delete(next, shard)
+	c.shards.Store(&next)
+	c.shardsMu.Unlock()
+
+	sh.mu.Lock()
+	sh.dropped = true
+	sh.mu.Unlock()
+	sh.cancel()
+
+	c.mu.Lock()
+	discarded := 0
+	for fk, f := range c.flights {
+		if f.sh == sh {
+			delete(c.flights, fk)
+			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, ErrShardDropped)})
+			discarded++
+		}
+	}
+	c.ready = slices.DeleteFunc(c.ready, func(f *flight) bool { return f.sh == sh })
+	c.roomMadeLocked()
+	c.mu.Unlock()
+
+	var domains []string
+	sh.domains.Range(func(d, _ any) bool {
+		domains = append(domains, d.(string))
+		return true
+	})
+	for _, d := range domains {
+		c.releaseDomain(d)
+	}
+	entries := sh.bc.Len()
+	_ = sh.bc.Reset()
+	_ = sh.bc.Close()
+	c.log.Info("Dropped shard from the external cache", "shard", shard, "entries", entries,
+		"discardedFetches", discarded, "domains", len(domains))
+}
+
+// Shards lists the held shards, sorted.
+func (c *Cache) Shards() []int32 {
+	return slices.Sorted(maps.Keys(*c.shards.Load()))
+}
+
+// Stats is a point-in-time summary of a Cache, for status commands and tests.
+type Stats struct {
+	// Shards is the number of held shards.
+	Shards int
+	// Entries is the number of entries, fresh, stale, expired or negative, in all shards.
+	Entries int
+	// Bytes is what bigcache allocated for entries in all shards; it is bounded by MaxBytes.
+	Bytes int
+	// QueueDepth is the number of fetches waiting for a worker.
+	QueueDepth int
+	// Flights counts keys being fetched, waiting for a retry or failed.
+	Flights int
+	// FeedLoops counts running change-feed loops.
+	FeedLoops int
+	// Breaker is the circuit breaker's state: closed, half-open or open.
+	Breaker string
+}
+
+// Stats summarises the cache.
+func (c *Cache) Stats() Stats {
+	s := Stats{Breaker: c.breaker.State().String(), FeedLoops: int(c.feedLoops.Load())}
+	for _, sh := range *c.shards.Load() {
+		s.Shards++
+		s.Entries += sh.bc.Len()
+		s.Bytes += sh.bc.Capacity()
+	}
+	c.mu.Lock()
+	s.QueueDepth = len(c.ready)
+	s.Flights = len(c.flights)
+	c.mu.Unlock()
+	return s
+}
+
+// FeedDomains lists the domains whose change feed is subscribed, sorted.
+func (c *Cache) FeedDomains() []string {
+	c.feedsMu.Lock()
+	defer c.feedsMu.Unlock()
+	return slices.Sorted(maps.Keys(c.feeds))
+}
+
+func (c *Cache) queueDepth() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.ready)
+}
+
+// shard is one held kshard shard: its own bigcache, so that dropping the shard drops exactly its
+// entries, and the domains it has asked for, which keep their change feeds alive.
+type shard struct {
+	id     int32
+	bc     *bigcache.BigCache
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.RWMutex
+	dropped bool
+	domains sync.Map // string → struct{}
+}
+
+func (c *Cache) shardFor(id int32) (*shard, error) {
+	if sh := (*c.shards.Load())[id]; sh != nil {
+		return sh, nil
+	}
+	if id < 0 {
+		return nil, fmt.Errorf("shard %d is negative", id)
+	}
+	c.shardsMu.Lock()
+	defer c.shardsMu.Unlock()
+	held := *c.shards.Load()
+	if sh := held[id]; sh != nil {
+		return sh, nil
+	}
+	if len(held) >= c.opts.MaxShards {
+		return nil, fmt.Errorf("holding shard %d: %w: %d are held, MaxShards is %d", id, ErrTooManyShards, len(held), c.opts.MaxShards)
+	}
+	bc, err := bigcache.New(c.ctx, c.bcConfig)
+	if err != nil {
+		return nil, fmt.Errorf("creating the cache of shard %d: %w", id, err)
+	}
+	sh := &shard{id: id, bc: bc}
+	sh.ctx, sh.cancel = context.WithCancel(c.ctx)
+	next := maps.Clone(held)
+	next[id] = sh
+	c.shards.Store(&next)
+	c.log.V(1).Info("Holding shard in the external cache", "shard", id, "bytes", c.opts.shardBytes())
+	return sh, nil
+}
+
+func (s *shard) envelope(ck string) (envelope, bool) {
+	b, err := s.bc.Get(ck)
+	if err != nil {
+		return envelope{}, false
+	}
+	e, err := decodeEnvelope(b)
+	if err != nil {
+		return envelope{}, false
+	}
+	return e, true
+}
+
+func (s *shard) lookup(ck string, now time.Time) (Lookup, bool) {
+	e, ok := s.envelope(ck)
+	if !ok {
+		return Lookup{}, false
+	}
+	return e.lookup(now)
+}
+
+// noteDomain records that the shard uses domain, subscribing the domain's change feed the first
+// time.
+func (s *shard) noteDomain(c *Cache, domain string) {
+	if _, ok := s.domains.Load(domain); ok {
+		return
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.dropped {
+		return
+	}
+	if _, loaded := s.domains.LoadOrStore(domain, struct{}{}); !loaded {
+		c.acquireDomain(domain)
+	}
+}
+
+func (s *shard) usesDomain(domain string) bool {
+	_, ok := s.domains.Load(domain)
+	return ok
+}

@@ -1,0 +1,17 @@
+package externalcache
+
+// HalfOpens exposes how many times the breaker let probes through, so that tests can bound the
+// calls made while it was open.
+func (c *Cache) HalfOpens() int64 { return c.halfOpens.Load() }
+
+// StoreForTest caches a fresh value without fetching it, for benchmarks that need a full cache.
+func (c *Cache) StoreForTest(shard int32, key Key, value []byte, revision int64) error {
+	sh, err := c.shardFor(shard)
+	if err != nil {
+		return err
+	}
+	now := c.opts.Now()
+	e := envelope{revision: revision, fetchedAt: now.UnixNano(), value: value,
+		softExpiry: now.Add(c.opts.SoftTTL).UnixNano(), hardExpiry: now.Add(c.opts.HardTTL).UnixNano()}
+	return sh.bc.Set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))
+}

@@ -1,0 +1,185 @@
+package externalcache
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// feedLoop is the change-feed subscription of one domain, shared by every held shard that uses
+// the domain: one long poll per domain per replica, whatever the number of keys.
+type feedLoop struct {
+	refs   int
+	cancel context.CancelFunc
+}
+
+// acquireDomain counts one more shard using domain and starts its feed on the first.
+func (c *Cache) acquireDomain(domain string) {
+	if c.opts.Feed == nil {
+		return
+	}
+	c.feedsMu.Lock()
+	defer c.feedsMu.Unlock()
+	fl := c.feeds[domain]
+	if fl == nil {
+		fl = &feedLoop{}
+		c.feeds[domain] = fl
+	}
+	fl.refs++
+	if c.running {
+		c.startFeedLocked(domain, fl)
+	}
+}
+
+// releaseDomain counts one shard less using domain and stops its feed on the last.
+func (c *Cache) releaseDomain(domain string) {
+	c.feedsMu.Lock()
+	defer c.feedsMu.Unlock()
+	fl := c.feeds[domain]
+	if fl == nil {
+		return
+	}
+	if fl.refs--; fl.refs > 0 {
+		return
+	}
+	delete(c.feeds, domain)
+	if fl.cancel != nil {
+		fl.cancel()
+	}
+}
+
+func (c *Cache) startFeedLocked(domain string, fl *feedLoop) {
+	if fl.cancel != nil || fl.refs == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(c.ctx)
+	fl.cancel = cancel
+	c.wg.Go(func() { c.runFeed(ctx, domain) })
+}
+
+// runFeed polls the domain's change feed until ctx is done. It starts from revision 0, so the
+// first answer lists every key of the domain with its revision and any key cached before the
+// feed started is checked; it backs off on errors (never earlier than a Retry-After) and
+// resynchronises from 0 when the source restarted and lost its history.
+func (c *Cache) runFeed(ctx context.Context, domain string) {
+	c.feedLoops.Add(1)
+	defer c.feedLoops.Add(-1)
+	log := c.log.WithValues("domain", domain)
+	log.V(1).Info("Change feed started")
+	defer log.V(1).Info("Change feed stopped")
+	var since int64
+	var epoch string
+	failures := 0
+	for {
+		start := time.Now()
+		cs, err := c.opts.Feed.Changes(ctx, domain, since)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			failures++
+			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), retryAfterHint(err))
+			if failures == 1 {
+				log.Info("Change feed failed; backing off", "error", err.Error(), "retryIn", d)
+			} else {
+				log.V(1).Info("Change feed failed again", "error", err.Error(), "failures", failures, "retryIn", d)
+			}
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
+		if failures > 0 {
+			log.Info("Change feed recovered", "failures", failures)
+			failures = 0
+		}
+		if cs.Revision < since || (epoch != "" && cs.Epoch != epoch) {
+			log.Info("Change feed source lost its history (restarted?); resynchronising",
+				"hadRevision", since, "revision", cs.Revision, "hadEpoch", epoch, "epoch", cs.Epoch)
+			since, epoch = 0, cs.Epoch
+			continue
+		}
+		epoch = cs.Epoch
+		for _, ch := range cs.Changes {
+			c.applyChange(domain, ch)
+		}
+		since = cs.Revision
+		if len(cs.Changes) == 0 {
+			if el := time.Since(start); el < c.opts.FeedRetry.MinInterval && !sleep(ctx, c.opts.FeedRetry.MinInterval-el) {
+				return
+			}
+		}
+	}
+}
+
+// applyChange refreshes the key in every held shard that caches another revision of it. A cached
+// revision higher than the change's is wrong too: the source restarted and lost it (or, rarely, a
+// fetch raced ahead of the feed, and the refresh costs one call).
+func (c *Cache) applyChange(domain string, ch Change) {
+	key := Key{Domain: domain, Name: ch.Name}
+	if key.validate() != nil {
+		return
+	}
+	ck := key.cacheKey()
+	now := c.opts.Now()
+	for _, sh := range *c.shards.Load() {
+		if !sh.usesDomain(domain) {
+			continue
+		}
+		c.mu.Lock()
+		if f := c.flights[flightKey{shard: sh.id, key: key}]; f != nil {
+			// A fetch is under way or pending: make sure its result is at least this new.
+			if ch.Revision > f.minRevision {
+				f.minRevision, f.changeDeleted = ch.Revision, ch.Deleted
+			}
+			if f.state == stateFailed && f.timer == nil && c.pushLocked(f) {
+				f.state = stateQueued
+			}
+			c.mu.Unlock()
+			continue
+		}
+		e, ok := sh.envelope(ck)
+		if ok {
+			_, ok = e.lookup(now)
+		}
+		var outdated bool
+		switch {
+		case !ok:
+		case e.negative:
+			outdated = !ch.Deleted
+		default:
+			outdated = ch.Revision != e.revision || ch.Deleted
+		}
+		if outdated {
+			c.refreshLocked(sh, key, ck)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// feedBackoff is exponential backoff with "equal jitter" (half fixed, half random): a feed loop
+// must not spin when every poll fails at once, which full jitter near zero would allow.
+func feedBackoff(base, maxDelay time.Duration, attempt int) time.Duration {
+	d := maxDelay
+	if attempt < 30 {
+		d = min(maxDelay, base<<attempt)
+	}
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,156 @@
+package externalcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/sony/gobreaker/v2"
+)
+
+// failureClass is what a fetch outcome means for caching, retrying and the circuit breaker.
+type failureClass int
+
+const (
+	// classOK: a value; cache it.
+	classOK failureClass = iota
+	// classNotFound: the key does not exist; cache that. A success for the breaker.
+	classNotFound
+	// classPermanent: the request itself is wrong (4xx) or the value cannot be cached; retrying
+	// will not help and the service is healthy, so it is a success for the breaker.
+	classPermanent
+	// classRetryable: transport errors, timeouts, 5xx and 429; retried, a failure for the breaker.
+	classRetryable
+	// classCircuitOpen: the breaker rejected the call without making it.
+	classCircuitOpen
+	// classCanceled: the cache is stopping; neither success nor failure.
+	classCanceled
+)
+
+// classify sorts a fetch outcome. stopping is the cache's own context, which tells our
+// cancellations (shutdown) from the source timing out.
+func classify(stopping context.Context, err error) failureClass {
+	switch {
+	case err == nil:
+		return classOK
+	case errors.Is(err, ErrNotFound):
+		return classNotFound
+	case errors.Is(err, ErrEntryTooLarge):
+		return classPermanent
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests), errors.Is(err, ErrCircuitOpen):
+		return classCircuitOpen
+	case stopping.Err() != nil && errors.Is(err, context.Canceled):
+		return classCanceled
+	}
+	if code, ok := statusCode(err); ok {
+		if code == http.StatusTooManyRequests || code == http.StatusRequestTimeout || code >= 500 {
+			return classRetryable
+		}
+		if code >= 400 {
+			return classPermanent
+		}
+	}
+	return classRetryable
+}
+
+func statusCode(err error) (int, bool) {
+	var sc StatusCoder
+	if errors.As(err, &sc) {
+		return sc.StatusCode(), true
+	}
+	return 0, false
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// retryAfterHint is the wait the source asked for, if any.
+func retryAfterHint(err error) time.Duration {
+	var h RetryAfterHinter
+	if errors.As(err, &h) {
+		return max(0, h.RetryAfterHint())
+	}
+	return 0
+}
+
+// backoff is exponential backoff with full jitter: uniform in [0, min(maxDelay, base·2^attempt)),
+// which spreads retries of many keys instead of synchronising them.
+func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
+	d := maxDelay
+	if attempt < 30 {
+		d = min(maxDelay, base<<attempt)
+	}
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d)
+}
+
+// spread returns d plus up to frac of it, so that keys failed together are not retried together.
+func spread(d time.Duration, frac float64) time.Duration {
+	if d <= 0 || frac <= 0 {
+		return d
+	}
+	return d + rand.N(time.Duration(float64(d)*frac)+1)
+}
+
+// newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
+// service answered), retryable ones as failures, and the cache's own shutdown as neither.
+func newBreaker(o BreakerOptions, stopping func() context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
+	return gobreaker.NewCircuitBreaker[Value](gobreaker.Settings{
+		Name:        "externalcache",
+		MaxRequests: o.HalfOpenProbes,
+		Interval:    o.Interval,
+		Timeout:     o.Timeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.ConsecutiveFailures },
+		IsSuccessful: func(err error) bool {
+			switch classify(stopping(), err) {
+			case classOK, classNotFound, classPermanent:
+				return true
+			}
+			return false
+		},
+		IsExcluded: func(err error) bool { return classify(stopping(), err) == classCanceled },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			if to == gobreaker.StateHalfOpen {
+				halfOpens.Add(1)
+			}
+			log.Info("Circuit breaker changed state", "from", from.String(), "to", to.String())
+		},
+	})
+}
+
+// hold is a time before which no call is made to the source, set from a Retry-After: a service
+// that says "wait" is saying it for every key, not just the one that was throttled.
+type hold struct {
+	until atomic.Int64 // Unix nanoseconds
+}
+
+func (h *hold) extend(d time.Duration) {
+	t := time.Now().Add(d).UnixNano()
+	for {
+		cur := h.until.Load()
+		if cur >= t || h.until.CompareAndSwap(cur, t) {
+			return
+		}
+	}
+}
+
+func (h *hold) remaining() time.Duration {
+	return time.Until(time.Unix(0, h.until.Load()))
+}
+
+// circuitOpen wraps a breaker rejection so callers can test errors.Is(err, ErrCircuitOpen).
+func circuitOpen(err error) error {
+	return fmt.Errorf("%w: %w", ErrCircuitOpen, err)
+}

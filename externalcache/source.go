@@ -1,0 +1,112 @@
+package externalcache
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Key names one value of the external service: a key within a business domain. The domain is
+// what kshard shards by and what the change feed is subscribed per.
+type Key struct {
+	Domain string
+	Name   string
+}
+
+// String renders the key as domain/name for logs and errors.
+func (k Key) String() string { return k.Domain + "/" + k.Name }
+
+// maxKeyBytes bounds Domain plus Name, so that an entry's size is bounded by its value alone.
+const maxKeyBytes = 512
+
+func (k Key) validate() error {
+	switch {
+	case k.Domain == "" || k.Name == "":
+		return errors.Join(ErrInvalidKey, errors.New("domain and name must not be empty"))
+	case len(k.Domain)+len(k.Name) > maxKeyBytes:
+		return errors.Join(ErrInvalidKey, errors.New("domain and name are longer than 512 bytes"))
+	}
+	for i := 0; i < len(k.Domain); i++ {
+		if k.Domain[i] == 0 {
+			return errors.Join(ErrInvalidKey, errors.New("domain contains a NUL byte"))
+		}
+	}
+	return nil
+}
+
+// cacheKey is the key's name in bigcache; NUL cannot occur in a domain, so it is unambiguous.
+func (k Key) cacheKey() string { return k.Domain + "\x00" + k.Name }
+
+// Value is what a Source answers for a key. Revision orders values of the same key: a change
+// feed entry with a higher revision means the cached value is outdated.
+type Value struct {
+	Data     []byte
+	Revision int64
+}
+
+// Change says that a key of a domain changed at a revision (or was deleted).
+type Change struct {
+	Name     string
+	Revision int64
+	Deleted  bool
+}
+
+// ChangeSet answers a change-feed poll. Revision is where the next poll starts. A Revision lower
+// than the one asked for, or an Epoch different from the previous answer's, means the source lost
+// its history (it restarted), and the cache resynchronises the domain.
+type ChangeSet struct {
+	Revision int64
+	Changes  []Change
+	// Epoch optionally names the source's history; empty means the source has none.
+	Epoch string
+}
+
+// Source reads keys from the external service. Fetch must honour ctx; it returns an error
+// wrapping ErrNotFound when the key does not exist. Errors implementing StatusCoder and
+// RetryAfterHinter let the cache tell retryable failures from the caller's mistakes and honour
+// the service's Retry-After.
+type Source interface {
+	Fetch(ctx context.Context, key Key) (Value, error)
+}
+
+// Feed is the external service's change feed: a long poll that returns when keys of the domain
+// changed after since, or after a while with no changes. A Source without a feed still works;
+// freshness is then bounded by the TTLs alone.
+type Feed interface {
+	Changes(ctx context.Context, domain string, since int64) (ChangeSet, error)
+}
+
+// StatusCoder is implemented by source errors that carry the service's status, with HTTP
+// meaning: 429, 408 and 5xx are failures worth retrying that count against the circuit breaker;
+// other 4xx are the caller's mistakes, not retried and not held against the service.
+type StatusCoder interface {
+	StatusCode() int
+}
+
+// RetryAfterHinter is implemented by source errors that carry the time the service asked
+// callers to wait (an HTTP Retry-After). The cache makes no call to the service before it.
+type RetryAfterHinter interface {
+	RetryAfterHint() time.Duration
+}
+
+var (
+	// ErrNotFound is wrapped by Source errors for keys that do not exist; such keys are cached
+	// negatively for Options.NegativeTTL.
+	ErrNotFound = errors.New("key not found")
+	// ErrEntryTooLarge is wrapped by the error of a key whose value cannot be cached because it
+	// is larger than Options.MaxEntryBytes; the message names the key and the size.
+	ErrEntryTooLarge = errors.New("entry too large")
+	// ErrCircuitOpen is wrapped by fetch errors while the circuit breaker rejects calls; the key
+	// is retried after the breaker's timeout.
+	ErrCircuitOpen = errors.New("circuit breaker open")
+	// ErrQueueFull is reported by Get when the fetch queue is full; the next Get tries again.
+	ErrQueueFull = errors.New("fetch queue full")
+	// ErrShardDropped releases waiters of a shard that DropShard dropped.
+	ErrShardDropped = errors.New("shard dropped")
+	// ErrTooManyShards is reported when a call would hold more than Options.MaxShards shards.
+	ErrTooManyShards = errors.New("too many shards")
+	// ErrInvalidKey is reported for keys the cache cannot store.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrStopped releases waiters when the cache stops.
+	ErrStopped = errors.New("cache stopped")
+)

@@ -1,0 +1,38 @@
+// Package sharding splits one controller's objects across the replicas of a
+// StatefulSet by business domain, so no replica lists, watches or caches
+// everything.
+//
+// An object's shard is a pure function of its domain (ShardOf), stamped once
+// as the label kshard.dev/shard and never rewritten: scaling, rolling updates
+// and crashes move shard ownership, not objects. Ownership is a Lease per
+// shard (kshard-shard-<n>). Every replica renews a member Lease
+// (kshard-member-<replica>), builds the same consistent-hash Ring from the
+// live members, and acquires the shards the ring gives it when their Lease is
+// free, released or expired. For each held shard it runs a cache whose
+// informers select only that shard's label, and feeds one controller whose
+// worker count bounds concurrency whatever the number of shards.
+//
+// Handover is a drain: stop admitting the shard's requests, wait (bounded)
+// for its in-flight reconciles, stop its informers, run OnRelease, and clear
+// the Lease holder so the next owner acquires at once. A holder that cannot
+// renew before its renew deadline stops the shard at once (fencing), before
+// anyone else may take it. In a StatefulSet, a replica stopping for a restart
+// keeps its ring position and reclaims its shards on return.
+//
+// The elected leader labels objects whose shard label is missing or out of
+// range; any replica corrects an in-range wrong label it sees. No webhook sits
+// on the write path.
+//
+// Usage, from a controller's main:
+//
+//	rep, err := sharding.New(mgr, sharding.Options{
+//		Ring: "configbinding", LeaseNamespace: "kshard-system",
+//		For:    sharding.Kind{Object: &v1alpha1.ConfigBinding{}},
+//		Owns:   []sharding.Kind{{Object: &corev1.ConfigMap{}}},
+//		Domain: func(o client.Object) string { return o.(*v1alpha1.ConfigBinding).Spec.Domain },
+//	})
+//	_, err = rep.NewController("configbinding", reconciler, controller.TypedOptions[sharding.Request]{})
+//
+// The reconciler receives a Request with its shard, reads through
+// rep.Reader(req.Shard) and checks rep.Holds(req.Shard) before it writes.
+package sharding
