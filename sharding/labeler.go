@@ -74,7 +74,9 @@ func (l *labeler) Start(ctx context.Context) error {
 		return fmt.Errorf("counting unlabeled objects: %w", err)
 	}
 	ctl, err := controller.NewUnmanaged("kshard-labeler-"+r.opts.Ring, controller.Options{
-		Reconciler:              reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) { return l.reconcile(ctx, c, req) }),
+		Reconciler: reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+			return l.reconcile(ctx, c, req)
+		}),
 		MaxConcurrentReconciles: 4,
 		SkipNameValidation:      ptr.To(true),
 		Logger:                  r.log.WithName("labeler"),
