@@ -46,6 +46,15 @@ func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Reque
 	return c, nil
 }
 
+// Enqueue requests a reconcile of an object of a held shard, for events
+// that do not come from the shard's informers (an external value changed).
+// Requests for shards not held are dropped.
+func (r *Replica) Enqueue(req Request) {
+	if s := r.shard(req.Shard); s != nil {
+		s.enqueue(req.NamespacedName, false)
+	}
+}
+
 // source hands the controller's queue to the Replica, whose shards feed it.
 type source struct{ r *Replica }
 

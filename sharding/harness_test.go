@@ -232,8 +232,11 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 	cb.Status.Shard = ptr.To(req.Shard)
 	cb.Status.Replica = r.rep.Identity()
 	if err := r.client.Status().Patch(ctx, &cb, patch); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			// A newer version is on its way through the informer.
+		if apierrors.IsConflict(err) {
+			// Our cache is behind: look again when it has caught up.
+			return reconcile.Result{RequeueAfter: 250 * time.Millisecond}, nil
+		}
+		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err

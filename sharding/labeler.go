@@ -58,6 +58,7 @@ func (l *labeler) Start(ctx context.Context) error {
 		Scheme:               mgr.GetScheme(),
 		Mapper:               mgr.GetRESTMapper(),
 		DefaultLabelSelector: sel,
+		DefaultNamespaces:    r.namespaces(),
 		DefaultTransform:     cache.TransformStripManagedFields(),
 	})
 	if err != nil {

@@ -33,6 +33,15 @@ type Kind struct {
 	Predicates []predicate.Predicate
 }
 
+// Index is a field index added to every shard's cache, so a reconciler can
+// find the objects of a shard by a computed value (for example, the external
+// keys they read) without listing the shard.
+type Index struct {
+	Object  client.Object
+	Field   string
+	Extract client.IndexerFunc
+}
+
 // Options configure a Replica.
 type Options struct {
 	// Ring names the ring; replicas of one controller share it. Required.
@@ -61,6 +70,15 @@ type Options struct {
 	Owns []Kind
 	// Domain returns a primary object's business domain. Required.
 	Domain func(client.Object) string
+
+	// Namespaces restricts the shard caches (and the labeler) to these
+	// namespaces; empty watches all.
+	Namespaces []string
+	// Indexes are added to every shard's cache.
+	Indexes []Index
+	// SyncPeriod is the resync period of the shard caches (controller-runtime
+	// jitters it by 10%). Zero keeps controller-runtime's default.
+	SyncPeriod time.Duration
 
 	// OnAcquire runs after a shard's informers synced (warm caches here).
 	OnAcquire func(shard int32)

@@ -107,6 +107,18 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	return r, nil
 }
 
+// namespaces is the cache restriction of Options.Namespaces.
+func (r *Replica) namespaces() map[string]cache.Config {
+	if len(r.opts.Namespaces) == 0 {
+		return nil
+	}
+	out := map[string]cache.Config{}
+	for _, ns := range r.opts.Namespaces {
+		out[ns] = cache.Config{}
+	}
+	return out
+}
+
 // Identity is this replica's name in the ring.
 func (r *Replica) Identity() string { return r.opts.Identity }
 

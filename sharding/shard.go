@@ -346,7 +346,13 @@ func (s *shard) startRuntime(ctx context.Context) error {
 		return ctx.Err()
 	}
 	mgr := s.r.mgr
+	var syncPeriod *time.Duration
+	if s.r.opts.SyncPeriod > 0 {
+		syncPeriod = &s.r.opts.SyncPeriod
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		SyncPeriod:                  syncPeriod,
+		DefaultNamespaces:           s.r.namespaces(),
 		HTTPClient:                  mgr.GetHTTPClient(),
 		Scheme:                      mgr.GetScheme(),
 		Mapper:                      mgr.GetRESTMapper(),
@@ -356,6 +362,11 @@ func (s *shard) startRuntime(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("creating shard cache: %w", err)
+	}
+	for _, ix := range s.r.opts.Indexes {
+		if err := c.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
+			return fmt.Errorf("indexing %T by %s: %w", ix.Object, ix.Field, err)
+		}
 	}
 	s.runCtx, s.stopRuntime = context.WithCancel(ctx)
 	s.runtimeDone = make(chan struct{})

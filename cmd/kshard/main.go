@@ -42,6 +42,6 @@ func newRootCommand() *cobra.Command {
 	}
 	zapFlags := flagSetOf(zapOpts.BindFlags)
 	root.PersistentFlags().AddGoFlagSet(zapFlags)
-	root.AddCommand(newDevCommand(), newStatusCommand())
+	root.AddCommand(newControllerCommand(), newDevCommand(), newStatusCommand())
 	return root
 }

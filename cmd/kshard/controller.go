@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/sharding"
+)
+
+func newControllerCommand() *cobra.Command {
+	var (
+		opts        replica.Options
+		kubeconfig  string
+		tokenFile   string
+		auditPath   string
+		shardingArg string
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run one replica of the sharded ConfigBinding controller",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rules := clientcmd.NewDefaultClientConfigLoadingRules()
+			rules.ExplicitPath = kubeconfig
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+			if err != nil {
+				return fmt.Errorf("loading kubeconfig: %w", err)
+			}
+			if cfg.QPS == 0 {
+				// As ctrl.GetConfig: no client-side throttling; the API
+				// server's priority and fairness is the limit.
+				cfg.QPS = -1
+			}
+			switch shardingArg {
+			case "on":
+				opts.Sharding = true
+			case "off":
+			default:
+				return fmt.Errorf("--sharding must be on or off, got %q", shardingArg)
+			}
+			if opts.Identity == "" {
+				opts.Identity = os.Getenv("POD_NAME")
+			}
+			if opts.Identity == "" {
+				if opts.Identity, err = os.Hostname(); err != nil {
+					return fmt.Errorf("defaulting --replica-id: %w", err)
+				}
+			}
+			if tokenFile != "" {
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return fmt.Errorf("reading --configcenter-token-file: %w", err)
+				}
+				opts.ConfigCenterToken = strings.TrimSpace(string(b))
+			}
+			if auditPath != "" {
+				f, err := os.OpenFile(auditPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+				if err != nil {
+					return fmt.Errorf("opening --audit-log: %w", err)
+				}
+				defer f.Close()
+				opts.AuditLog = io.Writer(f)
+			}
+			return replica.Run(cmd.Context(), cfg, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&opts.Ring, "ring", "kshard", "ring name: replicas of one controller share it")
+	f.Int32Var(&opts.Shards, "shards", sharding.DefaultShards, "fixed shard count of the ring; every replica must agree")
+	f.StringVar(&opts.Identity, "replica-id", "", "this replica's name in the ring (default: $POD_NAME, else the hostname)")
+	f.StringVar(&opts.LeaseNamespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases (and of the StatefulSet)")
+	f.StringVar(&opts.StatefulSet, "statefulset", os.Getenv("STATEFULSET_NAME"), "StatefulSet the replicas run in, to tell a restart from a scale-down")
+	f.DurationVar(&opts.LeaseDuration, "lease-duration", sharding.DefaultLeaseDuration, "how long a shard stays with a replica that stopped renewing")
+	f.DurationVar(&opts.RenewDeadline, "renew-deadline", sharding.DefaultRenewDeadline, "a replica that cannot renew for this long stops the shard (fencing)")
+	f.DurationVar(&opts.RetryPeriod, "retry-period", sharding.DefaultRetryPeriod, "Lease renewal period: the ring writes shards/retry-period Leases per second")
+	f.StringVar(&opts.ConfigCenterURL, "configcenter-url", "http://127.0.0.1:8080", "base URL of the config center")
+	f.StringVar(&tokenFile, "configcenter-token-file", "", "file holding a bearer token for the config center")
+	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
+	f.BoolVar(&opts.MetricsSecure, "metrics-secure", false, "serve metrics over HTTPS with Kubernetes authentication and authorization")
+	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	f.StringVar(&opts.PprofBindAddress, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it)")
+	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 8, "reconcile workers, whatever the number of shards held")
+	f.DurationVar(&opts.SyncPeriod, "sync-period", 10*time.Hour, "resync period of the informers (jittered by 10%)")
+	f.StringVar(&opts.ExternalMode, "external-mode", replica.ExternalCache, "cache: read through the off-heap cache; direct: call the config center in Reconcile (baseline)")
+	f.StringVar(&shardingArg, "sharding", "on", "on: sharded ring; off: one active replica by leader election (baseline)")
+	f.StringVar(&auditPath, "audit-log", "", "append JSON lines of reconcile start and end to this file")
+	return cmd
+}

@@ -1,0 +1,318 @@
+// Package replica assembles one kshard controller replica from the
+// libraries: the sharding runtime (or the single-replica baseline), the
+// external cache (or the direct baseline) in front of the config center, and
+// the ConfigBinding reconciler. `kshard controller` is this package plus
+// flags; tests and the load tester run the same assembly.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+// External modes.
+const (
+	// ExternalCache reads values through the off-heap cache (the default).
+	ExternalCache = "cache"
+	// ExternalDirect calls the config center inside Reconcile: the baseline.
+	ExternalDirect = "direct"
+)
+
+// Options configure a replica. The zero value of each field takes the
+// default documented on its flag in cmd/kshard.
+type Options struct {
+	Ring           string
+	Identity       string
+	LeaseNamespace string
+	Shards         int32
+	LeaseDuration  time.Duration
+	RenewDeadline  time.Duration
+	RetryPeriod    time.Duration
+	// StatefulSet names the StatefulSet the replicas run in (restart versus
+	// scale-down decisions); empty outside one.
+	StatefulSet string
+
+	ConfigCenterURL   string
+	ConfigCenterToken string
+
+	MetricsBindAddress     string
+	HealthProbeBindAddress string
+	PprofBindAddress       string
+	// Namespaces restricts what the replica watches; empty watches all.
+	Namespaces []string
+	// MetricsSecure serves metrics over HTTPS with Kubernetes authentication
+	// and authorization, as in a cluster.
+	MetricsSecure bool
+
+	MaxConcurrentReconciles int
+	SyncPeriod              time.Duration
+	ExternalMode            string
+	// Sharding off runs the classic single active replica: the baseline.
+	Sharding bool
+	AuditLog io.Writer
+	// Cache tunes the external cache (TTLs, breaker, retries); its Source,
+	// Feed, MaxShards, Log and OnUpdate are set by the replica.
+	Cache externalcache.Options
+}
+
+func (o *Options) setDefaults() error {
+	if o.Ring == "" {
+		o.Ring = "kshard"
+	}
+	if o.LeaseNamespace == "" {
+		o.LeaseNamespace = "kshard-system"
+	}
+	if o.Shards == 0 {
+		o.Shards = sharding.DefaultShards
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = sharding.DefaultLeaseDuration
+	}
+	if o.RenewDeadline == 0 {
+		o.RenewDeadline = sharding.DefaultRenewDeadline
+	}
+	if o.RetryPeriod == 0 {
+		o.RetryPeriod = sharding.DefaultRetryPeriod
+	}
+	if o.MaxConcurrentReconciles == 0 {
+		o.MaxConcurrentReconciles = 8
+	}
+	if o.SyncPeriod == 0 {
+		o.SyncPeriod = 10 * time.Hour
+	}
+	if o.ExternalMode == "" {
+		o.ExternalMode = ExternalCache
+	}
+	if o.ExternalMode != ExternalCache && o.ExternalMode != ExternalDirect {
+		return fmt.Errorf("external mode must be %q or %q, got %q", ExternalCache, ExternalDirect, o.ExternalMode)
+	}
+	if o.ConfigCenterURL == "" {
+		return errors.New("the config center URL is required")
+	}
+	if o.Identity == "" {
+		return errors.New("the replica identity is required")
+	}
+	return nil
+}
+
+// Scheme holds the kinds a replica reads and writes.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = configv1alpha1.AddToScheme(s)
+	return s
+}
+
+// Run runs the replica until ctx is done; on the way out it drains its shards.
+func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
+	if err := opts.setDefaults(); err != nil {
+		return err
+	}
+	log := ctrl.Log.WithName("replica").WithValues("replica", opts.Identity)
+	shutdown := opts.RenewDeadline + sharding.DefaultDrainTimeout + 10*time.Second
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme: Scheme(),
+		Metrics: metricsserver.Options{
+			BindAddress:    opts.MetricsBindAddress,
+			SecureServing:  opts.MetricsSecure,
+			FilterProvider: filterProvider(opts.MetricsSecure),
+		},
+		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
+		PprofBindAddress:              opts.PprofBindAddress,
+		LeaderElection:                true,
+		LeaderElectionNamespace:       opts.LeaseNamespace,
+		LeaderElectionID:              "kshard-" + opts.Ring + "-leader",
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 ptr.To(opts.LeaseDuration),
+		RenewDeadline:                 ptr.To(opts.RenewDeadline),
+		RetryPeriod:                   ptr.To(opts.RetryPeriod),
+		GracefulShutdownTimeout:       ptr.To(shutdown),
+		Cache: cache.Options{
+			DefaultNamespaces: namespaces(opts.Namespaces),
+			DefaultTransform:  cache.TransformStripManagedFields(),
+			SyncPeriod:        ptr.To(opts.SyncPeriod),
+		},
+		Controller: controllerConfig(),
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+
+	cc, err := configcenter.NewClient(configcenter.ClientOptions{BaseURL: opts.ConfigCenterURL, Token: opts.ConfigCenterToken, Caller: opts.Identity})
+	if err != nil {
+		return fmt.Errorf("creating config center client: %w", err)
+	}
+	src := configcenter.NewCacheSource(cc)
+	rec := &configbinding.Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("kshard")}
+
+	var ext *externalcache.Cache
+	var enqueuer configbinding.Enqueuer
+	if opts.ExternalMode == ExternalCache {
+		co := opts.Cache
+		co.Source, co.Feed, co.MaxShards, co.Log = src, src, int(opts.Shards), log.WithName("externalcache")
+		co.OnUpdate = func(shard int32, key externalcache.Key) {
+			if enqueuer == nil {
+				return
+			}
+			if err := rec.KeyChanged(ctx, enqueuer, shard, key); err != nil {
+				log.Error(err, "Requeueing objects of a changed key", "key", key)
+			}
+		}
+		ext, err = externalcache.New(co)
+		if err != nil {
+			return fmt.Errorf("creating external cache: %w", err)
+		}
+		if err := mgr.Add(ext); err != nil {
+			return err
+		}
+		rec.Values = configbinding.CachedValues{Cache: ext}
+	} else {
+		rec.Values = configbinding.DirectValues{Source: src, Timeout: 10 * time.Second}
+	}
+
+	if opts.Sharding {
+		rep, err := sharding.New(mgr, sharding.Options{
+			Ring:           opts.Ring,
+			Identity:       opts.Identity,
+			LeaseNamespace: opts.LeaseNamespace,
+			Shards:         opts.Shards,
+			LeaseDuration:  opts.LeaseDuration,
+			RenewDeadline:  opts.RenewDeadline,
+			RetryPeriod:    opts.RetryPeriod,
+			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicateT{configbinding.BindingPredicate()}},
+			Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicateT{configbinding.ConfigMapPredicate()}}},
+			Domain:         domainOf,
+			Indexes:        []sharding.Index{configbinding.Index()},
+			SyncPeriod:     opts.SyncPeriod,
+			StatefulSet:    opts.StatefulSet,
+			Namespaces:     opts.Namespaces,
+			AuditLog:       opts.AuditLog,
+			OnAcquire: func(shard int32) {
+				if ext == nil {
+					return
+				}
+				go func() {
+					keys, err := rec.ShardKeys(ctx, shard)
+					if err == nil && len(keys) > 0 {
+						err = ext.Warm(ctx, shard, keys...)
+					}
+					if err != nil && ctx.Err() == nil {
+						log.Error(err, "Warming the external cache", "shard", shard)
+					}
+				}()
+			},
+			OnRelease: func(shard int32) {
+				if ext != nil {
+					ext.DropShard(shard)
+				}
+			},
+		})
+		if err != nil {
+			return err
+		}
+		rec.Shards, enqueuer = rep, rep
+		if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
+			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		}); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() }); err != nil {
+			return err
+		}
+	} else {
+		single := configbinding.NewSingleReplica(mgr.GetCache(), opts.Identity, mgr.Elected())
+		rec.Shards, enqueuer = single, single
+		if err := setupSingle(ctx, mgr, rec, single, opts); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+	}
+	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "shards", opts.Shards)
+	return mgr.Start(ctx)
+}
+
+func namespaces(ns []string) map[string]cache.Config {
+	if len(ns) == 0 {
+		return nil
+	}
+	out := map[string]cache.Config{}
+	for _, n := range ns {
+		out[n] = cache.Config{}
+	}
+	return out
+}
+
+func domainOf(o client.Object) string {
+	if cb, ok := o.(*configv1alpha1.ConfigBinding); ok {
+		return cb.Spec.Domain
+	}
+	return ""
+}
+
+// setupSingle wires the baseline: one controller on the manager's cache of
+// every ConfigBinding and ConfigMap, active on the elected leader only.
+func setupSingle(ctx context.Context, mgr manager.Manager, rec *configbinding.Reconciler, single *configbinding.SingleReplica, opts Options) error {
+	ix := configbinding.Index()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
+		return fmt.Errorf("indexing ConfigBindings by key: %w", err)
+	}
+	c, err := controller.NewTyped("configbinding", mgr, controller.TypedOptions[sharding.Request]{
+		Reconciler:              rec,
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+	})
+	if err != nil {
+		return err
+	}
+	toRequest := func(_ context.Context, o client.Object) []sharding.Request {
+		return []sharding.Request{{Shard: sharding.ShardOf(domainOf(o), opts.Shards), NamespacedName: client.ObjectKeyFromObject(o)}}
+	}
+	ownerRequest := func(_ context.Context, o client.Object) []sharding.Request {
+		for _, ref := range o.GetOwnerReferences() {
+			if ptr.Deref(ref.Controller, false) && ref.Kind == "ConfigBinding" {
+				shard := sharding.ShardOf(o.GetLabels()[sharding.LabelDomain], opts.Shards)
+				return []sharding.Request{{Shard: shard, NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}}}
+			}
+		}
+		return nil
+	}
+	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &configv1alpha1.ConfigBinding{},
+		handler.TypedEnqueueRequestsFromMapFunc(toRequest), configbinding.BindingPredicate())); err != nil {
+		return err
+	}
+	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &corev1.ConfigMap{},
+		handler.TypedEnqueueRequestsFromMapFunc(ownerRequest), configbinding.ConfigMapPredicate())); err != nil {
+		return err
+	}
+	return c.Watch(single.Source())
+}

@@ -1,0 +1,324 @@
+package configbinding_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
+	os.Exit(controlplane.RunTests(m, &cp))
+}
+
+func newClient(t testing.TB) client.Client {
+	t.Helper()
+	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newNamespace(t testing.TB, c client.Client, prefix string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// auditBuffer collects a replica's audit log in memory.
+type auditBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (a *auditBuffer) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.buf.Write(p)
+}
+
+// starts counts reconcile starts of one object since the given time.
+func (a *auditBuffer) starts(namespace, name string, since time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	sc := bufio.NewScanner(bytes.NewReader(a.buf.Bytes()))
+	for sc.Scan() {
+		var rec sharding.AuditRecord
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Event == "start" && rec.Namespace == namespace && rec.Name == name && !rec.Time.Before(since) {
+			n++
+		}
+	}
+	return n
+}
+
+// env is one test's world: a config center and a replica on the shared
+// control plane, in a namespace of their own.
+type env struct {
+	c     client.Client
+	ns    string
+	cc    *configcenter.Server
+	audit *auditBuffer
+}
+
+func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
+	t.Helper()
+	c := newClient(t)
+	e := &env{c: c, ns: newNamespace(t, c, name), audit: &auditBuffer{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 4, KeysPerDomain: 4, ValueBytes: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cc = cc
+	leaseNS := newNamespace(t, c, name+"-leases")
+	done := make(chan error, 1)
+	go func() {
+		done <- replica.Run(ctx, cp.Config, replica.Options{
+			Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS,
+			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
+			ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+			Sharding: true, AuditLog: e.audit, Cache: cache, Namespaces: []string{e.ns},
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("replica: %v", err)
+		}
+		cc.Close()
+	})
+	return e
+}
+
+func (e *env) create(t *testing.T, name, domain string, keys ...string) *configv1alpha1.ConfigBinding {
+	t.Helper()
+	cb := &configv1alpha1.ConfigBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		Spec:       configv1alpha1.ConfigBindingSpec{Domain: domain, Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: name + "-config"}},
+	}
+	for _, k := range keys {
+		cb.Spec.Keys = append(cb.Spec.Keys, configv1alpha1.ConfigKey(k))
+	}
+	if err := e.c.Create(context.Background(), cb); err != nil {
+		t.Fatal(err)
+	}
+	return cb
+}
+
+// waitReason waits until the binding's Ready condition has the reason, for
+// its current generation, and returns the binding.
+func (e *env) waitReason(t *testing.T, name, reason string) *configv1alpha1.ConfigBinding {
+	t.Helper()
+	var cb configv1alpha1.ConfigBinding
+	eventually(t, 2*time.Minute, name+" "+reason, func() error {
+		if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: name}, &cb); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+		if c == nil || c.Reason != reason || cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("conditions %+v, generation %d observed %d", cb.Status.Conditions, cb.Generation, cb.Status.ObservedGeneration)
+		}
+		return nil
+	})
+	return &cb
+}
+
+func (e *env) configMap(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	var cm corev1.ConfigMap
+	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: name}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	return &cm
+}
+
+func (e *env) waitData(t *testing.T, cmName string, want map[string]string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, cmName+" data", func() error {
+		var cm corev1.ConfigMap
+		if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: cmName}, &cm); err != nil {
+			return err
+		}
+		for k, v := range want {
+			if cm.Data[k] != v {
+				return fmt.Errorf("data[%s] = %q, want %q", k, cm.Data[k], v)
+			}
+		}
+		return nil
+	})
+}
+
+func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: still failing after %s: %v", what, within, err)
+}
+
+// TestReadyWithData: a binding becomes Ready with the config center's values
+// in its ConfigMap, owned by it, labeled with its shard; status names the
+// shard and the replica.
+func TestReadyWithData(t *testing.T) {
+	e := startEnv(t, "ready", externalcache.Options{})
+	if _, err := e.cc.Put("domain-1", "key-0", "v-zero"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", "domain-1", "key-0", "key-1")
+	cb := e.waitReason(t, "app", configbinding.ReasonSynced)
+	if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) || cb.Status.Replica != "ready-0" {
+		t.Fatalf("status shard %v replica %q", cb.Status.Shard, cb.Status.Replica)
+	}
+	if cb.Status.ResolvedRevision == 0 {
+		t.Fatal("no resolved revision")
+	}
+	cm := e.configMap(t, "app-config")
+	if cm.Data["key-0"] != "v-zero" || cm.Data["key-1"] == "" || len(cm.Data) != 2 {
+		t.Fatalf("ConfigMap data %v", cm.Data)
+	}
+	if ref := metav1.GetControllerOf(cm); ref == nil || ref.UID != cb.UID {
+		t.Fatalf("ConfigMap owner %v", cm.OwnerReferences)
+	}
+	if cm.Labels[sharding.LabelShard] != fmt.Sprint(*cb.Status.Shard) {
+		t.Fatalf("ConfigMap labels %v", cm.Labels)
+	}
+}
+
+// TestConfigCenterChangeReachesConfigMap: a PUT in the config center reaches
+// the ConfigMap through the change feed, with no spec change and long TTLs.
+func TestConfigCenterChangeReachesConfigMap(t *testing.T) {
+	e := startEnv(t, "feed", externalcache.Options{SoftTTL: time.Hour, HardTTL: 2 * time.Hour})
+	e.create(t, "app", "domain-2", "key-1")
+	before := e.waitReason(t, "app", configbinding.ReasonSynced)
+	if _, err := e.cc.Put("domain-2", "key-1", "changed"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitData(t, "app-config", map[string]string{"key-1": "changed"})
+	after := e.waitReason(t, "app", configbinding.ReasonSynced)
+	if after.Generation != before.Generation || after.Status.ResolvedRevision <= before.Status.ResolvedRevision {
+		t.Fatalf("generation %d→%d, revision %d→%d", before.Generation, after.Generation, before.Status.ResolvedRevision, after.Status.ResolvedRevision)
+	}
+}
+
+// TestMissingKeyNoHotLoop: a missing key is a KeyNotFound condition naming
+// it, the object is not reconciled in a loop, and creating the key heals it.
+func TestMissingKeyNoHotLoop(t *testing.T) {
+	e := startEnv(t, "missing", externalcache.Options{NegativeTTL: time.Hour})
+	e.create(t, "app", "domain-0", "key-0", "no-such-key")
+	cb := e.waitReason(t, "app", configbinding.ReasonKeyNotFound)
+	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "no-such-key") {
+		t.Fatalf("message does not name the key: %q", c.Message)
+	}
+	since := time.Now()
+	time.Sleep(5 * time.Second) // a window in which a hot loop would spin hundreds of times
+	if n := e.audit.starts(e.ns, "app", since); n > 2 {
+		t.Fatalf("%d reconciles of a KeyNotFound object in a quiet window: a hot loop", n)
+	}
+	if _, err := e.cc.Put("domain-0", "no-such-key", "now-here"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.waitData(t, "app-config", map[string]string{"no-such-key": "now-here"})
+}
+
+// TestOutageKeepsDataAndRecovers: a binding that needs the config center
+// during an outage (its spec gained a key) says ExternalUnavailable, its
+// ConfigMap keeps the last values, and it recovers by itself afterwards.
+func TestOutageKeepsDataAndRecovers(t *testing.T) {
+	e := startEnv(t, "outage", externalcache.Options{
+		SoftTTL: time.Second, TTLJitter: 0.01, HardTTL: time.Hour,
+		Breaker: externalcache.BreakerOptions{ConsecutiveFailures: 2, Timeout: 2 * time.Second},
+		Retry:   externalcache.RetryOptions{MaxAttempts: 2, BaseDelay: 50 * time.Millisecond, MaxElapsed: time.Second, FailureRetryInterval: time.Second},
+	})
+	e.create(t, "app", "domain-3", "key-2")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	before := e.configMap(t, "app-config").Data
+	if err := e.cc.SetFaults(configcenter.Faults{Outage: true}); err != nil {
+		t.Fatal(err)
+	}
+	var cb configv1alpha1.ConfigBinding
+	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: "app"}, &cb); err != nil {
+		t.Fatal(err)
+	}
+	cb.Spec.Keys = append(cb.Spec.Keys, "key-3")
+	if err := e.c.Update(context.Background(), &cb); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitReason(t, "app", configbinding.ReasonExternalUnavailable)
+	if c := meta.FindStatusCondition(got.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "key-3") {
+		t.Fatalf("message does not name the key waiting for a value: %q", c.Message)
+	}
+	if data := e.configMap(t, "app-config").Data; len(data) != len(before) || data["key-2"] != before["key-2"] {
+		t.Fatalf("ConfigMap changed during the outage: %v, was %v", data, before)
+	}
+	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.waitData(t, "app-config", map[string]string{"key-2": before["key-2"]})
+	if data := e.configMap(t, "app-config").Data; data["key-3"] == "" {
+		t.Fatalf("key-3 missing after recovery: %v", data)
+	}
+}
+
+// TestConfigMapRestored: deleting or editing the owned ConfigMap restores it.
+func TestConfigMapRestored(t *testing.T) {
+	e := startEnv(t, "drift", externalcache.Options{})
+	e.create(t, "app", "domain-0", "key-3")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	want := e.configMap(t, "app-config").Data
+
+	cm := e.configMap(t, "app-config")
+	cm.Data = map[string]string{"key-3": "tampered", "extra": "x"}
+	if err := e.c.Update(context.Background(), cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "edit reverted", func() error {
+		got := e.configMap(t, "app-config").Data
+		if got["key-3"] != want["key-3"] {
+			return fmt.Errorf("data %v", got)
+		}
+		return nil
+	})
+
+	if err := e.c.Delete(context.Background(), e.configMap(t, "app-config")); err != nil {
+		t.Fatal(err)
+	}
+	e.waitData(t, "app-config", want)
+}

@@ -1,0 +1,258 @@
+package configbinding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/sharding"
+)
+
+// Condition type and reasons. Each reason says what a person can do.
+const (
+	ConditionReady = "Ready"
+
+	// ReasonSynced: the ConfigMap holds the current values.
+	ReasonSynced = "Synced"
+	// ReasonFetching: values are being fetched; the object is requeued when
+	// they arrive.
+	ReasonFetching = "Fetching"
+	// ReasonKeyNotFound: a key does not exist in its domain; create it in the
+	// config center or remove it from spec.keys.
+	ReasonKeyNotFound = "KeyNotFound"
+	// ReasonExternalUnavailable: the config center fails; the ConfigMap keeps
+	// the last values, and recovers by itself.
+	ReasonExternalUnavailable = "ExternalUnavailable"
+)
+
+// FieldManager owns what kshard writes with server-side apply.
+const FieldManager = "kshard"
+
+// Shards is what Reconcile needs from the sharding runtime: the shard's
+// cache, and whether the shard is still held.
+type Shards interface {
+	Reader(shard int32) (client.Reader, bool)
+	Holds(shard int32) bool
+	Identity() string
+}
+
+// Reconciler reconciles one ConfigBinding per request.
+type Reconciler struct {
+	// Client writes (ConfigMaps by apply, status by patch).
+	Client client.Client
+	Shards Shards
+	Values Values
+	// Events records condition transitions; nil records none.
+	Events events.EventRecorder
+	// RetryAfter is the safety requeue of objects waiting on external data;
+	// the cache's notification normally requeues them much sooner.
+	// Defaults to one minute.
+	RetryAfter time.Duration
+}
+
+// Reconcile implements reconcile.TypedReconciler for sharded requests.
+func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (reconcile.Result, error) {
+	reader, ok := r.Shards.Reader(req.Shard)
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	var cb configv1alpha1.ConfigBinding
+	if err := reader.Get(ctx, req.NamespacedName, &cb); err != nil {
+		// NotFound may only mean the object left this shard: nothing to
+		// clean up here; the owner reference deletes the ConfigMap.
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cb.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	log := logf.FromContext(ctx).WithValues("shard", req.Shard, "domain", cb.Spec.Domain)
+
+	res := r.resolve(ctx, req.Shard, &cb)
+	if res.complete() {
+		var current corev1.ConfigMap
+		err := reader.Get(ctx, types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}, &current)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, fmt.Errorf("reading ConfigMap %s: %w", cb.Spec.Target.ConfigMapName, err)
+		}
+		if apierrors.IsNotFound(err) || drifted(&current, &cb, req.Shard, res.data) {
+			if !r.Shards.Holds(req.Shard) {
+				return reconcile.Result{}, nil
+			}
+			if err := r.Client.Apply(ctx, renderConfigMap(&cb, req.Shard, res.data), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+				return reconcile.Result{}, fmt.Errorf("applying ConfigMap %s: %w", cb.Spec.Target.ConfigMapName, err)
+			}
+			log.V(1).Info("Applied ConfigMap", "configMap", cb.Spec.Target.ConfigMapName, "revision", res.revision)
+		}
+	}
+
+	cond := res.condition()
+	if err := r.patchStatus(ctx, &cb, req.Shard, res.revision, cond); err != nil {
+		if errors.Is(err, errStale) {
+			// Our cache is behind (often our own last status patch): look
+			// again shortly rather than drop what we found.
+			return reconcile.Result{RequeueAfter: staleRetry}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if cond.Reason == ReasonSynced || cond.Reason == ReasonKeyNotFound {
+		// A created key arrives through the change feed, not by polling.
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+}
+
+func (r *Reconciler) retryAfter() time.Duration {
+	if r.RetryAfter > 0 {
+		return r.RetryAfter
+	}
+	return time.Minute
+}
+
+// errStale: the status patch lost a resourceVersion race.
+var errStale = errors.New("status patch based on a stale object")
+
+// staleRetry is how soon a reconcile that lost a resourceVersion race
+// looks again: about when the informer has caught up.
+const staleRetry = 250 * time.Millisecond
+
+// resolution is what the external values say about one ConfigBinding.
+type resolution struct {
+	data        map[string]string
+	revision    int64
+	pending     []string
+	missing     []string
+	unavailable error
+	staleSince  time.Time
+}
+
+func (r *Reconciler) resolve(ctx context.Context, shard int32, cb *configv1alpha1.ConfigBinding) resolution {
+	res := resolution{data: map[string]string{}}
+	for _, k := range cb.Spec.Keys {
+		l := r.Values.Get(ctx, shard, externalcache.Key{Domain: cb.Spec.Domain, Name: string(k)})
+		switch l.State {
+		case externalcache.StateFresh, externalcache.StateStale:
+			res.data[string(k)] = string(l.Value)
+			res.revision = max(res.revision, l.Revision)
+			if l.Err != nil && (res.staleSince.IsZero() || l.FetchedAt.Before(res.staleSince)) {
+				res.staleSince = l.FetchedAt
+			}
+		case externalcache.StateNotFound:
+			res.missing = append(res.missing, string(k))
+		default:
+			res.pending = append(res.pending, string(k))
+		}
+		if l.Err != nil && res.unavailable == nil {
+			res.unavailable = l.Err
+		}
+	}
+	return res
+}
+
+// complete reports whether every key has a value to write.
+func (res resolution) complete() bool { return len(res.pending) == 0 && len(res.missing) == 0 }
+
+func (res resolution) condition() metav1.Condition {
+	c := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse}
+	switch {
+	case len(res.missing) > 0:
+		c.Reason = ReasonKeyNotFound
+		c.Message = fmt.Sprintf("keys not found in the config center: %s; the ConfigMap keeps its last values", strings.Join(res.missing, ", "))
+	case res.unavailable != nil && len(res.pending) > 0:
+		c.Reason = ReasonExternalUnavailable
+		c.Message = fmt.Sprintf("config center unavailable (%v); no value yet for: %s", res.unavailable, strings.Join(res.pending, ", "))
+	case res.unavailable != nil:
+		c.Reason = ReasonExternalUnavailable
+		c.Message = fmt.Sprintf("config center unavailable (%v); the ConfigMap holds values fetched at %s", res.unavailable, res.staleSince.UTC().Format(time.RFC3339))
+	case len(res.pending) > 0:
+		c.Reason = ReasonFetching
+		c.Message = fmt.Sprintf("fetching from the config center: %s", strings.Join(res.pending, ", "))
+	default:
+		c.Status = metav1.ConditionTrue
+		c.Reason = ReasonSynced
+		c.Message = fmt.Sprintf("the ConfigMap holds revision %d", res.revision)
+	}
+	return c
+}
+
+// patchStatus writes status when it changed, with a merge patch guarded by
+// resourceVersion: a replica that lost the shard cannot overwrite a newer
+// status, and a newer spec makes the patch fail and the object requeue.
+func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigBinding, shard int32, revision int64, cond metav1.Condition) error {
+	updated := cb.DeepCopy()
+	st := &updated.Status
+	st.ObservedGeneration = cb.Generation
+	st.Shard = ptr.To(shard)
+	st.Replica = r.Shards.Identity()
+	if revision > 0 {
+		st.ResolvedRevision = revision
+	}
+	cond.ObservedGeneration = cb.Generation
+	before := meta.FindStatusCondition(cb.Status.Conditions, ConditionReady)
+	meta.SetStatusCondition(&st.Conditions, cond)
+	if statusEqual(&cb.Status, st) {
+		return nil
+	}
+	if !r.Shards.Holds(shard) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, updated, client.MergeFromWithOptions(cb, client.MergeFromWithOptimisticLock{})); err != nil {
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			return errStale
+		}
+		return fmt.Errorf("patching status: %w", err)
+	}
+	if r.Events != nil && (before == nil || before.Reason != cond.Reason) {
+		kind := corev1.EventTypeNormal
+		if cond.Status != metav1.ConditionTrue {
+			kind = corev1.EventTypeWarning
+		}
+		r.Events.Eventf(updated, nil, kind, cond.Reason, "Reconcile", "%s", cond.Message)
+	}
+	return nil
+}
+
+func statusEqual(a, b *configv1alpha1.ConfigBindingStatus) bool {
+	if a.ObservedGeneration != b.ObservedGeneration || ptr.Deref(a.Shard, -1) != ptr.Deref(b.Shard, -1) ||
+		a.Replica != b.Replica || a.ResolvedRevision != b.ResolvedRevision || len(a.Conditions) != len(b.Conditions) {
+		return false
+	}
+	for i := range a.Conditions {
+		x, y := a.Conditions[i], b.Conditions[i]
+		if x.Type != y.Type || x.Status != y.Status || x.Reason != y.Reason || x.Message != y.Message || x.ObservedGeneration != y.ObservedGeneration {
+			return false
+		}
+	}
+	return true
+}
+
+// drifted reports whether the ConfigMap differs from what we would apply.
+func drifted(cm *corev1.ConfigMap, cb *configv1alpha1.ConfigBinding, shard int32, data map[string]string) bool {
+	if !maps.Equal(cm.Data, data) || cm.Labels[sharding.LabelShard] != strconv.Itoa(int(shard)) ||
+		cm.Labels[sharding.LabelDomain] != cb.Spec.Domain {
+		return true
+	}
+	return !slices.ContainsFunc(cm.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.UID == cb.UID && ptr.Deref(o.Controller, false)
+	})
+}
