@@ -126,6 +126,11 @@ func New(opts Options) (*Cache, error) {
 	return c, nil
 }
 
+// NeedLeaderElection is false: every replica caches the data of the shards
+// it holds, so the cache must run on every replica, not only on the leader
+// (controller-runtime runs runnables without this method on the leader only).
+func (c *Cache) NeedLeaderElection() bool { return false }
+
 // Start runs the fetch workers, the notification dispatcher and the change feeds until ctx is
 // done, then releases every waiter with ErrStopped. It makes the Cache a controller-runtime
 // manager.Runnable. It may be called once.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/kshard/kshard/externalcache"
@@ -719,5 +720,15 @@ func TestFullQueueIsReportedAndWaitersWaitForRoom(t *testing.T) {
 	}
 	if err := c.Start(context.Background()); err == nil {
 		t.Error("a second Start succeeded")
+	}
+}
+
+// TestRunsOnEveryReplica: the cache is a per-replica runnable; without
+// NeedLeaderElection()==false the manager would run it on the leader only
+// and every other replica's fetches would never happen.
+func TestRunsOnEveryReplica(t *testing.T) {
+	var r manager.LeaderElectionRunnable = &externalcache.Cache{}
+	if r.NeedLeaderElection() {
+		t.Fatal("the external cache would run on the leader only")
 	}
 }

@@ -1,0 +1,229 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
+
+// buildBinaries builds kshard and configcenter from this checkout.
+func buildBinaries(t *testing.T) (kshard, configcenter string) {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, pkg := range []string{"kshard", "configcenter"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "./cmd/"+pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// start runs a child process that the test kills at the end, and shows its
+// log when the test failed.
+func start(t *testing.T, name, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		logFile.Close()
+		if t.Failed() {
+			if out, err := os.ReadFile(logPath); err == nil {
+				t.Logf("log of %s (tail):\n%s", name, out[max(0, len(out)-3000):])
+			}
+		}
+	})
+	return cmd
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("%s: still failing after %s: %v", what, within, err)
+}
+
+// allReady checks every binding: Synced at its current generation, by the
+// replica that holds its shard now.
+func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
+	var list configv1alpha1.ConfigBindingList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	st, err := sharding.ReadStatus(ctx, c, leaseNS, "e2e", configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	if err != nil {
+		return err
+	}
+	notReady := 0
+	var example string
+	for _, cb := range list.Items {
+		cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+		shard, ok := sharding.ParseShardLabel(cb.Labels, sharding.DefaultShards)
+		switch {
+		case cond == nil || cond.Reason != configbinding.ReasonSynced || cb.Status.ObservedGeneration != cb.Generation || cond.ObservedGeneration != cb.Generation:
+			example = fmt.Sprintf("%s: generation %d, status %+v", cb.Name, cb.Generation, cb.Status)
+		case !ok || ptr.Deref(cb.Status.Shard, -1) != shard:
+			example = fmt.Sprintf("%s: label shard %d, status shard %v", cb.Name, shard, cb.Status.Shard)
+		case cb.Status.Replica != st.Shards[shard].Holder:
+			example = fmt.Sprintf("%s: reconciled by %s, shard %d held by %q", cb.Name, cb.Status.Replica, shard, st.Shards[shard].Holder)
+		default:
+			continue
+		}
+		notReady++
+	}
+	if notReady > 0 {
+		return fmt.Errorf("%d of %d not ready, e.g. %s", notReady, len(list.Items), example)
+	}
+	return nil
+}
+
+// TestEndToEnd runs the real binaries: a config center and three kshard
+// controller processes reconcile 500 ConfigBindings over 50 domains; after
+// one replica is killed with SIGKILL and every object is updated, all are
+// Ready again at their new generation, each reconciled by the current
+// holder of its shard.
+func TestEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	kshardBin, ccBin := buildBinaries(t)
+	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var namespaces []string
+	for _, prefix := range []string{"e2e", "e2e-leases"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+		if err := c.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		namespaces = append(namespaces, ns.Name)
+	}
+	ns, leaseNS := namespaces[0], namespaces[1]
+
+	ccAddr := freeAddr(t)
+	start(t, "configcenter", ccBin, "--listen", ccAddr, "--seed-domains", "50", "--keys-per-domain", "4", "--value-bytes", "32")
+	eventually(t, time.Minute, "config center up", func() error {
+		resp, err := http.Get("http://" + ccAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
+
+	replicas := map[string]*exec.Cmd{}
+	for i := range 3 {
+		id := fmt.Sprintf("kshard-%d", i)
+		replicas[id] = start(t, id, kshardBin, "controller",
+			"--kubeconfig", kubeconfig, "--replica-id", id, "--ring", "e2e", "--lease-namespace", leaseNS,
+			"--configcenter-url", "http://"+ccAddr, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+			"--lease-duration", "6s", "--renew-deadline", "4s", "--retry-period", "1s", "--zap-log-level", "info")
+	}
+
+	for i := range 500 {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cb-%d", i)},
+			Spec: configv1alpha1.ConfigBindingSpec{
+				Domain: fmt.Sprintf("domain-%d", i%50),
+				Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("cb-%d-config", i)},
+			},
+		}
+		if err := c.Create(ctx, cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Minute, "all 500 Ready", func() error { return allReady(ctx, c, ns, leaseNS) })
+
+	if err := replicas["kshard-1"].Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = replicas["kshard-1"].Wait()
+	var list configv1alpha1.ConfigBindingList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		key := client.ObjectKeyFromObject(&list.Items[i])
+		// Replicas patch status meanwhile: update the spec on the latest version.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(ctx, key, &cb); err != nil {
+				return err
+			}
+			cb.Spec.Keys = append(cb.Spec.Keys, "key-2")
+			return c.Update(ctx, &cb)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 5*time.Minute, "all 500 Ready at their new generation after SIGKILL", func() error {
+		return allReady(ctx, c, ns, leaseNS)
+	})
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cb-7-config"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if len(cm.Data) != 3 || cm.Data["key-2"] == "" {
+		t.Fatalf("cb-7-config data after the update: %v", cm.Data)
+	}
+}
