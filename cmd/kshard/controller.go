@@ -87,6 +87,8 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	f.StringVar(&opts.PprofBindAddress, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it)")
 	f.IntVar(&opts.MaxConcurrentReconciles, "max-concurrent-reconciles", 8, "reconcile workers, whatever the number of shards held")
+	f.DurationVar(&opts.RequeueBaseDelay, "requeue-base-delay", 50*time.Millisecond, "first backoff of a failed reconcile (per object, doubling)")
+	f.DurationVar(&opts.RequeueMaxDelay, "requeue-max-delay", 5*time.Minute, "longest backoff of a failed reconcile")
 	f.DurationVar(&opts.SyncPeriod, "sync-period", 10*time.Hour, "resync period of the informers (jittered by 10%)")
 	f.StringVar(&opts.ExternalMode, "external-mode", replica.ExternalCache, "cache: read through the off-heap cache; direct: call the config center in Reconcile (baseline)")
 	f.StringVar(&shardingArg, "sharding", "on", "on: sharded ring; off: one active replica by leader election (baseline)")

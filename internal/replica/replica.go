@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -71,7 +72,11 @@ type Options struct {
 	MetricsSecure bool
 
 	MaxConcurrentReconciles int
-	SyncPeriod              time.Duration
+	// RequeueBaseDelay and RequeueMaxDelay bound the per-object exponential
+	// backoff of failed reconciles. Defaults 50ms and 5 minutes.
+	RequeueBaseDelay time.Duration
+	RequeueMaxDelay  time.Duration
+	SyncPeriod       time.Duration
 	ExternalMode            string
 	// Sharding off runs the classic single active replica: the baseline.
 	Sharding bool
@@ -102,6 +107,12 @@ func (o *Options) setDefaults() error {
 	}
 	if o.MaxConcurrentReconciles == 0 {
 		o.MaxConcurrentReconciles = 8
+	}
+	if o.RequeueBaseDelay == 0 {
+		o.RequeueBaseDelay = 50 * time.Millisecond
+	}
+	if o.RequeueMaxDelay == 0 {
+		o.RequeueMaxDelay = 5 * time.Minute
 	}
 	if o.SyncPeriod == 0 {
 		o.SyncPeriod = 10 * time.Hour
@@ -242,6 +253,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		rec.Shards, enqueuer = rep, rep
 		if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+			RateLimiter:             rateLimiter(opts),
 		}); err != nil {
 			return err
 		}
@@ -260,6 +272,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "shards", opts.Shards)
 	return mgr.Start(ctx)
+}
+
+// rateLimiter backs off failing objects one by one. Successful reconciles
+// are not rate limited: load is bounded by the worker count, and the API
+// server's priority and fairness protects it.
+func rateLimiter(opts Options) workqueue.TypedRateLimiter[sharding.Request] {
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[sharding.Request](opts.RequeueBaseDelay, opts.RequeueMaxDelay)
 }
 
 func namespaces(ns []string) map[string]cache.Config {
@@ -290,6 +309,7 @@ func setupSingle(ctx context.Context, mgr manager.Manager, rec *configbinding.Re
 	c, err := controller.NewTyped("configbinding", mgr, controller.TypedOptions[sharding.Request]{
 		Reconciler:              rec,
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		RateLimiter:             rateLimiter(opts),
 	})
 	if err != nil {
 		return err
