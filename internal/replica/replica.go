@@ -77,7 +77,7 @@ type Options struct {
 	RequeueBaseDelay time.Duration
 	RequeueMaxDelay  time.Duration
 	SyncPeriod       time.Duration
-	ExternalMode            string
+	ExternalMode     string
 	// Sharding off runs the classic single active replica: the baseline.
 	Sharding bool
 	AuditLog io.Writer
