@@ -92,6 +92,11 @@ type env struct {
 }
 
 func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
+	return startEnvWith(t, name, func(o *replica.Options) { o.Cache = cache })
+}
+
+// startEnvWith starts an env whose replica options the caller adjusts.
+func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env {
 	t.Helper()
 	c := newClient(t)
 	e := &env{c: c, ns: newNamespace(t, c, name), audit: &auditBuffer{}}
@@ -103,14 +108,14 @@ func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
 	e.cc = cc
 	leaseNS := newNamespace(t, c, name+"-leases")
 	done := make(chan error, 1)
-	go func() {
-		done <- replica.Run(ctx, cp.Config, replica.Options{
-			Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS,
-			LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
-			ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
-			Sharding: true, AuditLog: e.audit, Cache: cache, Namespaces: []string{e.ns},
-		})
-	}()
+	opts := replica.Options{
+		Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS,
+		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
+		ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+		Sharding: true, AuditLog: e.audit, Namespaces: []string{e.ns},
+	}
+	adjust(&opts)
+	go func() { done <- replica.Run(ctx, cp.Config, opts) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -321,4 +326,29 @@ func TestConfigMapRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitData(t, "app-config", want)
+}
+
+// TestBaselines: the benchmark baselines (one active replica; synchronous
+// config-center calls) reconcile the same way.
+func TestBaselines(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		sharding bool
+		mode     string
+	}{{"single", false, replica.ExternalCache}, {"direct", true, replica.ExternalDirect}, {"single-direct", false, replica.ExternalDirect}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEnvWith(t, tc.name, func(o *replica.Options) { o.Sharding, o.ExternalMode = tc.sharding, tc.mode })
+			e.create(t, "app", "domain-1", "key-0", "key-1")
+			cb := e.waitReason(t, "app", configbinding.ReasonSynced)
+			if cb.Status.Replica != tc.name+"-0" || ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
+				t.Fatalf("status %+v", cb.Status)
+			}
+			if _, err := e.cc.Put("domain-1", "key-1", "new"); err != nil {
+				t.Fatal(err)
+			}
+			if tc.mode == replica.ExternalCache {
+				e.waitData(t, "app-config", map[string]string{"key-1": "new"})
+			}
+		})
+	}
 }
