@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -37,7 +38,7 @@ func TestMeasureHandover(t *testing.T) {
 	settled := func(what string, members []string, from time.Time) time.Duration {
 		expectRingHeld(t, c, ns, ring, members)
 		held := time.Since(from)
-		eventually(t, 5*time.Minute, what, func() error { return allReconciled(c, ns, ring, t) })
+		controlplane.Eventually(t, 5*time.Minute, what, func() error { return allReconciled(c, ns, ring, t) })
 		all := time.Since(from)
 		t.Logf("%-28s shards held by new owners after %6.2fs, every object reconciled by them after %6.2fs", what, held.Seconds(), all.Seconds())
 		return all

@@ -418,21 +418,6 @@ func allReconciled(c client.Client, ns, ring string, t testing.TB) error {
 	return nil
 }
 
-// eventually polls cond until it returns nil or the bound passes. Bounds are
-// generous: they catch a hang, not a slow machine.
-func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: still failing after %s: %v", what, within, err)
-}
-
 // interval is one reconcile of one object by one replica.
 type interval struct {
 	replica    string

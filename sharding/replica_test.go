@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -38,7 +39,7 @@ func ringConfig(ns, ring, id string) replicaConfig {
 func expectRingHeld(t *testing.T, c client.Client, ns, ring string, members []string) {
 	t.Helper()
 	want := sharding.NewRing(shards, members)
-	eventually(t, 2*time.Minute, "every shard held by its ring owner", func() error {
+	controlplane.Eventually(t, 2*time.Minute, "every shard held by its ring owner", func() error {
 		leases := shardHolders(t, c, ns, ring)
 		now := time.Now()
 		for n := range int32(shards) {
@@ -123,14 +124,14 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 		reps = append(reps, startReplica(t, ringConfig(ns, ring, id)))
 	}
 	expectRingHeld(t, c, ns, ring, ids)
-	eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
 
 	total, maxHeld := 0, 0
 	for _, r := range reps {
 		held := r.rep.HeldShards()
 		total += len(held)
 		maxHeld = max(maxHeld, len(held))
-		eventually(t, time.Minute, "replica ready", r.rep.Ready)
+		controlplane.Eventually(t, time.Minute, "replica ready", r.rep.Ready)
 	}
 	if total != shards {
 		t.Fatalf("replicas hold %d shards in all, want %d", total, shards)
@@ -239,13 +240,13 @@ func TestGracefulLeaveAndJoin(t *testing.T) {
 			t.Errorf("shard %d: acquired by %s at %v, old Lease expired at %v", n, holderOf(got), got.Spec.AcquireTime, leaseExpiry(l))
 		}
 	}
-	eventually(t, 2*time.Minute, "all objects reconciled after leave", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled after leave", func() error { return allReconciled(c, ns, ring, t) })
 
 	rc := ringConfig(ns, ring, "r-3")
 	rc.timing = slow
 	reps["r-3"] = startReplica(t, rc)
 	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1", "r-3"})
-	eventually(t, 2*time.Minute, "all objects reconciled after join", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled after join", func() error { return allReconciled(c, ns, ring, t) })
 	history.check(t)
 }
 
@@ -282,7 +283,7 @@ func TestCrashFailover(t *testing.T) {
 	if moved == 0 {
 		t.Fatal("the killed replica held no shard")
 	}
-	eventually(t, 2*time.Minute, "all objects reconciled after crash", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled after crash", func() error { return allReconciled(c, ns, ring, t) })
 	history.check(t)
 	if o := overlaps(readAudit(t, map[string]time.Time{"p-1": killedAt}, audit)); len(o) > 0 {
 		t.Fatalf("overlapping reconciles:\n%v", o)
@@ -343,7 +344,7 @@ func TestNoOverlappingReconciles(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d spec updates during the run", updates.Load())
 
-	eventually(t, 2*time.Minute, "latest generation of every object reconciled", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "latest generation of every object reconciled", func() error { return allReconciled(c, ns, ring, t) })
 	var paths []string
 	for _, id := range []string{"p-0", "p-1", "p-2"} {
 		paths = append(paths, auditOf(id))
@@ -371,11 +372,11 @@ func TestFencing(t *testing.T) {
 	rc.restConfig = cfg
 	r := startReplica(t, rc)
 	expectRingHeld(t, c, ns, ring, []string{"fenced"})
-	eventually(t, time.Minute, "replica ready", r.rep.Ready)
+	controlplane.Eventually(t, time.Minute, "replica ready", r.rep.Ready)
 
 	leases := shardHolders(t, c, ns, ring)
 	proxy.cut()
-	eventually(t, time.Minute, "replica stopped its shards", func() error {
+	controlplane.Eventually(t, time.Minute, "replica stopped its shards", func() error {
 		if held := r.rep.HeldShards(); len(held) > 0 {
 			return fmt.Errorf("still runs %d shards", len(held))
 		}
@@ -422,7 +423,7 @@ func TestLabeler(t *testing.T) {
 	mk("wrong", "payments", map[string]string{sharding.LabelShard: wrong})
 	startReplica(t, ringConfig(ns, ring, "r-0"))
 	startReplica(t, ringConfig(ns, ring, "r-1"))
-	eventually(t, 2*time.Minute, "all labeled and reconciled", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 2*time.Minute, "all labeled and reconciled", func() error { return allReconciled(c, ns, ring, t) })
 	var cb configv1alpha1.ConfigBinding
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "wrong"}, &cb); err != nil {
 		t.Fatal(err)
@@ -445,12 +446,12 @@ func TestShardCountMismatch(t *testing.T) {
 	odd.shards = 32
 	m := startReplica(t, odd)
 	// The odd replica announces itself (its member Lease exists) ...
-	eventually(t, time.Minute, "odd member Lease", func() error {
+	controlplane.Eventually(t, time.Minute, "odd member Lease", func() error {
 		var l coordinationv1.Lease
 		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("r-odd")}, &l)
 	})
 	// ... and is not ready, holds nothing, and the others keep the ring.
-	eventually(t, time.Minute, "odd replica reports the mismatch", func() error {
+	controlplane.Eventually(t, time.Minute, "odd replica reports the mismatch", func() error {
 		if err := m.rep.Ready(); err == nil {
 			return fmt.Errorf("mismatching replica reports ready")
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
@@ -26,16 +25,9 @@ func newControllerCommand() *cobra.Command {
 		Use:   "controller",
 		Short: "Run one replica of the sharded ConfigBinding controller",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+			cfg, err := loadConfig(kubeconfig)
 			if err != nil {
-				return fmt.Errorf("loading kubeconfig: %w", err)
-			}
-			if cfg.QPS == 0 {
-				// As ctrl.GetConfig: no client-side throttling; the API
-				// server's priority and fairness is the limit.
-				cfg.QPS = -1
+				return err
 			}
 			switch shardingArg {
 			case "on":

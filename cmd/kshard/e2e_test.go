@@ -86,19 +86,6 @@ func start(t *testing.T, name, bin string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Fatalf("%s: still failing after %s: %v", what, within, err)
-}
-
 // allReady checks every binding: Synced at its current generation, by the
 // replica that holds its shard now.
 func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
@@ -161,7 +148,7 @@ func TestEndToEnd(t *testing.T) {
 
 	ccAddr := freeAddr(t)
 	start(t, "configcenter", ccBin, "--listen", ccAddr, "--seed-domains", "50", "--keys-per-domain", "4", "--value-bytes", "32")
-	eventually(t, time.Minute, "config center up", func() error {
+	controlplane.Eventually(t, time.Minute, "config center up", func() error {
 		resp, err := http.Get("http://" + ccAddr + "/healthz")
 		if err != nil {
 			return err
@@ -192,7 +179,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Minute, "all 500 Ready", func() error { return allReady(ctx, c, ns, leaseNS) })
+	controlplane.Eventually(t, 5*time.Minute, "all 500 Ready", func() error { return allReady(ctx, c, ns, leaseNS) })
 
 	if err := replicas["kshard-1"].Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -216,7 +203,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 5*time.Minute, "all 500 Ready at their new generation after SIGKILL", func() error {
+	controlplane.Eventually(t, 5*time.Minute, "all 500 Ready at their new generation after SIGKILL", func() error {
 		return allReady(ctx, c, ns, leaseNS)
 	})
 	var cm corev1.ConfigMap

@@ -2,15 +2,12 @@ package main
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -24,16 +21,11 @@ func newStatusCommand() *cobra.Command {
 		Use:   "status",
 		Short: "Show the ring: each shard's holder and desired owner, each member, unowned shards (exit 2 if any)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+			cfg, err := loadConfig(kubeconfig)
 			if err != nil {
-				return fmt.Errorf("loading kubeconfig: %w", err)
+				return err
 			}
-			scheme := runtime.NewScheme()
-			_ = clientgoscheme.AddToScheme(scheme)
-			_ = configv1alpha1.AddToScheme(scheme)
-			c, err := client.New(cfg, client.Options{Scheme: scheme})
+			c, err := client.New(cfg, client.Options{Scheme: replica.Scheme()})
 			if err != nil {
 				return err
 			}

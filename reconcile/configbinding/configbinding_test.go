@@ -146,7 +146,7 @@ func (e *env) create(t *testing.T, name, domain string, keys ...string) *configv
 func (e *env) waitReason(t *testing.T, name, reason string) *configv1alpha1.ConfigBinding {
 	t.Helper()
 	var cb configv1alpha1.ConfigBinding
-	eventually(t, 2*time.Minute, name+" "+reason, func() error {
+	controlplane.Eventually(t, 2*time.Minute, name+" "+reason, func() error {
 		if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: name}, &cb); err != nil {
 			return err
 		}
@@ -170,7 +170,7 @@ func (e *env) configMap(t *testing.T, name string) *corev1.ConfigMap {
 
 func (e *env) waitData(t *testing.T, cmName string, want map[string]string) {
 	t.Helper()
-	eventually(t, 2*time.Minute, cmName+" data", func() error {
+	controlplane.Eventually(t, 2*time.Minute, cmName+" data", func() error {
 		var cm corev1.ConfigMap
 		if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: e.ns, Name: cmName}, &cm); err != nil {
 			return err
@@ -182,19 +182,6 @@ func (e *env) waitData(t *testing.T, cmName string, want map[string]string) {
 		}
 		return nil
 	})
-}
-
-func eventually(t testing.TB, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: still failing after %s: %v", what, within, err)
 }
 
 // TestReadyWithData: a binding becomes Ready with the config center's values
@@ -314,7 +301,7 @@ func TestConfigMapRestored(t *testing.T) {
 	if err := e.c.Update(context.Background(), cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "edit reverted", func() error {
+	controlplane.Eventually(t, time.Minute, "edit reverted", func() error {
 		got := e.configMap(t, "app-config").Data
 		if got["key-3"] != want["key-3"] {
 			return fmt.Errorf("data %v", got)
