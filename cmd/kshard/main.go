@@ -28,7 +28,7 @@ func main() {
 }
 
 func newRootCommand() *cobra.Command {
-	zapOpts := zap.Options{Development: true}
+	zapOpts := zap.Options{}
 	root := &cobra.Command{
 		Use:           "kshard",
 		Short:         "A sharded, multi-replica Kubernetes controller",

@@ -1,0 +1,308 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/sharding"
+)
+
+// pollInterval is how often the script reads the ring while it waits. It is
+// the resolution of the handover times it reports.
+const pollInterval = 200 * time.Millisecond
+
+// objectPollInterval is how often the script lists every ConfigBinding while
+// it waits for them: as often as the ring for the default 120 objects,
+// less often for many, so the sandbox does not load the API server it is
+// measuring.
+func (sc *script) objectPollInterval() time.Duration {
+	return pollInterval * time.Duration(max(1, sc.s.opts.Objects/500))
+}
+
+// script is the guided tour: wait until everything is ready, then move shards
+// the three ways they move in production (a replica leaves, one joins, one
+// crashes) and measure each from the signal to the moment every shard is held
+// again by its desired owner, and to the moment every object is reconciled by
+// that owner. It judges only by what the cluster shows (Leases, object
+// status), like an operator would.
+type script struct {
+	s       *sandbox
+	c       client.Client
+	results []handover
+	// shown is the last shard map printed, so an unchanged one is not
+	// printed twice in a row.
+	shown string
+}
+
+// handover is one measured move of shards.
+type handover struct {
+	event   string // "graceful leave of kshard-2"
+	shards  time.Duration
+	objects time.Duration
+}
+
+func (sc *script) run(ctx context.Context) error {
+	out := sc.s.out
+	out.printf("\nwaiting until every replica is ready and every ConfigBinding is Ready ...")
+	start := time.Now()
+	scr := newScraper()
+	took, err := sc.waitFor(ctx, "every replica ready and every ConfigBinding Ready", start, sc.objectPollInterval(), func(ctx context.Context) (bool, string, error) {
+		for _, r := range sc.s.replicas.all() {
+			if !scr.ready(ctx, r.healthAddr) {
+				return false, r.id + " is not ready (/readyz)", nil
+			}
+		}
+		return sc.settled(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	st, err := readRing(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	out.printf("all %d replicas ready and all %d ConfigBindings Ready after %s", len(sc.s.replicas.all()), sc.s.opts.Objects, round(took))
+	sc.shown = shardMap(st)
+	out.printf("%s", sc.shown)
+
+	n := len(sc.s.replicas.all())
+	if n < 2 {
+		out.printf("one replica: no handover to show (run with --replicas 2 or more)")
+		return nil
+	}
+	leaver := sc.s.replicas.get(fmt.Sprintf("kshard-%d", n-1))
+	crasher := sc.s.replicas.get(fmt.Sprintf("kshard-%d", n-2))
+	steps := []func(context.Context) error{
+		func(ctx context.Context) error { return sc.leave(ctx, leaver) },
+		func(ctx context.Context) error { return sc.join(ctx, leaver) },
+		func(ctx context.Context) error { return sc.crash(ctx, crasher) },
+		func(ctx context.Context) error { return sc.join(ctx, crasher) },
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	sc.summary()
+	return nil
+}
+
+// leave is a scale-down: SIGTERM makes the replica leave the ring, drain
+// each shard and release its Lease, so the new owners acquire at once.
+func (sc *script) leave(ctx context.Context, r *replica) error {
+	event := "graceful leave of " + r.id
+	sc.s.out.printf("\n== %s: SIGTERM (a scale-down: it leaves the ring and hands each shard over) ==", event)
+	return sc.measure(ctx, event, func() error {
+		sc.s.replicas.terminate(r)
+		return nil
+	}, gone(r.id), func(t0 time.Time) {
+		ended, err := r.wait()
+		sc.s.out.printf("%s: the process ended %s after SIGTERM (%s)", event, round(ended.Sub(t0)), exitText(err))
+	})
+}
+
+// join is a scale-up (or a return): the replica becomes a member, the ring
+// gives it a share of the shards, their holders drain and release them.
+func (sc *script) join(ctx context.Context, r *replica) error {
+	event := "join of " + r.id
+	sc.s.out.printf("\n== %s: starting it again (it joins the ring and takes its share of the shards) ==", event)
+	return sc.measure(ctx, event, func() error {
+		if err := sc.s.replicas.start(r); err != nil {
+			return err
+		}
+		sc.s.out.printf("%s: started (pid %d)", event, r.pid())
+		return nil
+	}, func(st *sharding.RingStatus) (bool, string) {
+		if !liveMember(st, r.id) {
+			return false, r.id + " is not a live ring member yet"
+		}
+		return balanced(st)
+	}, nil)
+}
+
+// crash is a node failure: SIGKILL leaves no time to hand anything over, so
+// the replica's Leases must expire (one lease duration) before anyone else
+// may take its shards. Until then nobody reconciles their objects.
+func (sc *script) crash(ctx context.Context, r *replica) error {
+	event := "crash of " + r.id
+	sc.s.out.printf("\n== %s: SIGKILL (no handover: its Leases expire after %s, then the others take its shards) ==", event, leaseDuration)
+	return sc.measure(ctx, event, func() error { return sc.s.replicas.kill(r) }, gone(r.id), nil)
+}
+
+// gone is the end of a leave or a crash: the replica is not a live member,
+// holds nothing, and every shard is held by its desired owner.
+func gone(id string) func(*sharding.RingStatus) (bool, string) {
+	return func(st *sharding.RingStatus) (bool, string) {
+		if liveMember(st, id) {
+			return false, id + " is still a live ring member"
+		}
+		for _, s := range st.Shards {
+			if s.Holder == id {
+				return false, fmt.Sprintf("%s still holds shard %d", id, s.Shard)
+			}
+		}
+		return balanced(st)
+	}
+}
+
+// measure runs one handover: it prints the shard map, acts, waits until the
+// ring is done (and runs after, if any, at that point), waits until every
+// object is reconciled by its shard's new holder, and prints both times, the
+// new shard map, what moved, and whether any object's shard label changed
+// (none should: only Leases move).
+func (sc *script) measure(ctx context.Context, event string, act func() error,
+	done func(*sharding.RingStatus) (bool, string), after func(t0 time.Time)) error {
+	out := sc.s.out
+	before, err := readRing(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	bindings, err := listBindings(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	labelsBefore := shardLabels(bindings)
+	if m := shardMap(before); m != sc.shown {
+		out.printf("before:\n%s", m)
+	} else {
+		out.printf("before: the shard map above")
+	}
+
+	t0 := time.Now()
+	if err := act(); err != nil {
+		return fmt.Errorf("%s: %w", event, err)
+	}
+	shardsTook, err := sc.waitFor(ctx, event+": every shard held by its desired owner", t0, pollInterval, func(ctx context.Context) (bool, string, error) {
+		st, err := readRing(ctx, sc.c)
+		if err != nil {
+			return false, "", err
+		}
+		ok, detail := done(st)
+		return ok, detail, nil
+	})
+	if err != nil {
+		return err
+	}
+	out.printf("%s: every shard held by its desired owner after %s", event, round(shardsTook))
+	if after != nil {
+		after(t0)
+	}
+	objectsTook, err := sc.waitFor(ctx, event+": every ConfigBinding Ready and reconciled by its shard's holder", t0,
+		sc.objectPollInterval(), sc.settled)
+	if err != nil {
+		return err
+	}
+	out.printf("%s: every ConfigBinding Ready and reconciled by its shard's new holder after %s", event, round(objectsTook))
+
+	st, err := readRing(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	bindings, err = listBindings(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	sc.shown = shardMap(st)
+	out.printf("after:\n%s\n%s\n  %s", sc.shown, moves(before, st), relabeled(labelsBefore, shardLabels(bindings)))
+	sc.results = append(sc.results, handover{event: event, shards: shardsTook, objects: objectsTook})
+	return nil
+}
+
+// settled is a wait condition: every ConfigBinding Ready and reconciled by
+// the replica holding its shard.
+func (sc *script) settled(ctx context.Context) (bool, string, error) {
+	st, err := readRing(ctx, sc.c)
+	if err != nil {
+		return false, "", err
+	}
+	bindings, err := listBindings(ctx, sc.c)
+	if err != nil {
+		return false, "", err
+	}
+	if len(bindings) < sc.s.opts.Objects {
+		return false, fmt.Sprintf("%d of %d ConfigBindings exist", len(bindings), sc.s.opts.Objects), nil
+	}
+	if ok, detail := balanced(st); !ok {
+		return false, detail, nil
+	}
+	ok, detail := settled(st, bindings)
+	return ok, detail, nil
+}
+
+// waitFor polls check every poll until it holds, and returns how long after
+// from that was observed. It gives up after StepTimeout, saying what was still missing,
+// or when ctx ends (Ctrl-C, or a replica died), saying why. Errors from
+// check (the API server being slow) are retried: only the bound fails a step.
+func (sc *script) waitFor(ctx context.Context, what string, from time.Time, poll time.Duration,
+	check func(context.Context) (bool, string, error)) (time.Duration, error) {
+	timeout := sc.s.opts.StepTimeout
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	detail := "not checked yet"
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ok, d, err := check(callCtx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			detail = err.Error()
+		case ok:
+			// Observed at the end of the check: an upper bound.
+			return time.Since(from), nil
+		default:
+			detail = d
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("waiting for %s: %w", what, context.Cause(ctx))
+		case <-deadline.C:
+			return 0, fmt.Errorf("waiting for %s: not done after %s: %s", what, timeout, detail)
+		case <-tick.C:
+		}
+	}
+}
+
+func (sc *script) summary() {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nhandover summary (lease %s, renew deadline %s, retry period %s; from the signal; shards polled every %s, objects every %s):\n",
+		leaseDuration, renewDeadline, retryPeriod, pollInterval, sc.objectPollInterval())
+	tw := tabwriter.NewWriter(&b, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "  EVENT\tEVERY SHARD HELD BY ITS DESIRED OWNER\tEVERY OBJECT RECONCILED BY ITS NEW HOLDER")
+	for _, h := range sc.results {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", h.event, round(h.shards), round(h.objects))
+	}
+	_ = tw.Flush()
+	sc.s.out.printf("%s", strings.TrimRight(b.String(), "\n"))
+}
+
+// shardLabels are the objects' shard labels by namespace/name.
+func shardLabels(bindings []configv1alpha1.ConfigBinding) map[string]string {
+	out := make(map[string]string, len(bindings))
+	for _, cb := range bindings {
+		out[cb.Namespace+"/"+cb.Name] = cb.Labels[sharding.LabelShard]
+	}
+	return out
+}
+
+// relabeled checks kshard's promise that handovers move Leases, never labels.
+func relabeled(before, after map[string]string) string {
+	var changed []string
+	for k, v := range before {
+		if w, ok := after[k]; ok && w != v {
+			changed = append(changed, fmt.Sprintf("%s: %s -> %s", k, v, w))
+		}
+	}
+	if len(changed) == 0 {
+		return fmt.Sprintf("no object changed its shard label (%d checked)", len(before))
+	}
+	return fmt.Sprintf("WARNING: %d objects changed their shard label, e.g. %s", len(changed), changed[0])
+}
