@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
@@ -166,6 +167,24 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	if len(seen) != len(keys) {
 		t.Fatalf("replicas cache %d objects in all, want %d", len(seen), len(keys))
 	}
+
+	// The metrics say the same. The three in-process replicas share one
+	// registry: per-replica gauges add up to the ring's totals, and the
+	// ring-wide ones (members, unowned) are set alike by each.
+	controlplane.Eventually(t, time.Minute, "sharding metrics", func() error {
+		want := map[string]float64{"kshard_shards_owned": shards, "kshard_ring_members": 3, "kshard_unowned_shards": 0,
+			"kshard_shard_objects": float64(len(keys)), "kshard_ring_shard_count_mismatch": 0}
+		for name, v := range want {
+			got, err := gathered(name)
+			if err != nil {
+				return err
+			}
+			if got != v {
+				return fmt.Errorf("%s = %v, want %v", name, got, v)
+			}
+		}
+		return nil
+	})
 
 	// kshard status reads the same picture from the cluster.
 	st, err := sharding.ReadStatus(context.Background(), c, ns, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
@@ -637,4 +656,23 @@ func (p *cutProxy) cut() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// gathered sums every series of a metric in controller-runtime's registry.
+func gathered(name string) (float64, error) {
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		sum := 0.0
+		for _, m := range f.GetMetric() {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return sum, nil
+	}
+	return 0, fmt.Errorf("metric %s not registered", name)
 }

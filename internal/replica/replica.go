@@ -183,7 +183,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return fmt.Errorf("creating config center client: %w", err)
 	}
 	src := configcenter.NewCacheSource(cc)
-	rec := &configbinding.Reconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("kshard")}
+	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard")}
 
 	var ext *externalcache.Cache
 	var enqueuer configbinding.Enqueuer

@@ -339,3 +339,38 @@ func TestBaselines(t *testing.T) {
 		})
 	}
 }
+
+// TestTargetConflict: a ConfigMap of the target's name that someone else
+// created is never taken over; the binding says why, and proceeds once the
+// name is free.
+func TestTargetConflict(t *testing.T) {
+	e := startEnv(t, "conflict", externalcache.Options{})
+	theirs := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "app-config"},
+		Data:       map[string]string{"precious": "data"},
+	}
+	if err := e.c.Create(context.Background(), theirs); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", "domain-0", "key-0")
+	cb := e.waitReason(t, "app", configbinding.ReasonTargetConflict)
+	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "app-config") {
+		t.Fatalf("message does not name the ConfigMap: %q", c.Message)
+	}
+	if got := e.configMap(t, "app-config"); got.Data["precious"] != "data" || len(got.OwnerReferences) != 0 {
+		t.Fatalf("someone else's ConfigMap was modified: %+v", got)
+	}
+	if err := e.c.Delete(context.Background(), theirs); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing requeues a conflict by itself: a spec change (or a resync)
+	// looks again.
+	if err := e.c.Get(context.Background(), client.ObjectKeyFromObject(cb), cb); err != nil {
+		t.Fatal(err)
+	}
+	cb.Spec.Keys = append(cb.Spec.Keys, "key-1")
+	if err := e.c.Update(context.Background(), cb); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+}

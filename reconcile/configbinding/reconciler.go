@@ -41,6 +41,10 @@ const (
 	// ReasonExternalUnavailable: the config center fails; the ConfigMap keeps
 	// the last values, and recovers by itself.
 	ReasonExternalUnavailable = "ExternalUnavailable"
+	// ReasonTargetConflict: a ConfigMap of the target's name exists and is
+	// not this binding's; it is left untouched. Delete it or pick another
+	// name.
+	ReasonTargetConflict = "TargetConflict"
 )
 
 // FieldManager owns what kshard writes with server-side apply.
@@ -58,6 +62,9 @@ type Shards interface {
 type Reconciler struct {
 	// Client writes (ConfigMaps by apply, status by patch).
 	Client client.Client
+	// APIReader reads around the caches. It is used once per missing
+	// ConfigMap, to never take over one that someone else created.
+	APIReader client.Reader
 	Shards Shards
 	Values Values
 	// Events records condition transitions; nil records none.
@@ -88,9 +95,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	res := r.resolve(ctx, req.Shard, &cb)
 	if res.complete() {
 		var current corev1.ConfigMap
-		err := reader.Get(ctx, types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}, &current)
+		target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
+		err := reader.Get(ctx, target, &current)
 		if err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("reading ConfigMap %s: %w", cb.Spec.Target.ConfigMapName, err)
+			return reconcile.Result{}, fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
+		}
+		if apierrors.IsNotFound(err) {
+			// Not in this shard's cache: absent, or not ours (no shard label).
+			owner, err := r.foreignOwner(ctx, target, &cb)
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			if owner != "" {
+				cond := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
+					Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", target.Name, owner)}
+				return reconcile.Result{}, r.patchStatus(ctx, &cb, req.Shard, 0, cond)
+			}
 		}
 		if apierrors.IsNotFound(err) || drifted(&current, &cb, req.Shard, res.data) {
 			if !r.Shards.Holds(req.Shard) {
@@ -117,6 +137,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+}
+
+// foreignOwner reports who else owns an existing ConfigMap of the target's
+// name ("" when it does not exist or is this binding's).
+func (r *Reconciler) foreignOwner(ctx context.Context, target types.NamespacedName, cb *configv1alpha1.ConfigBinding) (string, error) {
+	if r.APIReader == nil {
+		return "", nil
+	}
+	var cm corev1.ConfigMap
+	if err := r.APIReader.Get(ctx, target, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
+	}
+	ref := metav1.GetControllerOf(&cm)
+	switch {
+	case ref == nil:
+		return "nobody (no controller owner reference)", nil
+	case ref.UID != cb.UID:
+		return fmt.Sprintf("%s %s", ref.Kind, ref.Name), nil
+	}
+	return "", nil
 }
 
 func (r *Reconciler) retryAfter() time.Duration {
