@@ -65,8 +65,8 @@ type Reconciler struct {
 	// APIReader reads around the caches. It is used once per missing
 	// ConfigMap, to never take over one that someone else created.
 	APIReader client.Reader
-	Shards Shards
-	Values Values
+	Shards    Shards
+	Values    Values
 	// Events records condition transitions; nil records none.
 	Events events.EventRecorder
 	// RetryAfter is the safety requeue of objects waiting on external data;
