@@ -1,7 +1,6 @@
 package sharding
 
 import (
-	"strconv"
 	"strings"
 	"time"
 )
@@ -12,11 +11,7 @@ func parseShardLeaseName(name string, shards int32) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
-	n, err := strconv.ParseInt(v, 10, 32)
-	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
-		return 0, false
-	}
-	return int32(n), true
+	return parseShard(v, shards)
 }
 
 // acquirable says whether this replica may try to take a shard Lease now,

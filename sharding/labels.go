@@ -43,6 +43,11 @@ func ParseShardLabel(labels map[string]string, shards int32) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
+	return parseShard(v, shards)
+}
+
+// parseShard reads a shard number written by strconv.Itoa, in [0, shards).
+func parseShard(v string, shards int32) (int32, bool) {
 	n, err := strconv.ParseInt(v, 10, 32)
 	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
 		return 0, false

@@ -39,6 +39,7 @@ type shard struct {
 
 	done      chan struct{} // closed when run returns
 	releaseCh chan string   // the release reason; buffered, sent once
+	releasing chan struct{} // closed with the release request
 	relOnce   sync.Once
 
 	lock      *resourcelock.LeaseLock
@@ -66,12 +67,16 @@ func newShard(r *Replica, n int32) *shard {
 		log:       r.log.WithValues("shard", n),
 		done:      make(chan struct{}),
 		releaseCh: make(chan string, 1),
+		releasing: make(chan struct{}),
 	}
 }
 
 // release asks the shard to drain and release its Lease. It never blocks.
 func (s *shard) release(reason string) {
-	s.relOnce.Do(func() { s.releaseCh <- reason })
+	s.relOnce.Do(func() {
+		s.releaseCh <- reason
+		close(s.releasing)
+	})
 }
 
 func (s *shard) active() bool {
@@ -342,8 +347,8 @@ func (s *shard) releaseLease(ctx context.Context) {
 func (s *shard) startRuntime(ctx context.Context) error {
 	select {
 	case <-s.r.queueReady:
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-s.releasing:
+		return errors.New("released before the controller started")
 	}
 	mgr := s.r.mgr
 	var syncPeriod *time.Duration
