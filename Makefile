@@ -8,7 +8,7 @@ BIN := $(CURDIR)/bin
 # A user's own KUBEBUILDER_ASSETS wins; otherwise the control plane we build.
 export KUBEBUILDER_ASSETS ?= $(BIN)/k8s
 CONTROLLER_GEN := $(BIN)/controller-gen
-GO_TEST_FLAGS ?= -race -timeout 45m
+GO_TEST_FLAGS ?= -race -count=1 -timeout 45m
 RUN_ARGS ?=
 
 .PHONY: all
