@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -219,8 +220,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			LeaseDuration:  opts.LeaseDuration,
 			RenewDeadline:  opts.RenewDeadline,
 			RetryPeriod:    opts.RetryPeriod,
-			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicateT{configbinding.BindingPredicate()}},
-			Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicateT{configbinding.ConfigMapPredicate()}}},
+			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
+			Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}},
 			Domain:         domainOf,
 			Indexes:        []sharding.Index{configbinding.Index()},
 			SyncPeriod:     opts.SyncPeriod,

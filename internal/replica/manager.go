@@ -8,10 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 )
-
-type predicateT = predicate.Predicate
 
 // filterProvider protects metrics served over HTTPS with the API server's
 // TokenReview and SubjectAccessReview, as in a cluster; plain HTTP (local
