@@ -389,6 +389,9 @@ func TestFencing(t *testing.T) {
 	cfg.Host = "https://" + proxy.addr()
 	rc := ringConfig(ns, ring, "fenced")
 	rc.restConfig = cfg
+	// A wide gap between the renew deadline and the lease duration, so the
+	// check below is about order, not about a loaded machine's speed.
+	rc.timing = timing{lease: 20 * time.Second, renew: 4 * time.Second, retry: time.Second}
 	r := startReplica(t, rc)
 	expectRingHeld(t, c, ns, ring, []string{"fenced"})
 	controlplane.Eventually(t, time.Minute, "replica ready", r.rep.Ready)

@@ -239,7 +239,9 @@ func TestMissingKeyNoHotLoop(t *testing.T) {
 	}
 	since := time.Now()
 	time.Sleep(5 * time.Second) // a window in which a hot loop would spin hundreds of times
-	if n := e.audit.starts(e.ns, "app", since); n > 2 {
+	// A late notification or a lost status race may add a reconcile or
+	// two; a hot loop adds hundreds, and error backoff about seven.
+	if n := e.audit.starts(e.ns, "app", since); n > 3 {
 		t.Fatalf("%d reconciles of a KeyNotFound object in a quiet window: a hot loop", n)
 	}
 	if _, err := e.cc.Put("domain-0", "no-such-key", "now-here"); err != nil {
