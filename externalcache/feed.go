@@ -11,6 +11,10 @@ import (
 type feedLoop struct {
 	refs   int
 	cancel context.CancelFunc
+	// names are the domain's existing keys as the feed last listed them, once synced: what
+	// an admission check can answer without calling the service. Guarded by Cache.feedsMu.
+	names  map[string]struct{}
+	synced bool
 }
 
 // acquireDomain counts one more shard using domain and starts its feed on the first.
@@ -54,14 +58,14 @@ func (c *Cache) startFeedLocked(domain string, fl *feedLoop) {
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
 	fl.cancel = cancel
-	c.wg.Go(func() { c.runFeed(ctx, domain) })
+	c.wg.Go(func() { c.runFeed(ctx, domain, fl) })
 }
 
 // runFeed polls the domain's change feed until ctx is done. It starts from revision 0, so the
 // first answer lists every key of the domain with its revision and any key cached before the
 // feed started is checked; it backs off on errors (never earlier than a Retry-After) and
 // resynchronises from 0 when the source restarted and lost its history.
-func (c *Cache) runFeed(ctx context.Context, domain string) {
+func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	c.feedLoops.Add(1)
 	defer c.feedLoops.Add(-1)
 	log := c.log.WithValues("domain", domain)
@@ -97,12 +101,16 @@ func (c *Cache) runFeed(ctx context.Context, domain string) {
 			log.Info("Change feed source lost its history (restarted?); resynchronising",
 				"hadRevision", since, "revision", cs.Revision, "hadEpoch", epoch, "epoch", cs.Epoch)
 			since, epoch = 0, cs.Epoch
+			c.feedsMu.Lock()
+			fl.names, fl.synced = nil, false
+			c.feedsMu.Unlock()
 			continue
 		}
 		epoch = cs.Epoch
 		for _, ch := range cs.Changes {
 			c.applyChange(domain, ch)
 		}
+		c.recordNames(fl, cs.Changes)
 		since = cs.Revision
 		if len(cs.Changes) == 0 {
 			if el := time.Since(start); el < c.opts.FeedRetry.MinInterval && !sleep(ctx, c.opts.FeedRetry.MinInterval-el) {
@@ -155,6 +163,38 @@ func (c *Cache) applyChange(domain string, ch Change) {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// recordNames keeps the domain's key names current with one answer of its feed. The first
+// answer (from revision 0) lists every key, so from then on the set is complete.
+func (c *Cache) recordNames(fl *feedLoop, changes []Change) {
+	c.feedsMu.Lock()
+	defer c.feedsMu.Unlock()
+	if fl.names == nil {
+		fl.names = make(map[string]struct{}, len(changes))
+	}
+	for _, ch := range changes {
+		if ch.Deleted {
+			delete(fl.names, ch.Name)
+		} else {
+			fl.names[ch.Name] = struct{}{}
+		}
+	}
+	fl.synced = true
+}
+
+// KeyExists answers from the change feed alone whether a key exists: known is false unless a
+// feed of the key's domain runs (a held shard uses the domain) and has listed the domain. It
+// never calls the service, so an admission check can use it on the request path.
+func (c *Cache) KeyExists(key Key) (exists, known bool) {
+	c.feedsMu.Lock()
+	defer c.feedsMu.Unlock()
+	fl := c.feeds[key.Domain]
+	if fl == nil || !fl.synced {
+		return false, false
+	}
+	_, exists = fl.names[key.Name]
+	return exists, true
 }
 
 // feedBackoff is exponential backoff with "equal jitter" (half fixed, half random): a feed loop

@@ -101,8 +101,8 @@ func (s *shard) countObjects(delta int64) {
 	shardObjects.WithLabelValues(s.name).Set(float64(s.objects.Add(delta)))
 }
 
-// ownedHandler enqueues the controller owner (of the primary kind) of the
-// shard's owned objects.
+// ownedHandler enqueues the primary objects an owned object concerns: its
+// controller owner of the primary kind, or what the kind's Requests says.
 func (s *shard) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 	owner := func(o client.Object) (types.NamespacedName, bool) {
 		ref := metav1.GetControllerOf(o)
@@ -114,15 +114,24 @@ func (s *shard) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 		}
 		return types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}, true
 	}
+	enqueue := func(oldO, newO client.Object, initial bool) {
+		if k.Requests != nil {
+			for _, key := range k.Requests(s.runCtx, s.cache, oldO, newO) {
+				s.enqueue(key, initial)
+			}
+			return
+		}
+		if key, ok := owner(newO); ok {
+			s.enqueue(key, initial)
+		}
+	}
 	return toolscache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			o, ok := asObject(obj)
 			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o}) }) {
 				return
 			}
-			if key, ok := owner(o); ok {
-				s.enqueue(key, initial)
-			}
+			enqueue(nil, o, initial)
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			oldO, ok1 := asObject(oldObj)
@@ -132,18 +141,14 @@ func (s *shard) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 			}) {
 				return
 			}
-			if key, ok := owner(newO); ok {
-				s.enqueue(key, false)
-			}
+			enqueue(oldO, newO, false)
 		},
 		DeleteFunc: func(obj any) {
 			o, ok := asObject(obj)
 			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool { return p.Delete(event.DeleteEvent{Object: o}) }) {
 				return
 			}
-			if key, ok := owner(o); ok {
-				s.enqueue(key, false)
-			}
+			enqueue(nil, o, false)
 		},
 	}
 }

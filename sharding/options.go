@@ -1,6 +1,7 @@
 package sharding
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 )
@@ -31,6 +33,13 @@ type Kind struct {
 	Object client.Object
 	// Predicates filter its events before they become requests.
 	Predicates []predicate.Predicate
+	// Requests, for an owned kind, maps an event to the primary objects it
+	// concerns, instead of the controller owner reference: for objects many
+	// primaries read, such as a per-domain mirror. oldObj is nil on create
+	// and delete. It runs on the shard cache's event goroutine: read the
+	// shard through reader (an index, not a list of everything) and do not
+	// block.
+	Requests func(ctx context.Context, reader client.Reader, oldObj, newObj client.Object) []types.NamespacedName
 }
 
 // Index is a field index added to every shard's cache, so a reconciler can

@@ -83,6 +83,11 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&opts.RequeueMaxDelay, "requeue-max-delay", 5*time.Minute, "longest backoff of a failed reconcile")
 	f.DurationVar(&opts.SyncPeriod, "sync-period", 10*time.Hour, "resync period of the informers (jittered by 10%)")
 	f.StringVar(&opts.ExternalMode, "external-mode", replica.ExternalCache, "cache: read through the off-heap cache; direct: call the config center in Reconcile (baseline)")
+	f.StringVar(&opts.ExternalSource, "external-source", replica.SourceCache, "where values live with --external-mode=cache: cache (each replica's off-heap cache) or mirror (ExternalDomain objects written by the domain's shard holder)")
+	f.Int64Var(&opts.MirrorMaxBytes, "mirror-max-bytes", 512<<10, "largest domain an ExternalDomain mirror holds; a larger one gets the TooLarge condition")
+	f.IntVar(&opts.WebhookPort, "webhook-port", 0, "port of the ConfigBinding admission pre-check over HTTPS (0 disables it)")
+	f.StringVar(&opts.WebhookHost, "webhook-host", "", "address the admission webhook listens on (default: all)")
+	f.StringVar(&opts.WebhookCertDir, "webhook-cert-dir", "", "directory holding the webhook's tls.crt and tls.key (default: controller-runtime's temp dir)")
 	f.StringVar(&shardingArg, "sharding", "on", "on: sharded ring; off: one active replica by leader election (baseline)")
 	f.StringVar(&auditPath, "audit-log", "", "append JSON lines of reconcile start and end to this file")
 	return cmd

@@ -7,7 +7,13 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/reconcile/configbinding"
 )
 
 // filterProvider protects metrics served over HTTPS with the API server's
@@ -24,4 +30,19 @@ func filterProvider(secure bool) func(*rest.Config, *http.Client) (metricsserver
 // controller names repeat.
 func controllerConfig() config.Controller {
 	return config.Controller{SkipNameValidation: ptr.To(true)}
+}
+
+// webhookServer serves the admission pre-check when a port is set; with
+// none it is never started (nothing registers on it).
+func webhookServer(opts Options) webhook.Server {
+	return webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})
+}
+
+// registerWebhook serves the ConfigBinding pre-check, answered from what
+// the replica knows locally; the replica is ready once it serves.
+func registerWebhook(mgr manager.Manager, keys configbinding.KeyKnowledge) error {
+	srv := mgr.GetWebhookServer()
+	srv.Register(configbinding.WebhookPath,
+		admission.WithValidator[*configv1alpha1.ConfigBinding](mgr.GetScheme(), &configbinding.Admission{Keys: keys}))
+	return mgr.AddReadyzCheck("webhook", srv.StartedChecker())
 }

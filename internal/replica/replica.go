@@ -35,6 +35,7 @@ import (
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/reconcile/externaldomain"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -44,6 +45,16 @@ const (
 	ExternalCache = "cache"
 	// ExternalDirect calls the config center inside Reconcile: the baseline.
 	ExternalDirect = "direct"
+)
+
+// External sources (with ExternalCache mode).
+const (
+	// SourceCache keeps values in each replica's off-heap cache.
+	SourceCache = "cache"
+	// SourceMirror keeps values in ExternalDomain objects that the domain's
+	// shard holder writes from the change feed; reconciles read them from
+	// the shard's informer cache.
+	SourceMirror = "mirror"
 )
 
 // Options configure a replica. The zero value of each field takes the
@@ -79,6 +90,17 @@ type Options struct {
 	RequeueMaxDelay  time.Duration
 	SyncPeriod       time.Duration
 	ExternalMode     string
+	// ExternalSource chooses where cached values live: SourceCache (the
+	// default) or SourceMirror. It needs ExternalMode cache and sharding.
+	ExternalSource string
+	// MirrorMaxBytes bounds one ExternalDomain's keys (default 512 KiB).
+	MirrorMaxBytes int64
+	// WebhookPort serves the ConfigBinding admission pre-check over HTTPS
+	// with the certificate in WebhookCertDir (tls.crt, tls.key); 0 disables
+	// it.
+	WebhookPort    int
+	WebhookHost    string
+	WebhookCertDir string
 	// Sharding off runs the classic single active replica: the baseline.
 	Sharding bool
 	AuditLog io.Writer
@@ -123,6 +145,19 @@ func (o *Options) setDefaults() error {
 	}
 	if o.ExternalMode != ExternalCache && o.ExternalMode != ExternalDirect {
 		return fmt.Errorf("external mode must be %q or %q, got %q", ExternalCache, ExternalDirect, o.ExternalMode)
+	}
+	if o.ExternalSource == "" {
+		o.ExternalSource = SourceCache
+	}
+	switch {
+	case o.ExternalSource != SourceCache && o.ExternalSource != SourceMirror:
+		return fmt.Errorf("external source must be %q or %q, got %q", SourceCache, SourceMirror, o.ExternalSource)
+	case o.ExternalSource == SourceMirror && o.ExternalMode == ExternalDirect:
+		return fmt.Errorf("external source %q reads no value in Reconcile; it cannot be combined with external mode %q", SourceMirror, ExternalDirect)
+	case o.ExternalSource == SourceMirror && !o.Sharding:
+		return fmt.Errorf("external source %q needs sharding: the mirror of a domain is written by its shard's holder", SourceMirror)
+	case o.WebhookPort != 0 && (o.ExternalMode != ExternalCache || !o.Sharding):
+		return errors.New("the admission webhook answers from the cache or the mirror of held shards: it needs external mode cache and sharding")
 	}
 	if o.ConfigCenterURL == "" {
 		return errors.New("the config center URL is required")
@@ -170,7 +205,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			DefaultTransform:  cache.TransformStripManagedFields(),
 			SyncPeriod:        ptr.To(opts.SyncPeriod),
 		},
-		Controller: controllerConfig(),
+		Controller:    controllerConfig(),
+		WebhookServer: webhookServer(opts),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -187,8 +223,12 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard")}
 
 	var ext *externalcache.Cache
+	var mirror *externaldomain.Mirror
 	var enqueuer configbinding.Enqueuer
-	if opts.ExternalMode == ExternalCache {
+	switch {
+	case opts.ExternalSource == SourceMirror:
+		// The mirror needs the shards; it is created with them below.
+	case opts.ExternalMode == ExternalCache:
 		co := opts.Cache
 		co.Source, co.Feed, co.MaxShards, co.Log = src, src, int(opts.Shards), log.WithName("externalcache")
 		co.OnUpdate = func(shard int32, key externalcache.Key) {
@@ -207,11 +247,15 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			return err
 		}
 		rec.Values = configbinding.CachedValues{Cache: ext}
-	} else {
+	default:
 		rec.Values = configbinding.DirectValues{Source: src, Timeout: 10 * time.Second}
 	}
 
 	if opts.Sharding {
+		owns := []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}}
+		if opts.ExternalSource == SourceMirror {
+			owns = append(owns, sharding.Kind{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests})
+		}
 		rep, err := sharding.New(mgr, sharding.Options{
 			Ring:           opts.Ring,
 			Identity:       opts.Identity,
@@ -221,24 +265,30 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			RenewDeadline:  opts.RenewDeadline,
 			RetryPeriod:    opts.RetryPeriod,
 			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
-			Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}},
+			Owns:           owns,
 			Domain:         domainOf,
-			Indexes:        []sharding.Index{configbinding.Index()},
+			Indexes:        configbinding.Indexes(),
 			SyncPeriod:     opts.SyncPeriod,
 			StatefulSet:    opts.StatefulSet,
 			Namespaces:     opts.Namespaces,
 			AuditLog:       opts.AuditLog,
 			OnAcquire: func(shard int32) {
-				if ext == nil {
+				if ext == nil && mirror == nil {
 					return
 				}
 				go func() {
 					keys, err := rec.ShardKeys(ctx, shard)
-					if err == nil && len(keys) > 0 {
+					switch {
+					case err != nil:
+					case mirror != nil:
+						for _, k := range keys {
+							mirror.Ensure(shard, k.Domain)
+						}
+					case len(keys) > 0:
 						err = ext.Warm(ctx, shard, keys...)
 					}
 					if err != nil && ctx.Err() == nil {
-						log.Error(err, "Warming the external cache", "shard", shard)
+						log.Error(err, "Warming external data", "shard", shard)
 					}
 				}()
 			},
@@ -246,12 +296,39 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 				if ext != nil {
 					ext.DropShard(shard)
 				}
+				if mirror != nil {
+					// Before the Lease is released: the next holder is the
+					// only writer of the shard's mirrors.
+					mirror.DropShard(shard)
+				}
 			},
 		})
 		if err != nil {
 			return err
 		}
 		rec.Shards, enqueuer = rep, rep
+		if opts.ExternalSource == SourceMirror {
+			mirror, err = externaldomain.New(externaldomain.Options{
+				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: src, Shards: rep,
+				MaxBytes: opts.MirrorMaxBytes, Log: log.WithName("mirror"),
+			})
+			if err != nil {
+				return err
+			}
+			if err := mgr.Add(mirror); err != nil {
+				return err
+			}
+			rec.Values = configbinding.MirrorValues{Shards: rep, Mirrors: mirror}
+		}
+		if opts.WebhookPort != 0 {
+			var keys configbinding.KeyKnowledge = configbinding.CacheKnowledge{Cache: ext}
+			if mirror != nil {
+				keys = configbinding.MirrorKnowledge{Shards: rep, APIReader: mgr.GetAPIReader(), ShardCount: opts.Shards}
+			}
+			if err := registerWebhook(mgr, keys); err != nil {
+				return err
+			}
+		}
 		if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
 			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 			RateLimiter:             rateLimiter(opts),
@@ -271,7 +348,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			return err
 		}
 	}
-	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "shards", opts.Shards)
+	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "externalSource", opts.ExternalSource, "shards", opts.Shards)
 	return mgr.Start(ctx)
 }
 
@@ -303,9 +380,10 @@ func domainOf(o client.Object) string {
 // setupSingle wires the baseline: one controller on the manager's cache of
 // every ConfigBinding and ConfigMap, active on the elected leader only.
 func setupSingle(ctx context.Context, mgr manager.Manager, rec *configbinding.Reconciler, single *configbinding.SingleReplica, opts Options) error {
-	ix := configbinding.Index()
-	if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
-		return fmt.Errorf("indexing ConfigBindings by key: %w", err)
+	for _, ix := range configbinding.Indexes() {
+		if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
+			return fmt.Errorf("indexing ConfigBindings by %s: %w", ix.Field, err)
+		}
 	}
 	c, err := controller.NewTyped("configbinding", mgr, controller.TypedOptions[sharding.Request]{
 		Reconciler:              rec,

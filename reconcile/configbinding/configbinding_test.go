@@ -46,6 +46,15 @@ func newClient(t testing.TB) client.Client {
 	return c
 }
 
+func newWatchClient(t testing.TB) client.WithWatch {
+	t.Helper()
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func newNamespace(t testing.TB, c client.Client, prefix string) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
@@ -89,6 +98,9 @@ type env struct {
 	ns    string
 	cc    *configcenter.Server
 	audit *auditBuffer
+	opts  replica.Options // of the first replica; more replicas join its ring
+	// stopFirst stops the first replica gracefully.
+	stopFirst func()
 }
 
 func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
@@ -106,24 +118,40 @@ func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env
 		t.Fatal(err)
 	}
 	e.cc = cc
+	t.Cleanup(func() {
+		cancel()
+		cc.Close()
+	})
 	leaseNS := newNamespace(t, c, name+"-leases")
-	done := make(chan error, 1)
-	opts := replica.Options{
+	e.opts = replica.Options{
 		Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS,
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
 		ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 		Sharding: true, AuditLog: e.audit, Namespaces: []string{e.ns},
 	}
-	adjust(&opts)
-	go func() { done <- replica.Run(ctx, cp.Config, opts) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("replica: %v", err)
-		}
-		cc.Close()
-	})
+	adjust(&e.opts)
+	e.stopFirst = e.startReplica(t, e.opts)
 	return e
+}
+
+// startReplica runs a replica until the test ends; the returned stop ends
+// it earlier (gracefully: it drains and releases its shards).
+func (e *env) startReplica(t *testing.T, opts replica.Options) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- replica.Run(ctx, cp.Config, opts) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("replica %s: %v", opts.Identity, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func (e *env) create(t *testing.T, name, domain string, keys ...string) *configv1alpha1.ConfigBinding {

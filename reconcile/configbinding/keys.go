@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -16,9 +18,13 @@ import (
 // instead of the external cache tracking who waits for what.
 const KeyIndex = "kshard.dev/external-key"
 
-// Index is the shard-cache index the reconciler's key mapping needs.
-func Index() sharding.Index {
-	return sharding.Index{
+// DomainIndex indexes ConfigBindings by domain, so a mirror whose condition
+// changed finds the bindings of its domain without listing the shard.
+const DomainIndex = "kshard.dev/domain"
+
+// Indexes are the shard-cache indexes the reconciler's mappings need.
+func Indexes() []sharding.Index {
+	return []sharding.Index{{
 		Object: &configv1alpha1.ConfigBinding{},
 		Field:  KeyIndex,
 		Extract: func(o client.Object) []string {
@@ -32,7 +38,16 @@ func Index() sharding.Index {
 			}
 			return out
 		},
-	}
+	}, {
+		Object: &configv1alpha1.ConfigBinding{},
+		Field:  DomainIndex,
+		Extract: func(o client.Object) []string {
+			if cb, ok := o.(*configv1alpha1.ConfigBinding); ok {
+				return []string{cb.Spec.Domain}
+			}
+			return nil
+		},
+	}}
 }
 
 // Enqueuer requests reconciles; *sharding.Replica implements it.
@@ -80,4 +95,84 @@ func (r *Reconciler) ShardKeys(ctx context.Context, shard int32) ([]externalcach
 		}
 	}
 	return keys, nil
+}
+
+// MirrorRequests maps an event of a shard's ExternalDomain mirror to the
+// shard's ConfigBindings that read a key whose revision changed (every
+// binding of the domain when the mirror's condition changed): a change of
+// one key wakes only the bindings of that key.
+func MirrorRequests(ctx context.Context, reader client.Reader, oldObj, newObj client.Object) []types.NamespacedName {
+	ed, ok := newObj.(*configv1alpha1.ExternalDomain)
+	if !ok {
+		return nil
+	}
+	old, _ := oldObj.(*configv1alpha1.ExternalDomain)
+	var changed []string
+	if old == nil || !conditionsEqual(old.Status.Conditions, ed.Status.Conditions) {
+		changed = nil // all keys of the domain
+	} else {
+		changed = changedKeys(old.Status.Keys, ed.Status.Keys)
+		if len(changed) == 0 {
+			return nil
+		}
+	}
+	var list configv1alpha1.ConfigBindingList
+	seen := map[types.NamespacedName]bool{}
+	var out []types.NamespacedName
+	add := func(opts ...client.ListOption) {
+		list.Items = nil
+		if err := reader.List(ctx, &list, opts...); err != nil {
+			return
+		}
+		for i := range list.Items {
+			if list.Items[i].Spec.Domain != ed.Spec.Domain {
+				continue
+			}
+			k := client.ObjectKeyFromObject(&list.Items[i])
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	if changed == nil {
+		add(client.MatchingFields{DomainIndex: ed.Spec.Domain})
+		return out
+	}
+	for _, name := range changed {
+		add(client.MatchingFields{KeyIndex: externalcache.Key{Domain: ed.Spec.Domain, Name: name}.String()})
+	}
+	return out
+}
+
+// changedKeys lists the names whose revision differs (added, removed or
+// changed) between two sorted key lists.
+func changedKeys(a, b []configv1alpha1.MirroredKey) []string {
+	rev := make(map[string]int64, len(a))
+	for _, k := range a {
+		rev[k.Name] = k.Revision
+	}
+	var out []string
+	for _, k := range b {
+		if r, ok := rev[k.Name]; !ok || r != k.Revision {
+			out = append(out, k.Name)
+		}
+		delete(rev, k.Name)
+	}
+	for name := range rev {
+		out = append(out, name)
+	}
+	return out
+}
+
+func conditionsEqual(a, b []metav1.Condition) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Type != b[i].Type || a[i].Status != b[i].Status || a[i].Reason != b[i].Reason {
+			return false
+		}
+	}
+	return true
 }

@@ -45,6 +45,10 @@ const (
 	// not this binding's; it is left untouched. Delete it or pick another
 	// name.
 	ReasonTargetConflict = "TargetConflict"
+	// ReasonDomainTooLarge: with --external-source=mirror, the domain does
+	// not fit in its ExternalDomain mirror; see the mirror's Synced
+	// condition.
+	ReasonDomainTooLarge = "DomainTooLarge"
 )
 
 // FieldManager owns what kshard writes with server-side apply.
@@ -132,8 +136,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		}
 		return reconcile.Result{}, err
 	}
-	if cond.Reason == ReasonSynced || cond.Reason == ReasonKeyNotFound {
-		// A created key arrives through the change feed, not by polling.
+	if cond.Reason == ReasonSynced || cond.Reason == ReasonKeyNotFound || cond.Reason == ReasonDomainTooLarge {
+		// A created key, or a mirror that fits again, arrives through the
+		// change feed or the mirror's events, not by polling.
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
@@ -215,6 +220,9 @@ func (res resolution) complete() bool { return len(res.pending) == 0 && len(res.
 func (res resolution) condition() metav1.Condition {
 	c := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse}
 	switch {
+	case errors.Is(res.unavailable, ErrDomainTooLarge):
+		c.Reason = ReasonDomainTooLarge
+		c.Message = fmt.Sprintf("%v; the ConfigMap keeps its last values", res.unavailable)
 	case len(res.missing) > 0:
 		c.Reason = ReasonKeyNotFound
 		c.Message = fmt.Sprintf("keys not found in the config center: %s; the ConfigMap keeps its last values", strings.Join(res.missing, ", "))

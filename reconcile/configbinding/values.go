@@ -3,9 +3,18 @@ package configbinding
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/reconcile/externaldomain"
 )
 
 // Values is where Reconcile gets key values from. The cached implementation
@@ -48,4 +57,63 @@ func (v DirectValues) Get(ctx context.Context, _ int32, key externalcache.Key) e
 	default:
 		return externalcache.Lookup{State: externalcache.StatePending, Err: err}
 	}
+}
+
+// ErrDomainTooLarge is carried by lookups of a domain whose mirror cannot
+// hold it; the ConfigBinding says DomainTooLarge instead of waiting.
+var ErrDomainTooLarge = errors.New("domain too large for its mirror")
+
+// Mirrors keeps a domain's mirror current while its shard is held;
+// *externaldomain.Mirror implements it.
+type Mirrors interface {
+	Ensure(shard int32, domain string)
+}
+
+// MirrorValues reads values from the shard's informer cache of
+// ExternalDomain mirrors (--external-source=mirror): no network I/O on the
+// reconcile path, and no per-replica copy of the values beyond the informer.
+type MirrorValues struct {
+	Shards  Shards
+	Mirrors Mirrors
+}
+
+// Get implements Values.
+func (v MirrorValues) Get(ctx context.Context, shard int32, key externalcache.Key) externalcache.Lookup {
+	reader, ok := v.Shards.Reader(shard)
+	if !ok {
+		return externalcache.Lookup{State: externalcache.StatePending}
+	}
+	v.Mirrors.Ensure(shard, key.Domain)
+	var ed configv1alpha1.ExternalDomain
+	if err := reader.Get(ctx, types.NamespacedName{Name: key.Domain}, &ed); err != nil {
+		// Not mirrored yet: the mirror's creation requeues the binding.
+		return externalcache.Lookup{State: externalcache.StatePending}
+	}
+	synced := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced)
+	if synced == nil {
+		return externalcache.Lookup{State: externalcache.StatePending}
+	}
+	if synced.Reason == externaldomain.ReasonTooLarge {
+		return externalcache.Lookup{State: externalcache.StatePending, Err: fmt.Errorf("%w: %s", ErrDomainTooLarge, synced.Message)}
+	}
+	var err error
+	if synced.Status != metav1.ConditionTrue {
+		err = errors.New(synced.Message)
+	}
+	fetched := time.Time{}
+	if ed.Status.LastSyncTime != nil {
+		fetched = ed.Status.LastSyncTime.Time
+	}
+	i, found := slices.BinarySearchFunc(ed.Status.Keys, key.Name, func(k configv1alpha1.MirroredKey, name string) int {
+		return strings.Compare(k.Name, name)
+	})
+	if !found {
+		return externalcache.Lookup{State: externalcache.StateNotFound, FetchedAt: fetched, Err: err}
+	}
+	k := ed.Status.Keys[i]
+	state := externalcache.StateFresh
+	if err != nil {
+		state = externalcache.StateStale
+	}
+	return externalcache.Lookup{Value: []byte(k.Value), Revision: k.Revision, FetchedAt: fetched, State: state, Err: err}
 }

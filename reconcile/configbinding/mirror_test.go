@@ -1,0 +1,245 @@
+package configbinding_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/reconcile/externaldomain"
+	"github.com/kshard/kshard/sharding"
+)
+
+func mirrorMode(o *replica.Options) { o.ExternalSource = replica.SourceMirror }
+
+// mirrorOf waits until the domain's mirror satisfies cond and returns it.
+func (e *env) mirrorOf(t *testing.T, domain string, cond func(*configv1alpha1.ExternalDomain) error) *configv1alpha1.ExternalDomain {
+	t.Helper()
+	var ed configv1alpha1.ExternalDomain
+	controlplane.Eventually(t, 2*time.Minute, "mirror of "+domain, func() error {
+		if err := e.c.Get(context.Background(), client.ObjectKey{Name: domain}, &ed); err != nil {
+			return err
+		}
+		return cond(&ed)
+	})
+	return &ed
+}
+
+// deleteMirrors removes the test's cluster-scoped mirrors when it ends.
+func (e *env) deleteMirrors(t *testing.T, domains ...string) {
+	t.Cleanup(func() {
+		for _, d := range domains {
+			_ = e.c.Delete(context.Background(), &configv1alpha1.ExternalDomain{ObjectMeta: metav1.ObjectMeta{Name: d}})
+		}
+	})
+}
+
+func mirrored(key, value string) func(*configv1alpha1.ExternalDomain) error {
+	return func(ed *configv1alpha1.ExternalDomain) error {
+		if !meta.IsStatusConditionTrue(ed.Status.Conditions, externaldomain.ConditionSynced) {
+			return fmt.Errorf("not synced: %+v", ed.Status.Conditions)
+		}
+		for _, k := range ed.Status.Keys {
+			if k.Name == key && k.Value == value {
+				return nil
+			}
+		}
+		return fmt.Errorf("keys %+v lack %s=%s", ed.Status.Keys, key, value)
+	}
+}
+
+// TestMirrorChangeReachesConfigMap: with --external-source=mirror a domain's
+// keys are mirrored into its ExternalDomain (sharded like its bindings), and
+// a config-center change reaches the mirror and then the ConfigMap.
+func TestMirrorChangeReachesConfigMap(t *testing.T) {
+	e := startEnvWith(t, "mirror", mirrorMode)
+	const domain = "mirror-feed"
+	e.deleteMirrors(t, domain)
+	for _, k := range []string{"a", "b"} {
+		if _, err := e.cc.Put(domain, k, "v-"+k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.waitData(t, "app-config", map[string]string{"a": "v-a"})
+
+	ed := e.mirrorOf(t, domain, mirrored("b", "v-b"))
+	shard := sharding.ShardOf(domain, sharding.DefaultShards)
+	if ed.Labels[sharding.LabelShard] != fmt.Sprint(shard) || ptr.Deref(ed.Status.Shard, -1) != shard ||
+		ed.Status.Replica != "mirror-0" || ed.Status.KeyCount != 2 || ed.Status.LastSyncTime == nil {
+		t.Fatalf("mirror labels %v status %+v", ed.Labels, ed.Status)
+	}
+
+	if _, err := e.cc.Put(domain, "a", "changed"); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, mirrored("a", "changed"))
+	e.waitData(t, "app-config", map[string]string{"a": "changed"})
+
+	// A key created later heals a KeyNotFound binding through the mirror.
+	e.create(t, "late", domain, "c")
+	e.waitReason(t, "late", configbinding.ReasonKeyNotFound)
+	if _, err := e.cc.Put(domain, "c", "v-c"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReason(t, "late", configbinding.ReasonSynced)
+	e.waitData(t, "late-config", map[string]string{"c": "v-c"})
+}
+
+// TestMirrorTooLarge: a domain above the mirror's size limit gets the
+// TooLarge condition instead of a failed write loop, its bindings say
+// DomainTooLarge, and both recover when the domain fits again.
+func TestMirrorTooLarge(t *testing.T) {
+	e := startEnvWith(t, "mirror-big", func(o *replica.Options) { mirrorMode(o); o.MirrorMaxBytes = 1024 })
+	const domain = "mirror-big"
+	e.deleteMirrors(t, domain)
+	big := strings.Repeat("x", 300)
+	for i := range 5 {
+		if _, err := e.cc.Put(domain, fmt.Sprintf("k%d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.create(t, "app", domain, "k0")
+	cb := e.waitReason(t, "app", configbinding.ReasonDomainTooLarge)
+	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "mirror limit") {
+		t.Fatalf("binding message does not say why: %q", c.Message)
+	}
+	ed := e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced)
+		if c == nil || c.Reason != externaldomain.ReasonTooLarge {
+			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
+		}
+		return nil
+	})
+	if len(ed.Status.Keys) != 0 || ed.Status.KeyCount != 5 {
+		t.Fatalf("too-large mirror holds %d keys, counts %d", len(ed.Status.Keys), ed.Status.KeyCount)
+	}
+	for i := 1; i < 5; i++ {
+		if _, err := e.cc.Delete(domain, fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.waitData(t, "app-config", map[string]string{"k0": big})
+}
+
+// TestMirrorMovesWithShard: two replicas share the ring; every mirror is
+// written by the holder of its domain's shard, and when that replica leaves,
+// the mirror moves to the new holder, which keeps it current. The watch of
+// every mirror write shows no domain ever written by its old holder after
+// the new one started writing.
+func TestMirrorMovesWithShard(t *testing.T) {
+	e := startEnvWith(t, "mirror-move", mirrorMode)
+	second := e.opts
+	second.Identity = "mirror-move-1"
+	e.startReplica(t, second)
+	// Find a replica-0 domain set: enough domains that both replicas hold some.
+	var domains []string
+	for i := range 12 {
+		domains = append(domains, fmt.Sprintf("mirror-move-%d", i))
+	}
+	e.deleteMirrors(t, domains...)
+	for i, d := range domains {
+		if _, err := e.cc.Put(d, "k", "v1"); err != nil {
+			t.Fatal(err)
+		}
+		e.create(t, fmt.Sprintf("app-%d", i), d, "k")
+	}
+	ctx := context.Background()
+	holder := func(d string) (string, error) {
+		var l coordinationv1.Lease
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(sharding.ShardOf(d, sharding.DefaultShards))}, &l); err != nil {
+			return "", err
+		}
+		return ptr.Deref(l.Spec.HolderIdentity, ""), nil
+	}
+	// Wait for a stable ring where each mirror is written by its holder and
+	// both replicas write some.
+	controlplane.Eventually(t, 3*time.Minute, "mirrors written by their shard holders", func() error {
+		writers := map[string]int{}
+		for i, d := range domains {
+			var ed configv1alpha1.ExternalDomain
+			if err := e.c.Get(ctx, client.ObjectKey{Name: d}, &ed); err != nil {
+				return err
+			}
+			h, err := holder(d)
+			if err != nil {
+				return err
+			}
+			if ed.Status.Replica != h {
+				return fmt.Errorf("%s written by %q, shard held by %q", d, ed.Status.Replica, h)
+			}
+			writers[h]++
+			var cb configv1alpha1.ConfigBinding
+			if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: fmt.Sprintf("app-%d", i)}, &cb); err != nil {
+				return err
+			}
+			if !meta.IsStatusConditionTrue(cb.Status.Conditions, configbinding.ConditionReady) {
+				return fmt.Errorf("%s not ready", cb.Name)
+			}
+		}
+		if len(writers) != 2 {
+			return fmt.Errorf("writers %v: want both replicas", writers)
+		}
+		return nil
+	})
+
+	// Record every mirror write from here on.
+	w, err := newWatchClient(t).Watch(ctx, &configv1alpha1.ExternalDomainList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	writes := map[string][]string{}
+	go func() {
+		for ev := range w.ResultChan() {
+			ed, ok := ev.Object.(*configv1alpha1.ExternalDomain)
+			if !ok || ev.Type != watch.Modified {
+				continue
+			}
+			mu.Lock()
+			writes[ed.Name] = append(writes[ed.Name], ed.Status.Replica)
+			mu.Unlock()
+		}
+	}()
+
+	// The first replica leaves gracefully; the second takes every shard.
+	e.stopFirst()
+	for _, d := range domains {
+		if _, err := e.cc.Put(d, "k", "v2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, d := range domains {
+		e.mirrorOf(t, d, mirrored("k", "v2"))
+		e.waitData(t, fmt.Sprintf("app-%d-config", i), map[string]string{"k": "v2"})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, d := range domains {
+		seq := writes[d]
+		if len(seq) == 0 || seq[len(seq)-1] != "mirror-move-1" {
+			t.Errorf("%s: writes by %v, want the last by mirror-move-1", d, seq)
+		}
+		for i := 1; i < len(seq); i++ {
+			if seq[i-1] == "mirror-move-1" && seq[i] != "mirror-move-1" {
+				t.Errorf("%s written by %s after the new holder: writes %v", d, seq[i], seq)
+			}
+		}
+	}
+}

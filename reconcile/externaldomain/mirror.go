@@ -1,0 +1,240 @@
+package externaldomain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/externalcache"
+)
+
+// Condition type and reasons of an ExternalDomain.
+const (
+	ConditionSynced = "Synced"
+	// ReasonSynced: the mirror holds every key of the domain at its revision.
+	ReasonSynced = "Synced"
+	// ReasonTooLarge: the domain does not fit in one object; its keys are
+	// not mirrored and its ConfigBindings say so. Raise --mirror-max-bytes
+	// (up to what etcd accepts) or read this controller's data through the
+	// cache (--external-source=cache).
+	ReasonTooLarge = "TooLarge"
+	// ReasonUnavailable: the config center fails; the mirror keeps its last
+	// keys and catches up by itself.
+	ReasonUnavailable = "Unavailable"
+)
+
+// Source is what the mirror reads from the external service: values, and
+// the per-domain change feed that says which values changed.
+type Source interface {
+	externalcache.Source
+	externalcache.Feed
+}
+
+// Shards is what the mirror needs from the sharding runtime.
+type Shards interface {
+	// Reader is the shard's cache, holding the shard's ExternalDomains.
+	Reader(shard int32) (client.Reader, bool)
+	Holds(shard int32) bool
+	Identity() string
+}
+
+// Options configure a Mirror.
+type Options struct {
+	// Client writes ExternalDomains. Required.
+	Client client.Client
+	// APIReader re-reads a mirror after a write conflict. Required.
+	APIReader client.Reader
+	// Source is the config center. Required.
+	Source Source
+	// Shards tells which shards this replica holds. Required.
+	Shards Shards
+	// MaxBytes bounds a mirror's keys (names and values, plus a fixed
+	// overhead per key); a larger domain gets the TooLarge condition instead
+	// of a write the API server would reject. Defaults to 512 KiB, a third
+	// of etcd's default request limit.
+	MaxBytes int64
+	// FetchTimeout bounds one value fetch. Defaults to 5 seconds.
+	FetchTimeout time.Duration
+	// RetryBase and RetryMax bound the backoff after a failed poll or fetch.
+	// Defaults 500ms and 30s.
+	RetryBase, RetryMax time.Duration
+	// MinPollInterval spaces polls that returned no change, so a feed that
+	// answers at once cannot spin. Defaults to 100ms.
+	MinPollInterval time.Duration
+	Log             logr.Logger
+}
+
+func (o *Options) setDefaults() error {
+	var errs []error
+	if o.Client == nil {
+		errs = append(errs, errors.New("client is required"))
+	}
+	if o.APIReader == nil {
+		errs = append(errs, errors.New("API reader is required"))
+	}
+	if o.Source == nil {
+		errs = append(errs, errors.New("source is required"))
+	}
+	if o.Shards == nil {
+		errs = append(errs, errors.New("shards are required"))
+	}
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 512 << 10
+	}
+	if o.FetchTimeout == 0 {
+		o.FetchTimeout = 5 * time.Second
+	}
+	if o.RetryBase == 0 {
+		o.RetryBase = 500 * time.Millisecond
+	}
+	if o.RetryMax == 0 {
+		o.RetryMax = 30 * time.Second
+	}
+	if o.MinPollInterval == 0 {
+		o.MinPollInterval = 100 * time.Millisecond
+	}
+	if o.Log.GetSink() == nil {
+		o.Log = logr.Discard()
+	}
+	return errors.Join(errs...)
+}
+
+// Mirror runs one sync loop per mirrored domain of the shards this replica
+// holds.
+type Mirror struct {
+	opts Options
+
+	mu    sync.Mutex
+	ctx   context.Context // set by Start; loops ensured before it start then
+	loops map[loopKey]*loop
+}
+
+type loopKey struct {
+	shard  int32
+	domain string
+}
+
+type loop struct {
+	cancel context.CancelFunc // nil until started
+	done   chan struct{}
+}
+
+// New validates the options.
+func New(opts Options) (*Mirror, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, fmt.Errorf("mirror options: %w", err)
+	}
+	return &Mirror{opts: opts, loops: map[loopKey]*loop{}}, nil
+}
+
+// Start runs until ctx is done, then stops every loop. It implements
+// manager.Runnable.
+func (m *Mirror) Start(ctx context.Context) error {
+	m.mu.Lock()
+	m.ctx = ctx
+	for k, l := range m.loops {
+		m.startLocked(k, l)
+	}
+	m.mu.Unlock()
+	<-ctx.Done()
+	m.mu.Lock()
+	loops := m.loops
+	m.loops = map[loopKey]*loop{}
+	m.mu.Unlock()
+	stop(loops)
+	mirrorDomains.Sub(float64(len(loops)))
+	return nil
+}
+
+// NeedLeaderElection is false: every replica mirrors the domains of the
+// shards it holds.
+func (m *Mirror) NeedLeaderElection() bool { return false }
+
+// Ensure makes sure the domain's mirror is kept current while the shard is
+// held. It never blocks: reconciles call it on every read.
+func (m *Mirror) Ensure(shard int32, domain string) {
+	if !m.opts.Shards.Holds(shard) {
+		return
+	}
+	k := loopKey{shard, domain}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.loops[k]; ok || (m.ctx != nil && m.ctx.Err() != nil) {
+		return
+	}
+	l := &loop{done: make(chan struct{})}
+	m.loops[k] = l
+	mirrorDomains.Inc()
+	if m.ctx != nil {
+		m.startLocked(k, l)
+	}
+}
+
+func (m *Mirror) startLocked(k loopKey, l *loop) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	l.cancel = cancel
+	s := &syncer{m: m, shard: k.shard, domain: k.domain, log: m.opts.Log.WithValues("shard", k.shard, "domain", k.domain)}
+	go func() {
+		defer close(l.done)
+		s.run(ctx)
+		m.forget(k, l)
+	}()
+}
+
+// forget removes a loop that ended by itself (its shard was lost).
+func (m *Mirror) forget(k loopKey, l *loop) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.loops[k] == l {
+		delete(m.loops, k)
+		mirrorDomains.Dec()
+	}
+}
+
+// DropShard stops the shard's loops and waits until none can write any
+// more: call it before the shard is released.
+func (m *Mirror) DropShard(shard int32) {
+	m.mu.Lock()
+	stopping := map[loopKey]*loop{}
+	for k, l := range m.loops {
+		if k.shard == shard {
+			delete(m.loops, k)
+			stopping[k] = l
+		}
+	}
+	m.mu.Unlock()
+	mirrorDomains.Sub(float64(len(stopping)))
+	stop(stopping)
+}
+
+// stop cancels loops and waits for the started ones to end.
+func stop(loops map[loopKey]*loop) {
+	for _, l := range loops {
+		if l.cancel != nil {
+			l.cancel()
+		}
+	}
+	for _, l := range loops {
+		if l.cancel != nil {
+			<-l.done
+		}
+	}
+}
+
+// Domains lists the domains mirrored for a shard, for tests and status.
+func (m *Mirror) Domains(shard int32) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for k := range m.loops {
+		if k.shard == shard {
+			out = append(out, k.domain)
+		}
+	}
+	return out
+}
