@@ -22,6 +22,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -209,11 +210,14 @@ func TestAdmissionPreCheck(t *testing.T) {
 			}
 
 			var first configv1alpha1.ConfigBinding
-			if err := wc.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "first"}, &first); err != nil {
-				t.Fatal(err)
-			}
-			first.Spec.Keys = append(first.Spec.Keys, "missing-too")
-			if err := wc.Update(ctx, &first); err == nil || !strings.Contains(err.Error(), `"missing-too"`) {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				if err := wc.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "first"}, &first); err != nil {
+					return err
+				}
+				first.Spec.Keys = append(first.Spec.Keys, "missing-too")
+				return wc.Update(ctx, &first)
+			})
+			if err == nil || !strings.Contains(err.Error(), `"missing-too"`) {
 				t.Fatalf("update adding a missing key: %v", err)
 			}
 			// The key vanishes from the config center: edits that do not
@@ -228,11 +232,14 @@ func TestAdmissionPreCheck(t *testing.T) {
 				}
 				return nil
 			})
-			if err := wc.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "first"}, &first); err != nil {
-				t.Fatal(err)
-			}
-			first.Labels = map[string]string{"edited": "yes"}
-			if err := wc.Update(ctx, &first); err != nil {
+			// The controller writes status meanwhile: retry on conflicts.
+			if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				if err := wc.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: "first"}, &first); err != nil {
+					return err
+				}
+				first.Labels = map[string]string{"edited": "yes"}
+				return wc.Update(ctx, &first)
+			}); err != nil {
 				t.Fatalf("an edit adding no key was rejected: %v", err)
 			}
 		})
