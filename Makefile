@@ -63,3 +63,35 @@ $(CONTROLLER_GEN): hack/tools/go.mod
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Cluster
+
+# The image that deploy/kind runs (kshard:dev, never pulled). CONTAINER_TOOL
+# may be podman.
+IMAGE ?= kshard:dev
+KIND_CLUSTER ?= kshard
+CONTAINER_TOOL ?= docker
+
+.PHONY: image
+image: ## Build the container image IMAGE (default kshard:dev): the kshard and configcenter binaries, static, non-root.
+	$(CONTAINER_TOOL) build -t $(IMAGE) .
+
+.PHONY: kind-up
+kind-up: ## Create the kind cluster of deploy/kind/cluster.yaml.
+	kind create cluster --name $(KIND_CLUSTER) --config deploy/kind/cluster.yaml
+
+.PHONY: kind-load
+kind-load: ## Copy the image IMAGE into the kind cluster's nodes.
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+
+.PHONY: deploy
+deploy: ## Apply deploy/kind (CRDs, RBAC, three replicas, config center) to the current kubectl context.
+	kubectl apply --server-side -k deploy/kind
+
+.PHONY: kind-webhook-cert
+kind-webhook-cert: ## Generate the self-signed certificate deploy/kind-webhook uses (for clusters without cert-manager).
+	go run ./hack/webhookcert -out deploy/kind-webhook/generated
+
+.PHONY: undeploy
+undeploy: ## Delete what `make deploy` applied, the CRDs included: every ConfigBinding goes with them.
+	kubectl delete --ignore-not-found -k deploy/kind

@@ -4,7 +4,7 @@
 // ValidatingWebhookConfiguration. The controller itself never reads
 // Secrets, so its RBAC stays without them.
 //
-//	go run ./hack/webhookcert -out deploy/kind/webhook/generated
+//	go run ./hack/webhookcert -out deploy/kind-webhook/generated
 package main
 
 import (
@@ -24,7 +24,7 @@ import (
 )
 
 func main() {
-	out := flag.String("out", "deploy/kind/webhook/generated", "directory to write secret.yaml and cabundle-patch.yaml into")
+	out := flag.String("out", "deploy/kind-webhook/generated", "directory to write secret.yaml and cabundle-patch.yaml into")
 	service := flag.String("service", "kshard-webhook", "the webhook Service's name")
 	namespace := flag.String("namespace", "kshard-system", "the webhook Service's namespace")
 	secret := flag.String("secret", "kshard-webhook-cert", "the Secret's name")

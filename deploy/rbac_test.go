@@ -1,0 +1,500 @@
+package deploy_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+// installBase applies the base's ServiceAccount, RBAC and StatefulSet, with
+// optional components, into a namespace of their own (the Namespace object of
+// the base, renamed) and returns the namespace. The StatefulSet creates no
+// pods here (there is no controller manager), but a stopping replica reads it.
+func installBase(ctx context.Context, t *testing.T, c client.Client, components ...string) string {
+	t.Helper()
+	ns := uniqueName("kshard-rbac")
+	var objs []*unstructured.Unstructured
+	for _, o := range buildInNamespace(t, "base", ns, components...) {
+		switch o.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet":
+			objs = append(objs, o)
+		}
+	}
+	apply(ctx, t, c, objs)
+	t.Cleanup(func() { remove(context.Background(), t, c, objs) })
+	return ns
+}
+
+// serviceAccountToken gets a token for a ServiceAccount from the
+// TokenRequest API, as the kubelet does for a pod.
+func serviceAccountToken(ctx context.Context, t *testing.T, namespace, name string) string {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("requesting a token for ServiceAccount %s/%s: %v", namespace, name, err)
+	}
+	return tr.Status.Token
+}
+
+// tokenConfig is a client configuration that authenticates with a bearer
+// token only: no client certificate, no impersonation.
+func tokenConfig(token string) *rest.Config {
+	return &rest.Config{
+		Host:            cp.Config.Host,
+		BearerToken:     token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: cp.Config.CAData},
+	}
+}
+
+func tokenClient(t *testing.T, token string) client.Client {
+	t.Helper()
+	c, err := client.New(tokenConfig(token), client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func writeKubeconfig(t *testing.T, token string) string {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.Config.Host, CertificateAuthorityData: cp.Config.CAData}
+	cfg.AuthInfos["kshard"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["kshard"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "kshard"}
+	cfg.CurrentContext = "kshard"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// buildKshard builds the kshard binary from this checkout.
+func buildKshard(t *testing.T) string {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kshard")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kshard")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building kshard: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// process is a child process whose output goes to a file.
+type process struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan error
+}
+
+func startProcess(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	p := &process{log: filepath.Join(t.TempDir(), "process.log"), done: make(chan error, 1)}
+	f, err := os.Create(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait(); f.Close() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("log of %s (tail):\n%s", filepath.Base(bin), tail(p.output(t), 4000))
+		}
+	})
+	return p
+}
+
+func (p *process) output(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func tail(s string, n int) string { return s[max(0, len(s)-n):] }
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *process) stop(t *testing.T, within time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("after SIGTERM: %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("still running %s after SIGTERM", within)
+	}
+}
+
+// scrape GETs the secure metrics endpoint with a bearer token ("" for none).
+func scrape(addr, token string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	// The replica serves a self-signed certificate, as in the cluster
+	// (the ServiceMonitor skips verification too); the token is what is checked.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// runReplica starts the real kshard binary as replica kshard-0 of the
+// StatefulSet in ns, authenticated only with a TokenRequest token of the
+// base's ServiceAccount, serving secure metrics, and waits until /readyz
+// says it runs its shards. It returns the process and the metrics address.
+// extraArgs are added to the command line (a component's flags).
+func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, extraArgs ...string) (*process, string) {
+	t.Helper()
+	token := serviceAccountToken(ctx, t, ns, "kshard")
+	// RBAC reaches the authorizer through informers: wait until it is in force.
+	controlplane.Eventually(t, time.Minute, "RBAC in force for the ServiceAccount", func() error {
+		return tokenClient(t, token).List(ctx, &configv1alpha1.ConfigBindingList{}, client.Limit(1))
+	})
+	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	args := append([]string{"controller",
+		"--kubeconfig", writeKubeconfig(t, token),
+		"--replica-id", "kshard-0", "--statefulset", "kshard", "--lease-namespace", ns,
+		"--configcenter-url", configCenterURL,
+		"--metrics-secure", "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
+	p := startProcess(t, buildKshard(t), args...)
+	controlplane.Eventually(t, 2*time.Minute, "replica ready", func() error {
+		resp, err := http.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(resp.Body)
+			return fmt.Errorf("/readyz: %d %s", resp.StatusCode, b)
+		}
+		return nil
+	})
+	return p, metricsAddr
+}
+
+// bindMetricsReader creates a ServiceAccount bound to the base's
+// kshard-metrics-reader ClusterRole (as renamed by installBase) and returns
+// a token of it: what Prometheus scrapes with.
+func bindMetricsReader(ctx context.Context, t *testing.T, c client.Client, ns string) string {
+	t.Helper()
+	if err := c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "prometheus"}}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kshard-metrics-reader-" + ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "kshard-metrics-reader-" + ns},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "prometheus"}},
+	}
+	if err := c.Create(ctx, binding); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), binding) })
+	return serviceAccountToken(ctx, t, ns, "prometheus")
+}
+
+// TestRBACSufficient runs the real kshard binary authenticated only as the
+// base's ServiceAccount (a TokenRequest token in a kubeconfig), with secure
+// metrics: it becomes ready, labels and reconciles a ConfigBinding to Ready,
+// serves metrics to an identity bound to kshard-metrics-reader and refuses
+// others, leaves the ring on a scale-down, and no request it made in its
+// whole life was forbidden.
+func TestRBACSufficient(t *testing.T) {
+	ctx := context.Background()
+	c := adminClient(t)
+	ns := installBase(ctx, t, c)
+	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 2, KeysPerDomain: 2, ValueBytes: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	kshard, metricsAddr := runReplica(ctx, t, ns, cc.URL())
+
+	app := uniqueName("app")
+	createNamespace(ctx, t, c, app, nil)
+	cb := &configv1alpha1.ConfigBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "checkout"},
+		Spec: configv1alpha1.ConfigBindingSpec{
+			Domain: "domain-1",
+			Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
+			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: "checkout-config"},
+		},
+	}
+	if err := c.Create(ctx, cb); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, 2*time.Minute, "ConfigBinding Ready", func() error {
+		var got configv1alpha1.ConfigBinding
+		if err := c.Get(ctx, client.ObjectKeyFromObject(cb), &got); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(got.Status.Conditions, configbinding.ConditionReady)
+		if cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != configbinding.ReasonSynced || got.Status.Replica != "kshard-0" {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, client.ObjectKey{Namespace: app, Name: "checkout-config"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	ccClient, err := configcenter.NewClient(configcenter.ClientOptions{BaseURL: cc.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"key-0", "key-1"} {
+		v, err := ccClient.Get(ctx, "domain-1", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cm.Data[key] != v.Value {
+			t.Errorf("ConfigMap %s = %q, config center has %q", key, cm.Data[key], v.Value)
+		}
+	}
+
+	// Secure metrics: a scraper bound to kshard-metrics-reader reads them;
+	// an authenticated identity without the binding and an anonymous caller
+	// do not.
+	scraper := bindMetricsReader(ctx, t, c, ns)
+	if err := c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nobody"}}); err != nil {
+		t.Fatal(err)
+	}
+	nobody := serviceAccountToken(ctx, t, ns, "nobody")
+	want := referencedMetrics(t)
+	controlplane.Eventually(t, time.Minute, "metrics served to the bound scraper, with every metric the alerts, dashboard and autoscalers use", func() error {
+		code, body, err := scrape(metricsAddr, scraper)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("scraper got %d: %s", code, tail(body, 300))
+		}
+		var missing []string
+		for _, name := range want {
+			if !strings.Contains(body, "\n"+name+"{") && !strings.Contains(body, "\n"+name+" ") {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("not exported: %v", missing)
+		}
+		return nil
+	})
+	for who, tok := range map[string]string{"an unbound ServiceAccount": nobody, "an anonymous caller": ""} {
+		code, body, err := scrape(metricsAddr, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code != http.StatusForbidden && code != http.StatusUnauthorized {
+			t.Errorf("%s got %d from /metrics, want 401 or 403: %s", who, code, tail(body, 200))
+		}
+	}
+
+	// Scale the StatefulSet to zero, then stop the replica: it reads the
+	// StatefulSet, sees a scale-down, hands its shards over and leaves the
+	// ring, deleting its member Lease.
+	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kshard"}}
+	if err := c.Patch(ctx, sts, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":0}}`))); err != nil {
+		t.Fatal(err)
+	}
+	kshard.stop(t, 2*time.Minute)
+	var leases coordinationv1.LeaseList
+	if err := c.List(ctx, &leases, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases.Items {
+		if l.Name == sharding.MemberLeaseName("kshard-0") {
+			t.Errorf("the replica left the ring but its member Lease %s is still there", l.Name)
+		}
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {
+			t.Errorf("shard Lease %s is still held by %q after the replica left", l.Name, h)
+		}
+	}
+	for _, line := range strings.Split(kshard.output(t), "\n") {
+		if strings.Contains(strings.ToLower(line), "forbidden") {
+			t.Errorf("a request of the replica was forbidden: %s", line)
+		}
+	}
+}
+
+// TestRBACNotExcessive acts as the base's ServiceAccount (its own token) and
+// checks what it must not do: read Secrets, list Pods cluster-wide, write
+// Leases outside its namespace, or delete what it only applies. Two allowed
+// calls first show that the token works, so the denials mean something.
+func TestRBACNotExcessive(t *testing.T) {
+	ctx := context.Background()
+	admin := adminClient(t)
+	ns := installBase(ctx, t, admin)
+	other := uniqueName("other")
+	createNamespace(ctx, t, admin, other, nil)
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"}, StringData: map[string]string{"k": "v"}}
+	foreignLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "kshard-shard-0"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "someones-config"}}
+	for _, o := range []client.Object{secret, foreignLease, cm} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sa := tokenClient(t, serviceAccountToken(ctx, t, ns, "kshard"))
+
+	controlplane.Eventually(t, time.Minute, "the ServiceAccount may write Leases in its namespace", func() error {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: uniqueName("probe")}}
+		return sa.Create(ctx, l)
+	})
+	if err := sa.List(ctx, &configv1alpha1.ConfigBindingList{}); err != nil {
+		t.Fatalf("the ServiceAccount may list ConfigBindings in every namespace: %v", err)
+	}
+
+	lease := func() *coordinationv1.Lease { return foreignLease.DeepCopy() }
+	for what, call := range map[string]func() error{
+		"get a Secret in its own namespace": func() error { return sa.Get(ctx, client.ObjectKeyFromObject(secret), &corev1.Secret{}) },
+		"list Secrets in its own namespace": func() error { return sa.List(ctx, &corev1.SecretList{}, client.InNamespace(ns)) },
+		"list Secrets cluster-wide":         func() error { return sa.List(ctx, &corev1.SecretList{}) },
+		"list Pods cluster-wide":            func() error { return sa.List(ctx, &corev1.PodList{}) },
+		"create a Lease outside its namespace": func() error {
+			return sa.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "x"}})
+		},
+		"update a Lease outside its namespace": func() error { return sa.Update(ctx, lease()) },
+		"delete a Lease outside its namespace": func() error { return sa.Delete(ctx, lease()) },
+		"list Leases cluster-wide":             func() error { return sa.List(ctx, &coordinationv1.LeaseList{}) },
+		"delete a ConfigMap":                   func() error { return sa.Delete(ctx, cm.DeepCopy()) },
+		"delete a ConfigBinding":               func() error { return sa.DeleteAllOf(ctx, &configv1alpha1.ConfigBinding{}, client.InNamespace(other)) },
+		"read a StatefulSet other than its own": func() error {
+			return sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "other"}, &appsv1.StatefulSet{})
+		},
+		"create RBAC (escalate) in its namespace": func() error {
+			return sa.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "x"}})
+		},
+	} {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("the ServiceAccount may %s: got %v, want Forbidden", what, err)
+		}
+	}
+}
+
+// TestRBACStatic reads every Role and ClusterRole of every folder: no
+// wildcard anywhere, nothing about Secrets, Leases only through the
+// namespaced Role, and the Role's StatefulSet is the one the replicas name.
+func TestRBACStatic(t *testing.T) {
+	for _, folder := range folders {
+		for _, o := range build(t, folder) {
+			if o.GetKind() != "Role" && o.GetKind() != "ClusterRole" {
+				continue
+			}
+			var role rbacv1.ClusterRole // a Role's rules have the same shape
+			fromUnstructured(t, o, &role)
+			for i, r := range role.Rules {
+				for _, list := range [][]string{r.APIGroups, r.Resources, r.Verbs, r.ResourceNames, r.NonResourceURLs} {
+					for _, v := range list {
+						if strings.Contains(v, "*") {
+							t.Errorf("%s: %s rule %d uses a wildcard: %+v", folder, describe(o), i, r)
+						}
+					}
+				}
+				for _, res := range r.Resources {
+					if res == "secrets" || strings.HasPrefix(res, "secrets/") {
+						t.Errorf("%s: %s rule %d grants Secrets: %+v", folder, describe(o), i, r)
+					}
+					if res == "leases" && o.GetKind() == "ClusterRole" {
+						t.Errorf("%s: %s rule %d grants Leases in every namespace: %+v", folder, describe(o), i, r)
+					}
+				}
+			}
+		}
+	}
+
+	objs := build(t, "base")
+	sts := byKind(objs, "StatefulSet")[0]
+	var args []string
+	containers, _, _ := unstructured.NestedSlice(sts.Object, "spec", "template", "spec", "containers")
+	for _, a := range containers[0].(map[string]any)["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	if !slices.Contains(args, "--statefulset="+sts.GetName()) {
+		t.Errorf("the replicas' --statefulset does not name their StatefulSet %s: %v", sts.GetName(), args)
+	}
+	var role rbacv1.Role
+	fromUnstructured(t, byKind(objs, "Role")[0], &role)
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, "statefulsets") && !slices.Equal(r.ResourceNames, []string{sts.GetName()}) {
+			t.Errorf("the Role reads StatefulSets %v, want only %s", r.ResourceNames, sts.GetName())
+		}
+	}
+}
