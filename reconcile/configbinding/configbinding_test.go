@@ -404,3 +404,76 @@ func TestTargetConflict(t *testing.T) {
 	}
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 }
+
+// TestHandoverKeepsReady: when a replica leaves, the new owner of its
+// shards starts with a cold cache; its bindings stay Ready (the ConfigMaps
+// hold their values) instead of flapping to Fetching, and the new owner
+// takes them over.
+func TestHandoverKeepsReady(t *testing.T) {
+	e := startEnv(t, "handover", externalcache.Options{})
+	second := e.opts
+	second.Identity = "handover-1"
+	e.startReplica(t, second)
+	var names []string
+	for i := range 16 {
+		name := fmt.Sprintf("app-%d", i)
+		names = append(names, name)
+		e.create(t, name, fmt.Sprintf("domain-%d", i%4), "key-0", "key-1")
+	}
+	ctx := context.Background()
+	byReplica := func() (map[string]int, error) {
+		out := map[string]int{}
+		for _, n := range names {
+			var cb configv1alpha1.ConfigBinding
+			if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: n}, &cb); err != nil {
+				return nil, err
+			}
+			if !meta.IsStatusConditionTrue(cb.Status.Conditions, configbinding.ConditionReady) {
+				return nil, fmt.Errorf("%s not Ready: %+v", n, cb.Status.Conditions)
+			}
+			out[cb.Status.Replica]++
+		}
+		return out, nil
+	}
+	controlplane.Eventually(t, 2*time.Minute, "bindings Ready on both replicas", func() error {
+		got, err := byReplica()
+		if err == nil && got["handover-0"] == 0 {
+			err = fmt.Errorf("by replica %v: want some on handover-0", got)
+		}
+		return err
+	})
+
+	w, err := newWatchClient(t).Watch(ctx, &configv1alpha1.ConfigBindingList{}, client.InNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	var flaps []string
+	go func() {
+		for ev := range w.ResultChan() {
+			cb, ok := ev.Object.(*configv1alpha1.ConfigBinding)
+			if !ok {
+				continue
+			}
+			if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); c != nil && c.Status != metav1.ConditionTrue {
+				mu.Lock()
+				flaps = append(flaps, fmt.Sprintf("%s: %s %s", cb.Name, c.Reason, c.Message))
+				mu.Unlock()
+			}
+		}
+	}()
+	e.stopFirst()
+	controlplane.Eventually(t, 2*time.Minute, "every binding taken over by handover-1", func() error {
+		got, err := byReplica()
+		if err == nil && got["handover-1"] != len(names) {
+			err = fmt.Errorf("by replica %v", got)
+		}
+		return err
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(flaps) > 0 {
+		t.Fatalf("bindings left Ready during the handover: %v", flaps)
+	}
+}

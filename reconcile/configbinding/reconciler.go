@@ -128,6 +128,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	}
 
 	cond := res.condition()
+	if cond.Reason == ReasonFetching && readyAt(&cb) {
+		// The ConfigMap holds this generation's values, but this replica's
+		// cache is cold (it just acquired the shard): keep saying Ready
+		// rather than flap to Fetching; the fetch's notification requeues
+		// the object, and the safety requeue bounds the wait.
+		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+	}
 	if err := r.patchStatus(ctx, &cb, req.Shard, res.revision, cond); err != nil {
 		if errors.Is(err, errStale) {
 			// Our cache is behind (often our own last status patch): look
@@ -142,6 +149,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+}
+
+// readyAt reports whether the binding's status says Ready for its current
+// generation.
+func readyAt(cb *configv1alpha1.ConfigBinding) bool {
+	c := meta.FindStatusCondition(cb.Status.Conditions, ConditionReady)
+	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == cb.Generation &&
+		cb.Status.ObservedGeneration == cb.Generation
 }
 
 // foreignOwner reports who else owns an existing ConfigMap of the target's
