@@ -29,7 +29,11 @@ build() { # name module-dir package ldflags
 	echo "built $name in $((SECONDS - start))s"
 }
 
-if [[ -x $out/etcd ]] && "$out/etcd" --version 2>/dev/null | grep -q "etcd Version: ${etcd_version#v}\$"; then
+# Versions are read into variables, never piped into grep -q or head: those
+# exit at the first line, and with pipefail the writer's SIGPIPE would fail
+# the check (and rebuild) or the whole script, depending on timing.
+etcd_reports() { "$out/etcd" --version 2>/dev/null || true; }
+if [[ -x $out/etcd ]] && [[ $'\n'$(etcd_reports)$'\n' == *$'\n'"etcd Version: ${etcd_version#v}"$'\n'* ]]; then
 	echo "etcd ${etcd_version} present in $out"
 else
 	build etcd "$here/etcd" . "-s -w"
@@ -46,4 +50,5 @@ else
 fi
 
 "$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+etcd_version_line=$(etcd_reports)
+echo "${etcd_version_line%%$'\n'*}"
