@@ -1,20 +1,19 @@
 package sandbox
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // supervisorOptions say how to run the replica processes.
@@ -53,7 +52,7 @@ type supervisorOptions struct {
 type supervisor struct {
 	opts     supervisorOptions
 	replicas []*replica
-	spawn    *spawner
+	spawn    *childproc.Spawner
 }
 
 // replicaState is what the sandbox last did to a replica, so an exit can be
@@ -120,7 +119,7 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 		}
 		s.replicas = append(s.replicas, r)
 	}
-	s.spawn = newSpawner()
+	s.spawn = childproc.NewSpawner()
 	return s, nil
 }
 
@@ -179,8 +178,8 @@ func (s *supervisor) start(r *replica) error {
 
 	cmd := exec.Command(s.opts.Executable, r.args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = sysProcAttr()
-	if err := s.spawn.start(cmd); err != nil {
+	cmd.SysProcAttr = childproc.SysProcAttr()
+	if err := s.spawn.Start(cmd); err != nil {
 		return fmt.Errorf("starting %s (%s): %w", r.id, s.opts.Executable, err)
 	}
 	r.cmd, r.state, r.started, r.exitErr, r.forced = cmd, stateRunning, time.Now(), nil, false
@@ -219,7 +218,7 @@ func (s *supervisor) reap(r *replica, cmd *exec.Cmd, done chan struct{}) {
 	s.opts.Log.V(2).Info("Replica exited", "replica", r.id, "pid", cmd.Process.Pid, "err", err)
 	if unexpected && s.opts.OnUnexpected != nil {
 		s.opts.OnUnexpected(fmt.Errorf("replica %s (pid %d) exited on its own (%v); the end of %s:\n%s",
-			r.id, cmd.Process.Pid, exitText(err), r.logPath, tail(r.logPath, 20)))
+			r.id, cmd.Process.Pid, childproc.ExitText(err), r.logPath, childproc.Tail(r.logPath, 20)))
 	}
 }
 
@@ -234,7 +233,7 @@ func (s *supervisor) terminate(r *replica) {
 	}
 	r.state = stateStopping
 	pid := r.cmd.Process.Pid
-	if err := signalGroup(pid, syscall.SIGTERM); err != nil {
+	if err := childproc.SignalGroup(pid, syscall.SIGTERM); err != nil {
 		s.opts.Log.Error(err, "Sending SIGTERM", "replica", r.id, "pid", pid)
 	}
 	r.killer = time.AfterFunc(s.opts.StopTimeout, func() {
@@ -243,7 +242,7 @@ func (s *supervisor) terminate(r *replica) {
 		if r.state == stateStopping && r.killer != nil {
 			s.opts.Log.Info("Replica did not stop in time: killing it", "replica", r.id, "pid", pid, "timeout", s.opts.StopTimeout)
 			r.forced = true
-			_ = signalGroup(pid, syscall.SIGKILL)
+			_ = childproc.SignalGroup(pid, syscall.SIGKILL)
 		}
 	})
 }
@@ -258,7 +257,7 @@ func (s *supervisor) kill(r *replica) error {
 	}
 	r.state = stateKilled
 	pid, done := r.cmd.Process.Pid, r.done
-	err := signalGroup(pid, syscall.SIGKILL)
+	err := childproc.SignalGroup(pid, syscall.SIGKILL)
 	r.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("killing %s (pid %d): %w", r.id, pid, err)
@@ -304,7 +303,7 @@ func (s *supervisor) stopAll() []stopResult {
 }
 
 // close ends the spawner thread, after every replica stopped.
-func (s *supervisor) close() { s.spawn.close() }
+func (s *supervisor) close() { s.spawn.Close() }
 
 // status is a replica's state and, while it runs, its process id.
 func (r *replica) status() (replicaState, int) {
@@ -319,91 +318,4 @@ func (r *replica) status() (replicaState, int) {
 func (r *replica) pid() int {
 	_, pid := r.status()
 	return pid
-}
-
-// spawner starts every replica from one goroutine locked to its OS thread.
-// Pdeathsig fires when the *thread* that forked a child exits, not the
-// process, and the Go runtime may end a thread whose locked goroutine
-// returns; forking from an ordinary goroutine could therefore kill a replica
-// at a random moment. This thread lives exactly as long as the sandbox: it
-// exits (still locked, so the runtime ends it) after every replica stopped,
-// and if the sandbox dies first, its death takes the replicas with it.
-type spawner struct {
-	reqs chan spawnRequest
-	once sync.Once
-	done chan struct{}
-}
-
-type spawnRequest struct {
-	cmd  *exec.Cmd
-	errc chan error
-}
-
-func newSpawner() *spawner {
-	s := &spawner{reqs: make(chan spawnRequest), done: make(chan struct{})}
-	go func() {
-		runtime.LockOSThread()
-		// Never unlocked: see the type's comment.
-		defer close(s.done)
-		for req := range s.reqs {
-			req.errc <- req.cmd.Start()
-		}
-	}()
-	return s
-}
-
-func (s *spawner) start(cmd *exec.Cmd) error {
-	errc := make(chan error, 1)
-	select {
-	case s.reqs <- spawnRequest{cmd: cmd, errc: errc}:
-	case <-s.done:
-		return errors.New("the sandbox is stopping")
-	}
-	return <-errc
-}
-
-func (s *spawner) close() {
-	s.once.Do(func() { close(s.reqs) })
-	<-s.done
-}
-
-// exitText says how a process ended, for people.
-func exitText(err error) string {
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return "exit status 0"
-	case errors.As(err, &ee):
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			switch sig := ws.Signal(); sig {
-			case syscall.SIGTERM:
-				return "ended by SIGTERM"
-			case syscall.SIGKILL:
-				return "ended by SIGKILL"
-			default:
-				return "ended by signal " + sig.String()
-			}
-		}
-		return ee.Error()
-	default:
-		return err.Error()
-	}
-}
-
-// tail returns the last n lines of a file, indented, for error messages that
-// should say why without sending the person hunting for the log.
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "  (" + err.Error() + ")"
-	}
-	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
-	lines = lines[max(0, len(lines)-n):]
-	var sb strings.Builder
-	for _, l := range lines {
-		sb.WriteString("  | ")
-		sb.Write(l)
-		sb.WriteByte('\n')
-	}
-	return strings.TrimRight(sb.String(), "\n")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 )
@@ -337,7 +338,7 @@ func (s *sandbox) stopReplicas() {
 	}
 	for _, res := range s.replicas.stopAll() {
 		if res.err != nil {
-			s.out.printf("  %s: %s", res.id, exitText(res.err))
+			s.out.printf("  %s: %s", res.id, childproc.ExitText(res.err))
 		}
 	}
 	s.replicas.close()

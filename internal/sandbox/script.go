@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -103,7 +104,7 @@ func (sc *script) leave(ctx context.Context, r *replica) error {
 		return nil
 	}, gone(r.id), func(t0 time.Time) {
 		ended, err := r.wait()
-		sc.s.out.printf("%s: the process ended %s after SIGTERM (%s)", event, round(ended.Sub(t0)), exitText(err))
+		sc.s.out.printf("%s: the process ended %s after SIGTERM (%s)", event, round(ended.Sub(t0)), childproc.ExitText(err))
 	})
 }
 

@@ -1,0 +1,145 @@
+// Command loadtest runs kshard's load-test scenarios on one machine and
+// writes their reports: a control plane (or an existing cluster), the
+// config center and fleets of `kshard controller` processes under a load of
+// ConfigBinding creates and updates, with side-by-side baselines, chaos, and
+// Markdown reports with SVG charts. It is package loadtest plus flags.
+//
+//	go run ./cmd/loadtest --scenario basic --duration 30s
+//	go run ./cmd/loadtest --list-scenarios
+//
+// It exits 0 when the run completed (and, for chaos and rolling-restart,
+// every check passed), 1 otherwise, and 130 when interrupted; Ctrl-C stops
+// every child process and the control plane on the way out.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/kshard/kshard/loadtest"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		o    loadtest.Options
+		list bool
+		seed uint64
+		zo   = zap.Options{}
+	)
+	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
+	fs.StringVar(&o.Scenario, "scenario", "", "scenario to run (--list-scenarios shows them)")
+	fs.BoolVar(&list, "list-scenarios", false, "list the scenarios and exit")
+	fs.DurationVar(&o.Duration, "duration", 0, "load per measured phase (per fleet in a comparison) (default 60s; chaos 2m, scale-out and external-outage 90s, autoscale 5m)")
+	fs.IntVar(&o.Objects, "objects", 0, "ConfigBindings (default 1000; compare-sharding 5000, handover 10000, autoscale and resync-storm 3000)")
+	fs.IntVar(&o.Domains, "domains", 0, "business domains, seeded in the config center (default 100)")
+	fs.IntVar(&o.KeysPerDomain, "keys-per-domain", 0, "keys seeded per domain (default 16)")
+	fs.IntVar(&o.KeysPerObject, "keys-per-object", 0, "keys each ConfigBinding binds (default 2)")
+	fs.IntVar(&o.Replicas, "replicas", 0, "controller replicas (default 3)")
+	fs.Float64Var(&o.CreateRate, "create-rate", 0, "ConfigBinding creations per second (default 200; handover 500)")
+	fs.Float64Var(&o.UpdateRate, "update-rate", 0, "spec updates per object per second (default 0.02; compare-sharding 0.01, compare-external 0.05)")
+	fs.StringVar(&o.Skew, "skew", "", "spread of objects over domains: uniform or zipf (default uniform)")
+	fs.Float64Var(&o.ZipfS, "zipf-s", 0, "Zipf exponent, above 1 (default 1.1)")
+	fs.Uint64Var(&seed, "seed", 0, "seed of object placement and update order (default 1)")
+	fs.IntVar(&o.ValueBytes, "value-bytes", 0, "bytes per config-center value (default 256)")
+	fs.DurationVar(&o.ValueChangeInterval, "value-change-interval", 0, "write a new value to one bound config-center key per interval under load and time its arrival in the ConfigMaps (default off; compare-external 2s)")
+	fs.DurationVar(&o.Latency, "latency", 0, "config-center latency per data request (default 5ms; compare-external 50ms)")
+	fs.DurationVar(&o.Jitter, "jitter", 0, "uniform random latency on top of --latency")
+	fs.Float64Var(&o.ErrorRate, "error-rate", 0, "share of config-center data requests answered 500")
+	fs.DurationVar(&o.OutageAfter, "outage-after", 0, "config-center outage start, into each measured phase (external-outage: duration/3)")
+	fs.DurationVar(&o.OutageFor, "outage-for", 0, "config-center outage length; 0 means none (external-outage: duration/3)")
+	fs.DurationVar(&o.LeaseDuration, "lease-duration", 0, "replicas' lease duration, whole seconds (default 15s)")
+	fs.DurationVar(&o.RenewDeadline, "renew-deadline", 0, "replicas' renew deadline (default 10s)")
+	fs.DurationVar(&o.RetryPeriod, "retry-period", 0, "replicas' Lease renewal period (default 5s)")
+	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between crashes (default 30s)")
+	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a crashed replica stays down (default 5s)")
+	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
+	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
+	fs.StringVar(&o.HPAFile, "hpa-file", "", "autoscale: the HorizontalPodAutoscaler to follow (default deploy/autoscaling/hpa.yaml)")
+	fs.Float64Var(&o.HPATimeScale, "hpa-time-scale", 0, "autoscale: multiply the HPA's windows, policy periods and sync period by this, in (0, 1] (default 1)")
+	fs.Float64Var(&o.HPATarget, "hpa-target", 0, "autoscale: replace the HPA's target average value (the report says so)")
+	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
+	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")
+	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard and configcenter binaries (default: go build them)")
+	fs.StringVar(&o.WorkDir, "work-dir", "", "folder for logs and audit logs, kept (default: a temporary folder, removed after a passing run)")
+	fs.DurationVar(&o.SampleInterval, "sample-interval", 0, "how often replicas and the config center are sampled (default 1s)")
+	zo.BindFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: loadtest --scenario NAME [flags]\n\nRuns a kshard load-test scenario and writes its report; loadtest/README.md explains each number.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:]) // ExitOnError
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "loadtest: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if list {
+		for _, s := range loadtest.Scenarios() {
+			fmt.Printf("%s\n    %s\n\n", s.Name, s.Doc)
+		}
+		return 0
+	}
+	if o.Scenario == "" {
+		fmt.Fprintln(os.Stderr, "loadtest: --scenario is required (--list-scenarios shows them)")
+		return 2
+	}
+	o.Seed = seed
+	o.Command = command(os.Args[1:])
+	log := zap.New(zap.UseFlagOptions(&zo))
+	ctrl.SetLogger(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	rep, err := loadtest.Run(ctrl.LoggerInto(ctx, log), o)
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintf(os.Stderr, "loadtest: interrupted after %s; every child process was stopped\n", time.Since(start).Round(time.Second))
+		return 130
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		return 1
+	}
+	failed := 0
+	for _, c := range rep.Checks {
+		mark := "pass"
+		if !c.Passed {
+			mark, failed = "FAIL", failed+1
+		}
+		fmt.Printf("%-4s  %s: %s\n", mark, c.Name, c.Detail)
+	}
+	if failed > 0 && rep.Gated {
+		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed\n", failed)
+		return 1
+	}
+	if failed > 0 {
+		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed (reported; %s does not gate on them)\n", failed, rep.Scenario)
+	}
+	return 0
+}
+
+// command is how the report says to reproduce the run: from the
+// repository root, with the flags as given.
+func command(args []string) string {
+	quoted := make([]string, 0, len(args))
+	for _, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\n'\"$`\\*?[]{}()<>|&;#~") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		quoted = append(quoted, a)
+	}
+	return strings.TrimSpace("go run ./cmd/loadtest " + strings.Join(quoted, " "))
+}

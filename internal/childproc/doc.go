@@ -1,0 +1,6 @@
+// Package childproc starts and stops the child processes of the sandbox and
+// the load tester (kshard replicas, the config center) the way a kubelet
+// would treat a pod: each child in its own process group, so a signal
+// reaches everything it started, and, on Linux, killed by the kernel when
+// its parent dies, so an interrupted run leaves nothing behind.
+package childproc

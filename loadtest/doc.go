@@ -1,0 +1,23 @@
+// Package loadtest drives kshard with real processes on one machine and
+// measures it: a control plane (or an existing cluster), the stand-in config
+// center, and fleets of `kshard controller` replicas, under a load of
+// ConfigBinding creates and spec updates, through scenarios such as crashes,
+// rolling restarts, resync storms, config-center outages and autoscaling,
+// and side by side against the baselines (sharding off, direct external
+// calls) on the same control plane and objects.
+//
+// kshard's claims are numbers: heap per replica against a singleton, objects
+// listed, handover times, calls saved by the cache, end-to-end latency. This
+// package produces them reproducibly, with the exact command in every
+// report, and fails (for the chaos and rolling-restart scenarios) when an
+// invariant breaks: two replicas reconciling one object at once, a
+// generation never becoming Ready, or a shard without an owner for longer
+// than a lease duration plus a retry period.
+//
+// cmd/loadtest is this package plus flags; loadtest/README.md says what each
+// scenario does and what each number means.
+package loadtest
+
+// defaultHPAFile is the HPA the autoscale scenario follows, relative to the
+// repository root.
+const defaultHPAFile = "deploy/autoscaling/hpa.yaml"

@@ -1,0 +1,378 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Mode is one way of running the controller: a name for the reports and the
+// `kshard controller` flags that make it, appended after the load tester's
+// own. A comparison is a list of modes run one after another on the same
+// control plane and objects, so adding a column to one is adding a Mode.
+type Mode struct {
+	Name string
+	Args []string
+}
+
+// The modes the comparisons use.
+var (
+	// ModeSharded is kshard as shipped: sharding on, external cache.
+	ModeSharded = Mode{Name: "sharded", Args: []string{"--sharding=on", "--external-mode=cache"}}
+	// ModeSingleton is the classic single active replica: leader election,
+	// one cache of every object.
+	ModeSingleton = Mode{Name: "sharding off", Args: []string{"--sharding=off", "--external-mode=cache"}}
+	// ModeDirect calls the config center inside Reconcile, one call per key
+	// per reconcile: the baseline of the external cache.
+	ModeDirect = Mode{Name: "direct", Args: []string{"--sharding=on", "--external-mode=direct"}}
+	// ModeCache is ModeSharded, named for the external comparison.
+	ModeCache = Mode{Name: "cache", Args: ModeSharded.Args}
+	// ModeMirror keeps values in ExternalDomain mirrors that each domain's
+	// shard holder writes from the change feed.
+	ModeMirror = Mode{Name: "mirror", Args: []string{"--sharding=on", "--external-mode=cache", "--external-source=mirror"}}
+)
+
+// Sharded reports whether the mode runs the sharded ring (the default), as
+// opposed to --sharding=off.
+func (m Mode) Sharded() bool {
+	for i, a := range m.Args {
+		if a == "--sharding=off" || (a == "--sharding" && i+1 < len(m.Args) && m.Args[i+1] == "off") {
+			return false
+		}
+	}
+	return true
+}
+
+// fleet is the replicas of one mode, replica i being "kshard-i" as in a
+// StatefulSet. Slots keep their identity and ports across restarts.
+type fleet struct {
+	r    *run
+	mode Mode
+	// sizes are the replica counts the fleet was scaled to, in order
+	// (stopping, 0, excluded).
+	sizes []int
+
+	mu    sync.Mutex
+	slots []*slot
+
+	// started is when the first replica started, stopped when the fleet
+	// was told to stop; loadFrom and loadTo bound its measured phase.
+	started, stopped, loadFrom, loadTo time.Time
+	// apiStart and apiEnd are the API server's counts at the fleet's start
+	// and stop, ownSyncs* the load tester's own initial syncs then.
+	apiStart, apiEnd           apiServerSample
+	ownSyncsStart, ownSyncsEnd int64
+
+	result *FleetResult
+	// propagation is what the config-center change probes measured in the
+	// measured phase (--value-change-interval).
+	propagation PropagationResult
+}
+
+// slot is one replica identity; each (re)start is a new instance.
+type slot struct {
+	id          string
+	metricsAddr string
+	healthAddr  string
+	instances   []*instance
+}
+
+// instance is one process of a replica, with what was sampled from it.
+type instance struct {
+	n       int
+	proc    *process
+	audit   string
+	samples []replicaSample
+}
+
+func (s *slot) current() *instance {
+	if len(s.instances) == 0 {
+		return nil
+	}
+	return s.instances[len(s.instances)-1]
+}
+
+func (s *slot) running() bool {
+	in := s.current()
+	return in != nil && in.proc.running()
+}
+
+// newFleet creates a fleet of the mode; nothing runs until scaleTo.
+func (r *run) newFleet(mode Mode) *fleet {
+	return &fleet{r: r, mode: mode}
+}
+
+// label names the fleet in reports: "sharded ×3", or "sharded ×1→2→4"
+// for a fleet that was scaled.
+func (f *fleet) label() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sizes := make([]string, 0, len(f.sizes))
+	for _, n := range f.sizes {
+		sizes = append(sizes, fmt.Sprint(n))
+	}
+	return f.mode.Name + " ×" + strings.Join(sizes, "→")
+}
+
+// runningSince reports whether replica id's process runs, and since when.
+func (f *fleet) runningSince(id string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.slots {
+		if s.id == id && s.running() {
+			return s.current().proc.started, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// runningSlots lists the slots whose process runs.
+func (f *fleet) runningSlots() []*slot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*slot
+	for _, s := range f.slots {
+		if s.running() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (f *fleet) slot(i int) *slot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.slots[i]
+}
+
+// size is the number of running replicas.
+func (f *fleet) size() int { return len(f.runningSlots()) }
+
+// scaleTo runs replicas 0..n-1 and stops the others, as `kubectl scale`
+// would: the StatefulSet's desired count changes first, so a replica at or
+// above it leaves the ring (hands over) instead of restarting.
+func (f *fleet) scaleTo(ctx context.Context, n int) error {
+	if err := f.r.setDesired(ctx, n); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	if n > 0 && (len(f.sizes) == 0 || f.sizes[len(f.sizes)-1] != n) {
+		f.sizes = append(f.sizes, n)
+	}
+	for len(f.slots) < n {
+		ports, err := freePorts(2)
+		if err != nil {
+			f.mu.Unlock()
+			return err
+		}
+		i := len(f.slots)
+		f.slots = append(f.slots, &slot{
+			id:          fmt.Sprintf("%s-%d", StatefulSet, i),
+			metricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
+			healthAddr:  fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		})
+	}
+	slots := slices.Clone(f.slots)
+	f.mu.Unlock()
+	if f.started.IsZero() {
+		f.started = time.Now()
+	}
+	var stopping []*slot
+	for i, s := range slots {
+		switch {
+		case i < n && !s.running():
+			if err := f.start(s); err != nil {
+				return err
+			}
+		case i >= n && s.running():
+			stopping = append(stopping, s)
+		}
+	}
+	// Scale-down stops the highest ordinal first, like a StatefulSet, but
+	// does not wait for one before the next: the load tester measures the
+	// handover of all of them together.
+	var errs []error
+	for _, s := range slices.Backward(stopping) {
+		if _, err := s.current().proc.stop(f.r.opts.StopTimeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// start starts a new process instance of the slot.
+func (f *fleet) start(s *slot) error {
+	o := f.r.opts
+	in := &instance{n: len(s.instances)}
+	base := fmt.Sprintf("%s.%s.%d", strings.ReplaceAll(f.mode.Name, " ", "-"), s.id, in.n)
+	in.audit = filepath.Join(f.r.work, "audit", base+".jsonl")
+	args := []string{"controller",
+		"--kubeconfig", f.r.kubeconfig,
+		"--replica-id", s.id,
+		"--ring", Ring,
+		"--lease-namespace", LeaseNamespace,
+		"--statefulset", StatefulSet,
+		"--configcenter-url", f.r.centerURL,
+		"--metrics-bind-address", s.metricsAddr,
+		"--health-probe-bind-address", s.healthAddr,
+		"--lease-duration", o.LeaseDuration.String(),
+		"--renew-deadline", o.RenewDeadline.String(),
+		"--retry-period", o.RetryPeriod.String(),
+		"--audit-log", in.audit,
+		"--zap-log-level=info",
+	}
+	args = append(args, f.mode.Args...)
+	p, err := f.r.procs.start(s.id, f.r.kshardBin, filepath.Join(f.r.work, "logs", base+".log"), args...)
+	if err != nil {
+		return err
+	}
+	in.proc = p
+	f.mu.Lock()
+	s.instances = append(s.instances, in)
+	f.mu.Unlock()
+	f.r.log.V(1).Info("Started replica", "replica", s.id, "mode", f.mode.Name, "pid", p.pid())
+	return nil
+}
+
+// restart starts a stopped or crashed replica again, same identity.
+func (f *fleet) restart(s *slot) error {
+	if s.running() {
+		return fmt.Errorf("restarting %s: it is running", s.id)
+	}
+	return f.start(s)
+}
+
+// kill crashes a replica with SIGKILL and returns when it is gone.
+func (f *fleet) kill(s *slot) (time.Time, error) {
+	in := s.current()
+	if in == nil || !in.proc.running() {
+		return time.Time{}, fmt.Errorf("killing %s: not running", s.id)
+	}
+	at := time.Now()
+	_, err := in.proc.kill()
+	return at, err
+}
+
+// terminate sends SIGTERM and waits for the replica to exit, returning when
+// the signal was sent.
+func (f *fleet) terminate(s *slot) (time.Time, error) {
+	in := s.current()
+	if in == nil || !in.proc.running() {
+		return time.Time{}, fmt.Errorf("stopping %s: not running", s.id)
+	}
+	at := time.Now()
+	if err := in.proc.signal(syscall.SIGTERM); err != nil {
+		return at, err
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _, _ = in.proc.wait() }()
+	select {
+	case <-done:
+	case <-time.After(f.r.opts.StopTimeout):
+		_, _ = in.proc.kill()
+		return at, fmt.Errorf("%s did not stop within %s of SIGTERM: killed", s.id, f.r.opts.StopTimeout)
+	}
+	return at, nil
+}
+
+// auditFiles lists every instance's audit log, with when each process
+// ended.
+func (f *fleet) auditFiles() []auditFile {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []auditFile
+	for _, s := range f.slots {
+		for _, in := range s.instances {
+			af := auditFile{Path: in.audit, Replica: s.id}
+			if !in.proc.running() {
+				af.Ended, _ = in.proc.wait()
+			}
+			if _, err := os.Stat(in.audit); err == nil {
+				out = append(out, af)
+			}
+		}
+	}
+	return out
+}
+
+// auditPaths lists the audit logs of the running instances.
+func (f *fleet) auditPaths() []string {
+	var out []string
+	for _, s := range f.runningSlots() {
+		out = append(out, s.current().audit)
+	}
+	return out
+}
+
+// freePorts reserves n distinct loopback ports by listening on them all at
+// once, then frees them for a replica. Another process could take one in
+// between; the replica then fails to start, and the run says so.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// setDesired writes the StatefulSet's desired replica count, which replicas
+// read when they stop: below it they restart (keep their shards' place),
+// at or above it they leave.
+func (r *run) setDesired(ctx context.Context, n int) error {
+	var sts appsv1.StatefulSet
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: StatefulSet}, &sts); err != nil {
+		return fmt.Errorf("reading StatefulSet %s: %w", StatefulSet, err)
+	}
+	if ptr.Deref(sts.Spec.Replicas, 1) == int32(n) {
+		return nil
+	}
+	sts.Spec.Replicas = ptr.To(int32(n))
+	if err := r.c.Update(ctx, &sts); err != nil {
+		return fmt.Errorf("scaling StatefulSet %s to %d: %w", StatefulSet, n, err)
+	}
+	return nil
+}
+
+// ensureStatefulSet creates the inert StatefulSet the replicas consult.
+func (r *run) ensureStatefulSet(ctx context.Context) error {
+	labels := map[string]string{"app.kubernetes.io/name": "kshard-loadtest"}
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: StatefulSet},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To(int32(0)),
+			ServiceName: StatefulSet,
+			Selector:    &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name:  "kshard",
+					Image: "kshard:loadtest-processes-not-pods",
+				}}},
+			},
+		},
+	}
+	if err := r.c.Create(ctx, sts); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating StatefulSet %s/%s: %w", LeaseNamespace, StatefulSet, err)
+	}
+	return nil
+}

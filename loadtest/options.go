@@ -1,0 +1,242 @@
+package loadtest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/sharding"
+)
+
+// Domain skews.
+const (
+	// SkewUniform spreads objects evenly over the domains.
+	SkewUniform = "uniform"
+	// SkewZipf gives domain i a share proportional to 1/(i+1)^s: a few large
+	// tenants and a long tail, as business domains usually are.
+	SkewZipf = "zipf"
+)
+
+// Options configure a run. A zero field takes the scenario's default, else
+// the global default documented on it, so a caller sets only what it means
+// to change.
+type Options struct {
+	// Scenario names what to run (see Scenarios). Required.
+	Scenario string
+	// Duration is how long load runs in each measured phase (per fleet in a
+	// comparison). Default 60s.
+	Duration time.Duration
+
+	// Objects is the number of ConfigBindings. Default 1,000.
+	Objects int
+	// Domains is the number of business domains, seeded in the config
+	// center as domain-0..N-1. Default 100.
+	Domains int
+	// KeysPerDomain is the number of keys seeded per domain. Default 16.
+	KeysPerDomain int
+	// KeysPerObject is the number of keys each ConfigBinding binds. Default 2.
+	KeysPerObject int
+	// Replicas is the number of controller replicas. Default 3.
+	Replicas int
+	// CreateRate is ConfigBinding creations per second. Default 200.
+	CreateRate float64
+	// UpdateRate is spec updates per object per second; the run issues
+	// Objects × UpdateRate updates per second. Default 0.02 (20/s at 1,000
+	// objects).
+	UpdateRate float64
+	// Skew spreads objects over domains: SkewUniform (default) or SkewZipf.
+	Skew string
+	// ZipfS is the Zipf exponent, above 1. Default 1.1.
+	ZipfS float64
+	// Seed makes object placement and update order reproducible. Default 1.
+	Seed uint64
+
+	// ValueBytes is the size of every config-center value. Default 256.
+	ValueBytes int
+	// Latency and Jitter are added by the config center to every data
+	// request (Jitter uniformly on top). Default 5ms and 0.
+	Latency, Jitter time.Duration
+	// ValueChangeInterval, when set, writes a new value to one bound key of
+	// the config center per interval during each fleet's measured phase and
+	// measures how fast it reaches the ConfigMaps. Default off
+	// (compare-external: 2s).
+	ValueChangeInterval time.Duration
+	// ErrorRate is the share of data requests the config center fails with
+	// 500. Default 0.
+	ErrorRate float64
+	// OutageAfter and OutageFor schedule a config-center outage (503 on
+	// every data request) within the measured phase of every fleet: from
+	// OutageAfter into it, for OutageFor. The external-outage scenario sets
+	// them; zero OutageFor means no outage.
+	OutageAfter, OutageFor time.Duration
+
+	// LeaseDuration, RenewDeadline and RetryPeriod are passed to every
+	// replica. Default: the sharding package's defaults (15s, 10s, 5s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// ChaosInterval is the time between crashes in the chaos scenario.
+	// Default 30s.
+	ChaosInterval time.Duration
+	// RestartDelay is how long a crashed replica stays down. Default 5s.
+	RestartDelay time.Duration
+	// SettleTimeout bounds every wait for the fleet to settle (all shards
+	// held, every object reconciled and Ready). Default 5m: a busy two-core
+	// machine is slow, and a slow settle is a number, a stuck one a failure.
+	SettleTimeout time.Duration
+	// StopTimeout is how long a replica may take to hand over after SIGTERM
+	// before it is killed. Default 45s.
+	StopTimeout time.Duration
+
+	// HPAFile is the HorizontalPodAutoscaler the autoscale scenario follows.
+	// Default <repository>/deploy/autoscaling/hpa.yaml.
+	HPAFile string
+	// HPATimeScale multiplies the HPA's stabilization windows and policy
+	// periods (and the HPA sync period of 15s), so that a run of minutes
+	// shows what takes a cluster tens of minutes. Default 1 (real time).
+	HPATimeScale float64
+	// HPATarget, when set, replaces the HPA's target average value, so a
+	// small run crosses it. The report says so.
+	HPATarget float64
+
+	// Out is the report folder. Default <repository>/loadtest/results.
+	Out string
+	// Kubeconfig targets an existing cluster instead of starting a control
+	// plane. Its kubeconfig user must be allowed to read /metrics.
+	Kubeconfig string
+	// AssetsDir holds etcd and kube-apiserver for the control plane the run
+	// starts. Default $KUBEBUILDER_ASSETS, else <repository>/bin/k8s.
+	AssetsDir string
+	// BinDir holds the kshard and configcenter binaries. Default: built
+	// from the repository with `go build` into the run's work folder.
+	BinDir string
+	// WorkDir receives the replicas' logs and audit logs. Default: a new
+	// temporary folder, removed after a successful run.
+	WorkDir string
+	// SampleInterval is how often replicas, the config center and the ring
+	// are sampled. Default 1s.
+	SampleInterval time.Duration
+
+	// Command is the command line the report shows as the way to reproduce
+	// it. Default: this process's arguments.
+	Command string
+	// Progress receives the progress line (redrawn in place on a terminal,
+	// a line every 10 s elsewhere). Default os.Stderr; io.Discard silences it.
+	Progress io.Writer
+}
+
+func (o *Options) setDefaults(sc *scenario) error {
+	if sc.defaults != nil {
+		sc.defaults(o)
+	}
+	setDuration := func(p *time.Duration, d time.Duration) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	setInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setFloat := func(p *float64, v float64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setDuration(&o.Duration, time.Minute)
+	setInt(&o.Objects, 1000)
+	setInt(&o.Domains, 100)
+	setInt(&o.KeysPerDomain, 16)
+	setInt(&o.KeysPerObject, 2)
+	setInt(&o.Replicas, 3)
+	setFloat(&o.CreateRate, 200)
+	setFloat(&o.UpdateRate, 0.02)
+	if o.Skew == "" {
+		o.Skew = SkewUniform
+	}
+	setFloat(&o.ZipfS, 1.1)
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	setInt(&o.ValueBytes, 256)
+	setDuration(&o.Latency, 5*time.Millisecond)
+	setDuration(&o.LeaseDuration, sharding.DefaultLeaseDuration)
+	setDuration(&o.RenewDeadline, sharding.DefaultRenewDeadline)
+	setDuration(&o.RetryPeriod, sharding.DefaultRetryPeriod)
+	setDuration(&o.ChaosInterval, 30*time.Second)
+	setDuration(&o.RestartDelay, 5*time.Second)
+	setDuration(&o.SettleTimeout, 5*time.Minute)
+	setDuration(&o.StopTimeout, 45*time.Second)
+	setFloat(&o.HPATimeScale, 1)
+	setDuration(&o.SampleInterval, time.Second)
+	if o.Progress == nil {
+		o.Progress = os.Stderr
+	}
+	if o.Command == "" {
+		o.Command = strings.Join(os.Args, " ")
+	}
+	if o.Out == "" || o.HPAFile == "" {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			return fmt.Errorf("defaulting the report folder and the HPA file (set them, or run from the repository): %w", err)
+		}
+		if o.Out == "" {
+			o.Out = filepath.Join(root, "loadtest", "results")
+		}
+		if o.HPAFile == "" {
+			o.HPAFile = filepath.Join(root, defaultHPAFile)
+		}
+	}
+	return o.validate()
+}
+
+// validate rejects settings that cannot run, naming the flag-level field.
+func (o *Options) validate() error {
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	check(o.Duration < 0, "duration %s must not be negative", o.Duration)
+	check(o.Objects < 1 || o.Objects > 1_000_000, "objects %d must be within 1..1,000,000", o.Objects)
+	check(o.Domains < 1 || o.Domains > 100_000, "domains %d must be within 1..100,000", o.Domains)
+	check(o.KeysPerObject < 1 || o.KeysPerObject > 64, "keys per object %d must be within 1..64 (the API's limit)", o.KeysPerObject)
+	check(o.KeysPerDomain <= o.KeysPerObject, "keys per domain %d must exceed keys per object %d, so that an update can change an object's keys", o.KeysPerDomain, o.KeysPerObject)
+	check(o.Replicas < 1 || o.Replicas > 64, "replicas %d must be within 1..64", o.Replicas)
+	check(!finite(o.CreateRate) || o.CreateRate <= 0, "create rate %v must be a positive number of objects per second", o.CreateRate)
+	check(!finite(o.UpdateRate) || o.UpdateRate < 0, "update rate %v must be a non-negative number of updates per object per second", o.UpdateRate)
+	check(o.Skew != SkewUniform && o.Skew != SkewZipf, "skew %q must be %q or %q", o.Skew, SkewUniform, SkewZipf)
+	check(o.Skew == SkewZipf && (!finite(o.ZipfS) || o.ZipfS <= 1), "zipf exponent %v must be above 1", o.ZipfS)
+	check(o.ValueBytes < 1 || o.ValueBytes > 1<<20, "value bytes %d must be within 1..1 MiB", o.ValueBytes)
+	check(o.ValueChangeInterval < 0, "value change interval %s must not be negative", o.ValueChangeInterval)
+	check(o.Latency < 0 || o.Jitter < 0, "latency %s and jitter %s must not be negative", o.Latency, o.Jitter)
+	check(!finite(o.ErrorRate) || o.ErrorRate < 0 || o.ErrorRate > 1, "error rate %v must be within 0..1", o.ErrorRate)
+	check(o.OutageAfter < 0 || o.OutageFor < 0, "outage times must not be negative")
+	check(o.OutageFor > 0 && o.OutageAfter+o.OutageFor > o.Duration, "the outage (%s after the start, for %s) must end within the duration %s", o.OutageAfter, o.OutageFor, o.Duration)
+	check(o.LeaseDuration < time.Second || o.LeaseDuration%time.Second != 0, "lease duration %s must be whole seconds (Leases store seconds)", o.LeaseDuration)
+	check(o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration, "renew deadline %s must be positive and below the lease duration %s", o.RenewDeadline, o.LeaseDuration)
+	check(o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline, "retry period %s must be positive and below the renew deadline %s", o.RetryPeriod, o.RenewDeadline)
+	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
+	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
+	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
+	check(!finite(o.HPATarget) || o.HPATarget < 0, "HPA target %v must not be negative", o.HPATarget)
+	return errors.Join(errs...)
+}
+
+// scenarioNames lists the scenarios, sorted, for messages.
+func scenarioNames() string {
+	names := make([]string, 0, len(scenarios))
+	for n := range scenarios {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,71 @@
+package loadtest
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOptionsDefaultsPerScenario(t *testing.T) {
+	o := Options{Scenario: "handover", Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["handover"]); err != nil {
+		t.Fatal(err)
+	}
+	if o.Objects != 10000 || o.Replicas != 3 || o.LeaseDuration != 15*time.Second || o.SettleTimeout != 10*time.Minute {
+		t.Errorf("handover defaults: %d objects, %d replicas, lease %s, settle %s", o.Objects, o.Replicas, o.LeaseDuration, o.SettleTimeout)
+	}
+	// A value the caller set wins over the scenario's default.
+	o = Options{Scenario: "handover", Objects: 500, Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["handover"]); err != nil {
+		t.Fatal(err)
+	}
+	if o.Objects != 500 {
+		t.Errorf("objects %d, want the caller's 500", o.Objects)
+	}
+	o = Options{Scenario: "external-outage", Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["external-outage"]); err != nil {
+		t.Fatal(err)
+	}
+	if o.OutageAfter != 30*time.Second || o.OutageFor != 30*time.Second {
+		t.Errorf("outage %s after, for %s; want the middle third of 90s", o.OutageAfter, o.OutageFor)
+	}
+}
+
+func TestOptionsRejectBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Objects: -1}, "objects -1"},
+		{Options{KeysPerDomain: 2, KeysPerObject: 2}, "must exceed keys per object"},
+		{Options{Skew: "pareto"}, `skew "pareto"`},
+		{Options{Skew: SkewZipf, ZipfS: 0.5}, "zipf exponent 0.5"},
+		{Options{LeaseDuration: 1500 * time.Millisecond}, "whole seconds"},
+		{Options{LeaseDuration: 10 * time.Second, RenewDeadline: 10 * time.Second}, "renew deadline"},
+		{Options{ErrorRate: 2}, "error rate 2"},
+		{Options{Duration: time.Minute, OutageAfter: 50 * time.Second, OutageFor: 20 * time.Second}, "must end within the duration"},
+		{Options{HPATimeScale: 2}, "HPA time scale 2"},
+	} {
+		o := tc.o
+		o.Scenario, o.Out, o.HPAFile = "basic", t.TempDir(), "x"
+		err := o.setDefaults(scenarios["basic"])
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want one saying %q", tc.o, err, tc.want)
+		}
+	}
+}
+
+func TestModeSharded(t *testing.T) {
+	for _, tc := range []struct {
+		m    Mode
+		want bool
+	}{
+		{ModeSharded, true}, {ModeSingleton, false}, {ModeDirect, true},
+		{Mode{Name: "x", Args: []string{"--sharding", "off"}}, false},
+		{Mode{Name: "mirror", Args: []string{"--external-source=mirror"}}, true},
+	} {
+		if got := tc.m.Sharded(); got != tc.want {
+			t.Errorf("%s %v: Sharded() = %v", tc.m.Name, tc.m.Args, got)
+		}
+	}
+}

@@ -1,0 +1,204 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
+)
+
+// propagationTimeout is how long a probe waits for its ConfigMaps; a
+// ConfigMap that never shows the value within it counts as not reached.
+const propagationTimeout = time.Minute
+
+// propagation measures how fast a change in the config center reaches the
+// ConfigMaps: during a fleet's load it writes a fresh value to one key at a
+// time and times, per ConfigMap of a binding that bound the key at the
+// write, the arrival of that value (seen through a watch of the load
+// tester's ConfigMaps). A binding whose spec update dropped the key
+// meanwhile is not waited for.
+type propagation struct {
+	c   client.WithWatch
+	cc  *configcenter.Client
+	set *objectSet
+	gen *generator
+
+	seq int // values written, over the run: each probe's value is unique
+
+	mu      sync.Mutex
+	probes  []*probe
+	samples histogram
+	// expected and reached count ConfigMaps over finished probes.
+	expected, reached int
+}
+
+type probe struct {
+	domain, key, value string
+	at                 time.Time
+	waiting            map[string]int // ConfigMap name → object index
+}
+
+// PropagationResult is what one fleet's probes measured: config-center
+// changes written, ConfigMaps that had to show them and did, and the
+// latency from the write to each ConfigMap showing it.
+type PropagationResult struct {
+	Probes, Expected, Reached int
+	Latency                   LatencySummary
+}
+
+func newPropagation(c client.WithWatch, cc *configcenter.Client, set *objectSet, gen *generator) *propagation {
+	return &propagation{c: c, cc: cc, set: set, gen: gen}
+}
+
+// run probes every interval until ctx ends, then waits for the open probes
+// (at most propagationTimeout) and returns what it measured.
+func (p *propagation) run(ctx context.Context, interval time.Duration) PropagationResult {
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWatch()
+	watching := make(chan struct{})
+	go p.watch(wctx, watching)
+	<-watching
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	n := 0
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-t.C:
+			p.seq++
+			if p.start(ctx, p.seq) {
+				n++
+			}
+		}
+	}
+	deadline := time.Now().Add(propagationTimeout)
+	for time.Now().Before(deadline) && p.open() > 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pr := range p.probes {
+		p.expected += len(pr.waiting)
+	}
+	p.probes = nil
+	res := PropagationResult{Probes: n, Expected: p.expected, Reached: p.reached, Latency: summarize(&p.samples)}
+	p.samples, p.expected, p.reached = histogram{}, 0, 0
+	return res
+}
+
+// start writes a new value to a key that live bindings read and opens a
+// probe for their ConfigMaps.
+func (p *propagation) start(ctx context.Context, seq int) bool {
+	g := p.gen
+	g.mu.Lock()
+	live := slices.Clone(g.live)
+	g.mu.Unlock()
+	if len(live) == 0 {
+		return false
+	}
+	i := live[rand.IntN(len(live))]
+	keys := p.set.keys(i, p.set.updates[i].Load())
+	pr := &probe{
+		domain:  configcenter.SeedDomain(p.set.domains[i]),
+		key:     string(keys[rand.IntN(len(keys))]),
+		value:   fmt.Sprintf("probe-%d", seq),
+		waiting: map[string]int{},
+	}
+	p.mu.Lock()
+	busy := slices.ContainsFunc(p.probes, func(x *probe) bool { return x.domain == pr.domain && x.key == pr.key })
+	p.mu.Unlock()
+	if busy {
+		// A newer value would hide this one from the open probe's ConfigMaps.
+		return false
+	}
+	for _, j := range live {
+		if p.set.domains[j] == p.set.domains[i] && slices.Contains(p.set.keys(j, p.set.updates[j].Load()), configv1alpha1.ConfigKey(pr.key)) {
+			pr.waiting[p.set.names[j]+"-config"] = j
+		}
+	}
+	p.mu.Lock()
+	p.probes = append(p.probes, pr)
+	pr.at = time.Now()
+	p.mu.Unlock()
+	if _, err := p.cc.Put(ctx, pr.domain, pr.key, pr.value); err != nil {
+		p.mu.Lock()
+		p.probes = slices.DeleteFunc(p.probes, func(x *probe) bool { return x == pr })
+		p.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// open counts ConfigMaps still waited for, dropping the ones whose binding
+// no longer reads the probed key, and closing probes older than the timeout.
+func (p *propagation) open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	kept := p.probes[:0]
+	for _, pr := range p.probes {
+		for cm, j := range pr.waiting {
+			if !slices.Contains(p.set.keys(j, p.set.updates[j].Load()), configv1alpha1.ConfigKey(pr.key)) {
+				delete(pr.waiting, cm)
+			}
+		}
+		switch {
+		case len(pr.waiting) == 0:
+		case time.Since(pr.at) > propagationTimeout:
+			p.expected += len(pr.waiting)
+		default:
+			kept = append(kept, pr)
+			n += len(pr.waiting)
+		}
+	}
+	p.probes = kept
+	return n
+}
+
+// watch feeds ConfigMap changes to the open probes until ctx ends,
+// re-establishing the watch when the API server closes it.
+func (p *propagation) watch(ctx context.Context, ready chan<- struct{}) {
+	once := sync.Once{}
+	for ctx.Err() == nil {
+		w, err := p.c.Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(Namespace))
+		if err != nil {
+			time.Sleep(time.Second)
+			continue
+		}
+		once.Do(func() { close(ready) })
+		for ev := range w.ResultChan() {
+			if ev.Type != watch.Added && ev.Type != watch.Modified {
+				continue
+			}
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok {
+				p.observe(cm, time.Now())
+			}
+		}
+		w.Stop()
+	}
+	once.Do(func() { close(ready) })
+}
+
+func (p *propagation) observe(cm *corev1.ConfigMap, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, pr := range p.probes {
+		if _, ok := pr.waiting[cm.Name]; ok && cm.Data[pr.key] == pr.value {
+			delete(pr.waiting, cm.Name)
+			p.samples.Observe(now.Sub(pr.at))
+			p.expected++
+			p.reached++
+		}
+	}
+}

@@ -1,0 +1,489 @@
+package loadtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kshard/kshard/loadtest/chart"
+)
+
+// writeReport writes <scenario>.md, its charts and <scenario>.json into the
+// report folder.
+func (r *run) writeReport() error {
+	rep := r.report
+	name := r.opts.Scenario
+	for _, c := range r.charts() {
+		file := name + "-" + c.file + ".svg"
+		var buf bytes.Buffer
+		if err := c.chart.Write(&buf); err != nil {
+			return fmt.Errorf("drawing %s: %w", file, err)
+		}
+		if err := os.WriteFile(filepath.Join(r.opts.Out, file), buf.Bytes(), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", file, err)
+		}
+		rep.Charts = append(rep.Charts, Chart{Title: c.chart.Title, File: file})
+	}
+	md := renderMarkdown(rep)
+	if err := os.WriteFile(filepath.Join(r.opts.Out, name+".md"), []byte(md), 0o644); err != nil {
+		return fmt.Errorf("writing the report: %w", err)
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding the report: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.opts.Out, name+".json"), append(js, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing the report: %w", err)
+	}
+	return nil
+}
+
+type namedChart struct {
+	file  string
+	chart *chart.Chart
+}
+
+// charts draws the run's charts: latency, ownership, config-center calls
+// and heap for every scenario, plus what a scenario adds.
+func (r *run) charts() []namedChart {
+	secs := func(t time.Time) float64 { return t.Sub(r.begin).Seconds() }
+	r.mu.Lock()
+	markers := make([]chart.Marker, 0, len(r.markers))
+	for _, m := range r.markers {
+		markers = append(markers, chart.Marker{X: secs(m.At), Label: m.Label})
+	}
+	center := append([]centerSample(nil), r.center...)
+	reasons := append([]reasonSample(nil), r.reasons...)
+	sizes := append([]sizeSample(nil), r.sizes...)
+	r.mu.Unlock()
+	const xl = "seconds since the start of the run"
+	var out []namedChart
+
+	// Latency over time: percentiles of the generations that became Ready
+	// in each window.
+	samples := r.tracker.samplesCopy()
+	span := time.Since(r.begin)
+	window := max(5*time.Second, (span / 60).Round(time.Second))
+	type agg struct{ h histogram }
+	buckets := map[int64]*agg{}
+	for _, s := range samples {
+		k := int64(s.Done.Sub(r.begin) / window)
+		if buckets[k] == nil {
+			buckets[k] = &agg{}
+		}
+		buckets[k].h.Observe(s.Latency)
+	}
+	keys := make([]int64, 0, len(buckets))
+	for k := range buckets {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
+	var p50, p99, mx, n []chart.Point
+	for _, k := range keys {
+		x := (time.Duration(k)*window + window/2).Seconds()
+		h := &buckets[k].h
+		p50 = append(p50, chart.Point{X: x, Y: h.Quantile(0.5).Seconds()})
+		p99 = append(p99, chart.Point{X: x, Y: h.Quantile(0.99).Seconds()})
+		mx = append(mx, chart.Point{X: x, Y: h.Max().Seconds()})
+		n = append(n, chart.Point{X: x, Y: float64(h.Count()) / window.Seconds()})
+	}
+	out = append(out, namedChart{"latency", &chart.Chart{
+		Title:  fmt.Sprintf("%s: spec change (or create) to status Ready, per %s window", r.opts.Scenario, window),
+		XLabel: xl, YLabel: "seconds",
+		Series:  []chart.Series{{Name: "p50", Points: p50}, {Name: "p99", Points: p99}, {Name: "max", Points: mx}},
+		Markers: markers,
+	}})
+	out = append(out, namedChart{"throughput", &chart.Chart{
+		Title:  fmt.Sprintf("%s: generations seen Ready per second, per %s window", r.opts.Scenario, window),
+		XLabel: xl, YLabel: "per second",
+		Series: []chart.Series{{Name: "Ready/s", Points: n}}, Markers: markers,
+	}})
+
+	// Shards owned per replica (by a running holder), and unowned.
+	points := r.ring.ownershipSeries()
+	holders := map[string]bool{}
+	for _, p := range points {
+		for h := range p.Count {
+			holders[h] = true
+		}
+	}
+	names := make([]string, 0, len(holders))
+	for h := range holders {
+		names = append(names, h)
+	}
+	sort.Strings(names)
+	var own []chart.Series
+	for _, h := range names {
+		s := chart.Series{Name: h, Step: true}
+		for _, p := range points {
+			s.Points = append(s.Points, chart.Point{X: secs(p.At), Y: float64(p.Count[h])})
+		}
+		if len(points) > 0 {
+			s.Points = append(s.Points, chart.Point{X: span.Seconds(), Y: float64(points[len(points)-1].Count[h])})
+		}
+		own = append(own, s)
+	}
+	out = append(out, namedChart{"ownership", &chart.Chart{
+		Title:  r.opts.Scenario + ": shards owned per replica (Lease held, unexpired, process running)",
+		XLabel: xl, YLabel: "shards", Series: own, Markers: markers,
+	}})
+
+	// Config-center calls per second.
+	var gets, polls []chart.Point
+	for i := 1; i < len(center); i++ {
+		dt := center[i].At.Sub(center[i-1].At).Seconds()
+		if dt <= 0 {
+			continue
+		}
+		x := secs(center[i].At)
+		gets = append(gets, chart.Point{X: x, Y: math.Max(0, center[i].Gets-center[i-1].Gets) / dt})
+		polls = append(polls, chart.Point{X: x, Y: math.Max(0, center[i].Polls-center[i-1].Polls) / dt})
+	}
+	out = append(out, namedChart{"calls", &chart.Chart{
+		Title:  r.opts.Scenario + ": config-center calls per second by the replicas",
+		XLabel: xl, YLabel: "calls per second",
+		Series: []chart.Series{{Name: "key reads", Points: gets}, {Name: "change-feed polls", Points: polls}}, Markers: markers,
+	}})
+
+	// Heap per replica process.
+	var heap []chart.Series
+	for _, f := range r.fleets {
+		f.mu.Lock()
+		for _, s := range f.slots {
+			for _, in := range s.instances {
+				if len(in.samples) == 0 {
+					continue
+				}
+				ser := chart.Series{Name: fmt.Sprintf("%s %s", f.mode.Name, s.id)}
+				for _, x := range in.samples {
+					ser.Points = append(ser.Points, chart.Point{X: secs(x.At), Y: x.HeapInuse / (1 << 20)})
+				}
+				heap = append(heap, ser)
+			}
+		}
+		f.mu.Unlock()
+	}
+	heap = mergeByName(heap)
+	out = append(out, namedChart{"heap", &chart.Chart{
+		Title:  r.opts.Scenario + ": Go heap in use per replica (go_memstats_heap_inuse_bytes)",
+		XLabel: xl, YLabel: "MiB", Series: heap, Markers: markers,
+	}})
+
+	if r.sc.name == "external-outage" {
+		counts := map[string][]chart.Point{}
+		for _, rs := range reasons {
+			for _, reason := range []string{"Synced", "Fetching", "ExternalUnavailable"} {
+				counts[reason] = append(counts[reason], chart.Point{X: secs(rs.At), Y: float64(rs.Reasons[reason])})
+			}
+		}
+		out = append(out, namedChart{"reasons", &chart.Chart{
+			Title:  r.opts.Scenario + ": ConfigBindings by Ready reason",
+			XLabel: xl, YLabel: "objects",
+			Series:  []chart.Series{{Name: "Synced", Points: counts["Synced"]}, {Name: "Fetching", Points: counts["Fetching"]}, {Name: "ExternalUnavailable", Points: counts["ExternalUnavailable"]}},
+			Markers: markers,
+		}})
+	}
+	if r.sc.name == "autoscale" || r.sc.name == "scale-out" {
+		var rp, objs []chart.Point
+		for _, s := range sizes {
+			rp = append(rp, chart.Point{X: secs(s.At), Y: float64(s.Replicas)})
+		}
+		for _, rs := range reasons {
+			total := 0
+			for _, v := range rs.Reasons {
+				total += v
+			}
+			objs = append(objs, chart.Point{X: secs(rs.At), Y: float64(total) / 1000})
+		}
+		out = append(out, namedChart{"replicas", &chart.Chart{
+			Title:  r.opts.Scenario + ": running replicas, and ConfigBindings (thousands)",
+			XLabel: xl, YLabel: "replicas / thousands of objects",
+			Series: []chart.Series{{Name: "replicas", Points: rp, Step: true}, {Name: "objects (k)", Points: objs}}, Markers: markers,
+		}})
+	}
+	return out
+}
+
+// mergeByName joins series of one name (one replica identity's process
+// instances) into one, in time order.
+func mergeByName(in []chart.Series) []chart.Series {
+	var out []chart.Series
+	idx := map[string]int{}
+	for _, s := range in {
+		if i, ok := idx[s.Name]; ok {
+			out[i].Points = append(out[i].Points, s.Points...)
+			continue
+		}
+		idx[s.Name] = len(out)
+		out = append(out, s)
+	}
+	for i := range out {
+		sort.SliceStable(out[i].Points, func(a, b int) bool { return out[i].Points[a].X < out[i].Points[b].X })
+	}
+	return out
+}
+
+// renderMarkdown writes the report a person reads.
+func renderMarkdown(rep *Report) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# kshard load test: %s\n\n", rep.Scenario)
+	p("%s\n\n", rep.Description)
+	verdict := "PASSED"
+	if !rep.Passed {
+		verdict = "FAILED"
+	}
+	gate := "the checks are reported; this scenario's exit code does not depend on them"
+	if rep.Gated {
+		gate = "the checks decide this scenario's exit code"
+	}
+	p("**Result: %s** (%s).\n\n", verdict, gate)
+	if rep.Error != "" {
+		p("**The run failed:** %s\n\n", mdEscape(rep.Error))
+	}
+	p("Reproduce with:\n\n```sh\n%s\n```\n\n", rep.Command)
+	m := rep.Machine
+	p("Machine: %d CPUs (%s), %s, %s; kube-apiserver %s and etcd on the same machine, every process on loopback. "+
+		"Run on %s, wall time %s. The machine is shared: its 1-minute load average was %.1f on average and %.1f at most during the run "+
+		"(the load tester, the control plane, the replicas and whatever else ran), so compare numbers within a report, not across machines.\n\n",
+		m.CPUs, m.CPUModel, m.GoVersion, m.OS, orUnknown(m.KubeAPIServer), rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Wall.Round(time.Second), m.LoadMean, m.LoadMax)
+	p("| setting | value |\n| --- | --- |\n")
+	for _, s := range rep.Settings {
+		p("| %s | %s |\n", s[0], mdEscape(s[1]))
+	}
+	p("\n## Checks\n\n| check | result | detail |\n| --- | --- | --- |\n")
+	for _, c := range rep.Checks {
+		res := "pass"
+		if !c.Passed {
+			res = "**FAIL**"
+		}
+		p("| %s | %s | %s |\n", mdEscape(c.Name), res, mdEscape(c.Detail))
+	}
+	if len(rep.Findings) > 0 {
+		p("\n## Findings\n\n")
+		for _, f := range rep.Findings {
+			p("- %s\n", mdEscape(f))
+		}
+	}
+	if len(rep.Fleets) > 0 {
+		renderFleets(&b, rep)
+	}
+	if len(rep.Events) > 0 {
+		p("\n## Events\n\nTimes from the event (the signal, the start of the new process, the first write of a batch). " +
+			"*Shards held*: every running replica a live ring member and every shard held by the running replica the ring assigns it (membership changes only). " +
+			"*Settled*: every object of a shard acquired since the event reconciled by its new holder (audit logs)" +
+			" and, unless the event happened under continuous updates, every object Ready at its latest generation.\n\n")
+		p("| event | at | shards moved | objects in them | shards held after | settled after |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, ev := range rep.Events {
+			reconciled := fmtDur(ev.Reconciled)
+			if ev.Error != "" {
+				reconciled = "**not settled**: " + mdEscape(ev.Error)
+			}
+			held := "-"
+			if ev.Handover {
+				held = fmtDur(ev.Held)
+			}
+			p("| %s | %s | %d | %d | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, ev.Objects, held, reconciled)
+		}
+	}
+	p("\n## End-to-end latency\n\nFrom sending a write to the watch showing status Ready at that generation " +
+		"(`observedGeneration` and the Ready condition's `observedGeneration` both at it). Updates: the measured phases; creates: the whole run.\n\n")
+	p("| | samples | p50 | p90 | p99 | max | ≤ 1 s | ≤ 5 s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, row := range []struct {
+		name string
+		s    LatencySummary
+	}{{"spec updates", rep.Updates}, {"creates", rep.Creates}, {"… of which until the shard label shows", rep.Labeled}} {
+		s := row.s
+		p("| %s | %d | %s | %s | %s | %s | %s | %s |\n", row.name, s.Count, fmtDur(s.P50), fmtDur(s.P90), fmtDur(s.P99), fmtDur(s.Max), pct(s.WithinFast), pct(s.WithinSLO))
+	}
+	p("\nDistribution of spec updates:\n\n| at most | updates | cumulative |\n| ---: | ---: | ---: |\n")
+	cum := 0
+	for i, c := range rep.Updates.Buckets {
+		cum += c
+		bound := "above " + fmtDur(LatencyBuckets[len(LatencyBuckets)-1])
+		if i < len(LatencyBuckets) {
+			bound = fmtDur(LatencyBuckets[i])
+		}
+		share := 1.0
+		if rep.Updates.Count > 0 {
+			share = float64(cum) / float64(rep.Updates.Count)
+		}
+		p("| %s | %d | %s |\n", bound, c, pct(share))
+	}
+	if len(rep.Charts) > 0 {
+		p("\n## Charts\n\nDashed lines mark the run's events.\n\n")
+		for _, c := range rep.Charts {
+			p("![%s](%s)\n\n", mdEscape(c.Title), c.File)
+		}
+	}
+	if len(rep.Notes) > 0 {
+		p("## Notes\n\n")
+		for _, n := range rep.Notes {
+			p("- %s\n", mdEscape(n))
+		}
+		p("\n")
+	}
+	p("What every number means: [loadtest/README.md](../README.md#what-the-numbers-mean).\n")
+	return b.String()
+}
+
+// renderFleets writes the fleets side by side: one column per fleet.
+func renderFleets(b *strings.Builder, rep *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	fl := rep.Fleets
+	p("\n## Fleets\n\nOne column per fleet, run one after another on the same control plane, objects and load. " +
+		"Latency, throughput, reconciles, config-center calls and cache hits are over each fleet's measured phase; " +
+		"memory, LISTs and Lease writes over its whole life (start, warm-up, load, settle).\n\n|  |")
+	for _, f := range fl {
+		p(" %s |", mdEscape(f.Fleet))
+	}
+	p("\n| --- |%s\n", strings.Repeat(" ---: |", len(fl)))
+	row := func(name string, cell func(*FleetResult) string) {
+		p("| %s |", name)
+		for _, f := range fl {
+			p(" %s |", cell(f))
+		}
+		p("\n")
+	}
+	base := fl[0]
+	row("controller flags", func(f *FleetResult) string { return "`" + strings.Join(f.Args, " ") + "`" })
+	row("replica processes (restarts included)", func(f *FleetResult) string { return fmt.Sprint(f.Processes) })
+	row("measured phase", func(f *FleetResult) string { return fmtDur(f.Window) })
+	row(fmt.Sprintf("machine load average in the phase, mean / peak (%d CPUs)", rep.Machine.CPUs), func(f *FleetResult) string {
+		return fmt.Sprintf("%.1f / %.1f", f.LoadMean, f.LoadMax)
+	})
+	row("heap in use per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.HeapPeakMax) })
+	row("heap in use per replica, peak (mean)", func(f *FleetResult) string { return formatBytes(f.HeapPeakMean) })
+	if len(fl) > 1 {
+		row(fmt.Sprintf("largest peak heap ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapPeakMax, base.HeapPeakMax) })
+	}
+	row("heap in use per replica at the end of the load (largest)", func(f *FleetResult) string { return formatBytes(f.HeapEndMax) })
+	if len(fl) > 1 {
+		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapEndMax, base.HeapEndMax) })
+	}
+	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.RSSPeakMax) })
+	row("ConfigBindings held per replica, peak (largest)", func(f *FleetResult) string {
+		if f.HeldMax < 0 {
+			return "all (one cache of every object)"
+		}
+		return fmt.Sprintf("%.0f", f.HeldMax)
+	})
+	row("initial syncs of ConfigBindings: LISTs + watch-lists (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Syncs) })
+	row("ConfigBindings the API server scanned for them", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Scanned) })
+	row("… per replica process", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.ScannedPerProcess) })
+	row("ConfigBinding bytes sent: LIST responses + watch events (API server)", func(f *FleetResult) string { return formatBytes(f.Bytes) })
+	row("ConfigBinding watches open at the end (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.OpenWatches) })
+	row("end-to-end p50", func(f *FleetResult) string { return fmtDur(f.Updates.P50) })
+	row("end-to-end p90", func(f *FleetResult) string { return fmtDur(f.Updates.P90) })
+	row("end-to-end p99", func(f *FleetResult) string { return fmtDur(f.Updates.P99) })
+	row("end-to-end max", func(f *FleetResult) string { return fmtDur(f.Updates.Max) })
+	row("updates Ready within 1 s / 5 s", func(f *FleetResult) string { return pct(f.Updates.WithinFast) + " / " + pct(f.Updates.WithinSLO) })
+	row("updates offered per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Offered) })
+	row("throughput: generations Ready per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Throughput) })
+	row("reconciles per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Reconciles) })
+	row("replicas' CPU in the phase, all replicas (cores)", func(f *FleetResult) string { return fmt.Sprintf("%.2f", f.CPUCores) })
+	row("reconcile p99 (controller-runtime histogram)", func(f *FleetResult) string {
+		if f.ReconcileP99 < 0 {
+			return "n/a"
+		}
+		return fmtDur(time.Duration(f.ReconcileP99 * float64(time.Second)))
+	})
+	row("config-center key reads in the phase", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.CenterGets) })
+	row("… per spec update", func(f *FleetResult) string {
+		if f.Updates.Count == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f", f.CenterGets/float64(f.Updates.Count))
+	})
+	row("config-center key reads outside it (warm-up, settle)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.CenterGetsOutside) })
+	row("external-cache hit ratio (fresh or stale)", func(f *FleetResult) string {
+		if f.CacheHitRatio < 0 {
+			return "n/a (no cache)"
+		}
+		return pct(f.CacheHitRatio)
+	})
+	row("Ready flaps: True → False at an unchanged generation", func(f *FleetResult) string { return fmt.Sprint(f.ReadyFlaps) })
+	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.Propagation.Probes > 0 }) {
+		row("config-center changes written (probes)", func(f *FleetResult) string { return fmt.Sprint(f.Propagation.Probes) })
+		row("change → ConfigMap p50 / p99 / max", func(f *FleetResult) string {
+			l := f.Propagation.Latency
+			if l.Count == 0 {
+				return "n/a"
+			}
+			return fmtDur(l.P50) + " / " + fmtDur(l.P99) + " / " + fmtDur(l.Max)
+		})
+		row("… ConfigMaps that showed the change within 1 min", func(f *FleetResult) string {
+			return fmt.Sprintf("%d of %d", f.Propagation.Reached, f.Propagation.Expected)
+		})
+	}
+	row("Lease writes per second (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.LeaseWritesPerSec) })
+	row("API writes per second, all (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.WritesPerSec) })
+
+	p("\nPer replica (over each fleet's life; a restarted replica's processes together):\n\n")
+	p("| fleet | replica | processes | heap peak | heap at the end of the load | RSS peak | shards at the end of the load | ConfigBindings held, peak | reconciles | cache hit ratio |\n")
+	p("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, f := range fl {
+		for _, rr := range f.PerReplica {
+			held, shards := "all", "-"
+			if rr.HasShardMetrics {
+				held, shards = fmt.Sprintf("%.0f", rr.HeldPeak), fmt.Sprintf("%.0f", rr.ShardsEnd)
+			}
+			hit := "n/a"
+			if rr.CacheHitRatio >= 0 {
+				hit = pct(rr.CacheHitRatio)
+			}
+			p("| %s | %s | %d | %s | %s | %s | %s | %s | %.0f | %s |\n", mdEscape(f.Fleet), rr.Replica, rr.Processes,
+				formatBytes(rr.HeapPeak), formatBytes(rr.HeapEnd), formatBytes(rr.RSSPeak), shards, held, rr.Reconciles, hit)
+		}
+	}
+	for _, f := range fl {
+		if f.OwnSyncs > 0 {
+			p("\nThe load tester's own initial syncs of ConfigBindings (%d during %s: its watch resyncing) are subtracted from the sync counts above, not from the scanned objects and bytes.\n", f.OwnSyncs, mdEscape(f.Fleet))
+		}
+	}
+}
+
+func ratio(a, b float64) string {
+	if b <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(version unknown)"
+	}
+	return s
+}
+
+// fmtDur writes a duration for a table: 12 ms, 1.23 s, 2m5s.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d < time.Millisecond:
+		return "< 1 ms"
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// mdEscape keeps table cells in one cell.
+func mdEscape(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	return strings.ReplaceAll(s, "\n", " ")
+}

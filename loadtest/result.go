@@ -1,0 +1,547 @@
+package loadtest
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report is what a run measured and concluded. It is written as Markdown
+// with SVG charts, and as JSON for tools.
+type Report struct {
+	Scenario    string
+	Description string
+	Command     string
+	Machine     Machine
+	Started     time.Time
+	Wall        time.Duration
+	Settings    [][2]string
+	// Gated says the checks decide the exit code (chaos, rolling-restart);
+	// elsewhere they are reported only.
+	Gated  bool
+	Passed bool
+	// Error is why the run itself failed, if it did.
+	Error  string `json:",omitempty"`
+	Checks []Check
+	Fleets []*FleetResult
+	Events []EventResult
+	// Updates and Creates are the end-to-end latencies of every measured
+	// phase of the run; Labeled is the part of a create until the elected
+	// leader's shard label shows.
+	Updates, Creates, Labeled LatencySummary
+	// Findings are scenario-specific observations (an outage's effect, the
+	// HPA's decisions), one sentence each.
+	Findings []string
+	Notes    []string
+	Charts   []Chart
+}
+
+// Machine is where the run ran: its numbers hold for this machine.
+type Machine struct {
+	CPUs          int
+	CPUModel      string
+	GoVersion     string
+	OS            string
+	KubeAPIServer string
+	// LoadMean and LoadMax are the 1-minute load average during the run
+	// (sampled): how busy the machine was, with everything else on it.
+	LoadMean, LoadMax float64
+}
+
+// Check is one invariant the run verified.
+type Check struct {
+	Name   string
+	Passed bool
+	Detail string
+}
+
+// Chart is one chart file of the report.
+type Chart struct {
+	Title, File string
+}
+
+// LatencySummary summarises end-to-end latencies: from the write of a
+// generation to the watch showing status Ready at it.
+type LatencySummary struct {
+	Count              int
+	P50, P90, P99, Max time.Duration
+	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s.
+	WithinFast, WithinSLO float64
+	// Buckets count the samples per LatencyBuckets bound, the last above
+	// every bound.
+	Buckets []int
+}
+
+func summarize(h *histogram) LatencySummary {
+	return LatencySummary{
+		Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Max: h.Max(),
+		WithinFast: h.Within(SLOFast), WithinSLO: h.Within(SLO), Buckets: h.Buckets(),
+	}
+}
+
+// FleetResult is what one fleet did: its measured phase (load) and its whole
+// life (start to stop) for memory and LISTs.
+type FleetResult struct {
+	Fleet    string
+	Mode     string
+	Args     []string
+	Replicas int
+	// Processes counts the replica processes started, restarts included.
+	Processes int
+	Lifetime  time.Duration
+	// Window is the measured phase.
+	Window time.Duration
+
+	Updates LatencySummary
+	// Throughput is generations seen Ready per second in the window;
+	// Offered the updates issued per second.
+	Throughput, Offered float64
+	Reconciles          float64
+	ReconcileErrors     float64
+	// CPUCores is the CPU the fleet's replicas used in the window, in cores
+	// (CPU seconds per second, summed over replicas).
+	CPUCores float64
+	// ReconcileP99 is from controller_runtime_reconcile_time_seconds over
+	// the window, summed over replicas (seconds; -1 without data).
+	ReconcileP99 float64
+
+	// HeapPeakMax and HeapPeakMean are the largest and the mean per-replica
+	// peak of go_memstats_heap_inuse_bytes over the fleet's life; RSS the
+	// same for process_resident_memory_bytes.
+	HeapPeakMax, HeapPeakMean, RSSPeakMax, RSSPeakMean float64
+	// HeapEndMax and HeapEndMean are the same at the end of the measured
+	// phase: the steady state, without the warm-up's garbage.
+	HeapEndMax, HeapEndMean float64
+	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
+	// summed), -1 with sharding off, which does not export it.
+	HeldMax float64
+	// The API server's own counts for ConfigBindings over the fleet's life
+	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
+	// subtracted), objects scanned for them, bytes sent, and the watches
+	// open at the end (the load tester's own one subtracted).
+	Syncs, Scanned, Bytes, OpenWatches float64
+	OwnSyncs                           int64
+	// ScannedPerProcess is Scanned divided by the replica processes.
+	ScannedPerProcess               float64
+	LeaseWritesPerSec, WritesPerSec float64
+
+	// Config-center key reads by the replicas in the window and during the
+	// rest of the fleet's life (warm-up, settle); change-feed polls.
+	CenterGets, CenterGetsOutside, CenterPolls float64
+	// CacheHitRatio is (hit+stale)/lookups in the window; -1 without lookups.
+	CacheHitRatio float64
+	// ReadyFlaps counts objects whose Ready went from True to not True at
+	// an unchanged generation during the fleet's life.
+	ReadyFlaps int
+	// LoadMean and LoadMax are the machine's 1-minute load average in the
+	// window: how much else competed for the CPUs.
+	LoadMean, LoadMax float64
+	// Propagation is how fast config-center changes reached the
+	// ConfigMaps (with --value-change-interval).
+	Propagation PropagationResult
+
+	PerReplica []ReplicaResult
+}
+
+// ReplicaResult is one replica identity over the fleet's life.
+type ReplicaResult struct {
+	Replica           string
+	Processes         int
+	HeapPeak, HeapEnd float64
+	RSSPeak, RSSEnd   float64
+	ShardsEnd         float64
+	HeldPeak, HeldEnd float64
+	Reconciles        float64
+	ExternalCalls     float64
+	CacheHitRatio     float64
+	HasShardMetrics   bool
+}
+
+// fleetResult computes a stopped fleet's numbers from its samples.
+func (r *run) fleetResult(f *fleet) *FleetResult {
+	label := f.label()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1}
+	from, to := f.loadFrom, f.loadTo
+	if from.IsZero() {
+		from, to = f.started, f.stopped
+	}
+	res.Window = to.Sub(from)
+	h := r.tracker.latencies(from, to, writeUpdate)
+	res.Updates = summarize(h)
+	if s := res.Window.Seconds(); s > 0 {
+		res.Throughput = float64(h.Count()) / s
+	}
+
+	var hits, lookups float64
+	var bounds, counts []float64
+	var heapPeaks, rssPeaks, heapEnds []float64
+	for _, s := range f.slots {
+		if len(s.instances) == 0 {
+			continue
+		}
+		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: f.mode.Sharded()}
+		var slotHits, slotLookups float64
+		for _, in := range s.instances {
+			res.Processes++
+			for _, x := range in.samples {
+				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
+				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
+				rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
+			}
+			if n := len(in.samples); n > 0 {
+				last := in.samples[n-1]
+				rr.Reconciles += last.Reconciles
+				rr.ExternalCalls += last.ExternalCalls
+			}
+			// "End" is the end of the measured phase: once the fleet is
+			// told to stop, leaving replicas hand their shards over.
+			if end, ok := in.at(to); ok && in.proc.started.Before(to) {
+				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, end.Objects
+			}
+			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
+			res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
+			res.ReconcileErrors += in.delta(from, to, func(x replicaSample) float64 { return x.ReconcileErrors })
+			h := in.delta(from, to, func(x replicaSample) float64 { return x.Cache[cacheResultHit] + x.Cache[cacheResultStale] })
+			l := in.delta(from, to, func(x replicaSample) float64 {
+				var t float64
+				for _, v := range x.Cache {
+					t += v
+				}
+				return t
+			})
+			slotHits, slotLookups = slotHits+h, slotLookups+l
+			b, c := in.bucketDelta(from, to)
+			bounds, counts = addBuckets(bounds, counts, b, c)
+		}
+		hits, lookups = hits+slotHits, lookups+slotLookups
+		if slotLookups > 0 {
+			rr.CacheHitRatio = slotHits / slotLookups
+		}
+		if rr.HasShardMetrics {
+			res.HeldMax = math.Max(res.HeldMax, rr.HeldPeak)
+		}
+		heapPeaks = append(heapPeaks, rr.HeapPeak)
+		if rr.HeapEnd > 0 {
+			heapEnds = append(heapEnds, rr.HeapEnd)
+		}
+		rssPeaks = append(rssPeaks, rr.RSSPeak)
+		res.PerReplica = append(res.PerReplica, rr)
+		res.Replicas++
+	}
+	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
+	res.RSSPeakMax, res.RSSPeakMean = maxMean(rssPeaks)
+	res.HeapEndMax, res.HeapEndMean = maxMean(heapEnds)
+	if s := res.Window.Seconds(); s > 0 {
+		res.Reconciles /= s
+		res.CPUCores /= s
+	}
+	if lookups > 0 {
+		res.CacheHitRatio = hits / lookups
+	}
+	if q, ok := bucketQuantile(0.99, bounds, counts); ok {
+		res.ReconcileP99 = q
+	}
+	res.Offered = r.offeredBetween(from, to)
+	res.LoadMean, res.LoadMax = r.loadBetween(from, to)
+	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
+	res.Propagation = f.propagation
+
+	api := f.apiEnd.minus(f.apiStart)
+	res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
+	res.Syncs = api.Syncs - float64(res.OwnSyncs)
+	res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
+	if res.Processes > 0 {
+		res.ScannedPerProcess = res.Scanned / float64(res.Processes)
+	}
+	if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
+		res.LeaseWritesPerSec = api.LeaseWrites / s
+		res.WritesPerSec = api.Writes / s
+	}
+	inWindow := r.centerDelta(from, to)
+	life := r.centerDelta(f.started, f.stopped)
+	res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
+	res.CenterGetsOutside = life.Gets - inWindow.Gets
+	return res
+}
+
+// bucketDelta is the growth of the reconcile-time histogram within
+// [from, to].
+func (in *instance) bucketDelta(from, to time.Time) (bounds, counts []float64) {
+	end, ok := in.at(to)
+	if !ok {
+		return nil, nil
+	}
+	start, ok := in.at(from)
+	counts = append([]float64(nil), end.ReconcileCounts...)
+	if ok && len(start.ReconcileCounts) == len(counts) {
+		for i := range counts {
+			counts[i] -= start.ReconcileCounts[i]
+		}
+	}
+	return end.ReconcileBounds, counts
+}
+
+// addBuckets sums two cumulative histograms with the same bounds; an empty
+// one is the identity.
+func addBuckets(ab, ac, bb, bc []float64) ([]float64, []float64) {
+	if len(ab) == 0 {
+		return bb, append([]float64(nil), bc...)
+	}
+	if len(bb) != len(ab) {
+		return ab, ac
+	}
+	for i := range ac {
+		ac[i] += bc[i]
+	}
+	return ab, ac
+}
+
+func maxMean(v []float64) (mx, mean float64) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	for _, x := range v {
+		mx = math.Max(mx, x)
+		mean += x
+	}
+	return mx, mean / float64(len(v))
+}
+
+// loadBetween is the mean and the largest 1-minute load average sampled
+// within [from, to].
+func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.loads {
+		if l.At.Before(from) || l.At.After(to) {
+			continue
+		}
+		n++
+		mean += l.Load
+		peak = math.Max(peak, l.Load)
+	}
+	if n > 0 {
+		mean /= float64(n)
+	}
+	return mean, peak
+}
+
+// centerDelta is the config center's growth in [from, to], from the
+// samples nearest inside the interval.
+func (r *run) centerDelta(from, to time.Time) centerSample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first, last *centerSample
+	for i := range r.center {
+		s := &r.center[i]
+		if s.At.Before(from) || s.At.After(to) {
+			continue
+		}
+		if first == nil {
+			first = s
+		}
+		last = s
+	}
+	if first == nil {
+		return centerSample{}
+	}
+	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}
+}
+
+// offeredBetween is the update rate the generator aimed at in a window.
+func (r *run) offeredBetween(from, to time.Time) float64 {
+	if to.Sub(from) <= 0 {
+		return 0
+	}
+	return float64(r.tracker.writesBetween(from, to, writeUpdate)) / to.Sub(from).Seconds()
+}
+
+func (r *run) newReport() *Report {
+	o := r.opts
+	rep := &Report{
+		Scenario:    o.Scenario,
+		Description: r.sc.doc,
+		Command:     o.Command,
+		Started:     time.Now(),
+		Gated:       r.sc.gate,
+		Machine: Machine{
+			CPUs: runtime.NumCPU(), CPUModel: cpuModel(), GoVersion: runtime.Version(),
+			OS: runtime.GOOS + "/" + runtime.GOARCH, KubeAPIServer: r.serverVersion,
+		},
+	}
+	total := float64(o.Objects) * o.UpdateRate
+	set := func(k, v string) { rep.Settings = append(rep.Settings, [2]string{k, v}) }
+	set("objects", fmt.Sprintf("%d ConfigBindings over %d domains (%s), %d of %d keys each", o.Objects, o.Domains, skewText(o), o.KeysPerObject, o.KeysPerDomain))
+	if r.sc.noLoad {
+		set("load", fmt.Sprintf("creates at %g/s; no continuous updates: the scenario's storms are the load", o.CreateRate))
+	} else {
+		set("load", fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, total, o.Duration))
+	}
+	set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
+	set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
+	if o.OutageFor > 0 {
+		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
+	}
+	if r.sc.name == "chaos" {
+		set("chaos", fmt.Sprintf("SIGKILL of a random replica every %s, restarted after %s", o.ChaosInterval, o.RestartDelay))
+	}
+	return rep
+}
+
+func skewText(o Options) string {
+	if o.Skew == SkewZipf {
+		return fmt.Sprintf("Zipf, s=%g", o.ZipfS)
+	}
+	return "uniform"
+}
+
+// loadAverage reads the 1-minute load average on Linux; ok is false
+// elsewhere.
+func loadAverage() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(b), &l); err != nil {
+		return 0, false
+	}
+	return l, true
+}
+
+// cpuModel reads the CPU model on Linux; elsewhere it is unknown.
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown CPU"
+}
+
+// finish runs the checks every scenario reports, after the last fleet
+// stopped.
+func (r *run) finish(runErr error) {
+	rep := r.report
+	rep.Wall = time.Since(rep.Started)
+	r.mu.Lock()
+	r.mu.Unlock()
+	rep.Machine.LoadMean, rep.Machine.LoadMax = r.loadBetween(r.begin, time.Now())
+	for _, f := range r.fleets {
+		if f.result != nil {
+			rep.Fleets = append(rep.Fleets, f.result)
+		}
+	}
+	var fromTo [][2]time.Time
+	for _, f := range r.fleets {
+		from, to := f.loadFrom, f.loadTo
+		if !from.IsZero() {
+			fromTo = append(fromTo, [2]time.Time{from, to})
+		}
+	}
+	updates, creates := &histogram{}, &histogram{}
+	for _, w := range fromTo {
+		updates.Merge(r.tracker.latencies(w[0], w[1], writeUpdate))
+	}
+	creates.Merge(r.tracker.latencies(r.begin, time.Now(), writeCreate))
+	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
+
+	// 1. Overlapping reconciles, from every replica process's audit log.
+	var files []auditFile
+	sharded := false
+	for _, f := range r.fleets {
+		files = append(files, f.auditFiles()...)
+		sharded = sharded || f.mode.Sharded()
+	}
+	byObject, records, err := readAuditIntervals(files, time.Now())
+	switch {
+	case err != nil:
+		rep.Checks = append(rep.Checks, Check{Name: "no overlapping reconciles", Detail: err.Error()})
+	case !sharded:
+		rep.Checks = append(rep.Checks, Check{Name: "no overlapping reconciles", Passed: true, Detail: "not applicable: no sharded fleet (one active replica)"})
+	default:
+		o := findOverlaps(byObject)
+		c := Check{Name: "no overlapping reconciles", Passed: len(o) == 0,
+			Detail: fmt.Sprintf("%d audit records of %d objects from %d replica processes", records, len(byObject), len(files))}
+		for i, x := range o {
+			if i == 3 {
+				c.Detail += fmt.Sprintf("; %d more", len(o)-3)
+				break
+			}
+			c.Detail += "; OVERLAP " + x.String()
+		}
+		rep.Checks = append(rep.Checks, c)
+	}
+
+	// 2. Every object's latest generation Ready after the final settle.
+	n, total, ex := r.tracker.notReady()
+	c := Check{Name: "every latest generation became Ready", Passed: n == 0 && total > 0,
+		Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
+	if n > 0 {
+		c.Detail += "; e.g. " + strings.Join(ex, "; ")
+	}
+	rep.Checks = append(rep.Checks, c)
+
+	// 3. No shard unowned beyond lease duration + retry period.
+	bound := r.opts.LeaseDuration + r.opts.RetryPeriod
+	if !sharded {
+		rep.Checks = append(rep.Checks, Check{Name: "no shard unowned beyond " + bound.String(), Passed: true, Detail: "not applicable: no sharded fleet"})
+	} else {
+		iv := r.ring.unownedIntervals()
+		c := Check{Name: fmt.Sprintf("no shard unowned beyond lease duration + retry period (%s)", bound), Passed: true}
+		if len(iv) == 0 {
+			c.Detail = "no shard was ever without a running holder while the fleets ran"
+		} else {
+			longest := iv[0]
+			over := 0
+			for _, x := range iv {
+				if x.To.Sub(x.From) > bound {
+					over++
+				}
+			}
+			c.Passed = over == 0
+			c.Detail = fmt.Sprintf("%d unowned intervals; the longest: shard %d for %s (from %s into the run)",
+				len(iv), longest.Shard, round(longest.To.Sub(longest.From)), round(longest.From.Sub(r.begin)))
+			if over > 0 {
+				c.Detail += fmt.Sprintf("; %d beyond the bound", over)
+			}
+		}
+		rep.Checks = append(rep.Checks, c)
+	}
+
+	// 4. Every event settled.
+	var unsettled []string
+	for _, ev := range rep.Events {
+		if ev.Error != "" {
+			unsettled = append(unsettled, ev.Name+": "+ev.Error)
+		}
+	}
+	rep.Checks = append(rep.Checks, Check{Name: "every event settled within " + r.opts.SettleTimeout.String(), Passed: len(unsettled) == 0,
+		Detail: fmt.Sprintf("%d events", len(rep.Events)) + strings.Join(append([]string{""}, unsettled...), "; ")})
+
+	rep.Passed = runErr == nil
+	for _, c := range rep.Checks {
+		rep.Passed = rep.Passed && c.Passed
+	}
+	if runErr != nil {
+		rep.Error = runErr.Error()
+	}
+	st := &r.gen.stats
+	if e := st.errors.Load(); e > 0 {
+		last, _ := st.lastErr.Load().(string)
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
+	}
+	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
+}

@@ -1,0 +1,481 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+)
+
+// Run runs a scenario and writes its report into opts.Out: the Markdown
+// file, its SVG charts and a JSON copy of the numbers. It starts (or
+// targets) a control plane, starts the config center and the replicas as
+// child processes, drives the load, and stops every process it started on
+// every way out, a cancelled ctx included.
+//
+// The returned error is about the run itself (a process that would not
+// start, a fleet that never settled, an interruption). A run that completed
+// but whose checks failed returns its Report with Passed false and no
+// error; callers exit non-zero on either.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	sc, ok := scenarios[opts.Scenario]
+	if !ok {
+		return nil, fmt.Errorf("unknown scenario %q; the scenarios are %s", opts.Scenario, scenarioNames())
+	}
+	if err := opts.setDefaults(sc); err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
+	}
+	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
+	if sc.prepare != nil {
+		if err := sc.prepare(r); err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
+		}
+	}
+	return r.run(ctx)
+}
+
+// run is one load test: what it started, so it can stop all of it, and what
+// it measured.
+type run struct {
+	opts Options
+	sc   *scenario
+	log  logr.Logger
+
+	work       string
+	begin      time.Time
+	kubeconfig string
+	kshardBin  string
+	centerBin  string
+
+	restConfig    *rest.Config
+	serverVersion string
+	c             client.Client
+	rc            rest.Interface
+	procs         *processes
+	centerURL     string
+	cc            *configcenter.Client
+	faults        configcenter.Faults
+
+	set     *objectSet
+	tracker *tracker
+	ring    *ringWatch
+	gen     *generator
+	audit   *auditTail
+	// propagation probes config-center changes (--value-change-interval).
+	propagation *propagation
+
+	mu      sync.Mutex
+	fleet   *fleet
+	fleets  []*fleet
+	phase   string
+	markers []marker
+	center  []centerSample
+	reasons []reasonSample
+	sizes   []sizeSample
+	loads   []loadSample
+
+	report   *Report
+	progress *progress
+
+	// hpa is the autoscale scenario's HPA.
+	hpa           *hpaSpec
+	hpaTargetNote string
+}
+
+// marker is an event of the run, drawn on every chart.
+type marker struct {
+	At    time.Time
+	Label string
+}
+
+// centerSample is the config center's request counts at one moment.
+type centerSample struct {
+	At time.Time
+	// Gets counts key reads by replicas (every code); Polls change-feed polls.
+	Gets, Polls float64
+}
+
+// reasonSample counts objects per Ready reason at one moment.
+type reasonSample struct {
+	At      time.Time
+	Reasons map[string]int
+}
+
+// loadSample is the machine's 1-minute load average at one moment.
+type loadSample struct {
+	At   time.Time
+	Load float64
+}
+
+// sizeSample is the number of running replicas at one moment.
+type sizeSample struct {
+	At       time.Time
+	Replicas int
+}
+
+func (r *run) run(parent context.Context) (*Report, error) {
+	// ctx also ends when a child exits on its own or a background goroutine
+	// panics, so every wait fails fast with the cause.
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+
+	r.work = r.opts.WorkDir
+	if r.work == "" {
+		dir, err := os.MkdirTemp("", "kshard-loadtest-")
+		if err != nil {
+			return nil, fmt.Errorf("creating the work folder: %w", err)
+		}
+		r.work = dir
+	}
+	for _, d := range []string{"logs", "audit", "bin"} {
+		if err := os.MkdirAll(filepath.Join(r.work, d), 0o755); err != nil {
+			return nil, fmt.Errorf("creating the work folder: %w", err)
+		}
+	}
+	if err := os.MkdirAll(r.opts.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the report folder: %w", err)
+	}
+	r.progress = newProgress(r.opts.Progress)
+	defer r.progress.close()
+	r.progress.printf("scenario %s; work folder %s", r.opts.Scenario, r.work)
+
+	if err := r.binaries(ctx); err != nil {
+		return nil, err
+	}
+
+	stopCluster, err := r.cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stopCluster()
+	// The load tester's own watches end before the API server stops.
+	defer cancel(nil)
+
+	// Children stop before the cluster (defers run in reverse): replicas
+	// hand over while the API server still answers.
+	r.procs = newProcesses(func(err error) { cancel(err) })
+	defer func() {
+		r.progress.printf("stopping every child process ...")
+		r.procs.stopAll(r.opts.StopTimeout)
+	}()
+
+	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.startCenter(ctx); err != nil {
+		return nil, err
+	}
+	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig)); err != nil {
+		return nil, err
+	}
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), r.runningSince); err != nil {
+		return nil, err
+	}
+	r.audit = newAuditTail()
+	r.set = newObjectSet(r.opts, r.sc.splitKeys)
+	r.gen = newGenerator(r.c, r.set, r.tracker)
+	if r.opts.ValueChangeInterval > 0 {
+		wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
+		if err != nil {
+			return nil, fmt.Errorf("creating the ConfigMap watch client: %w", err)
+		}
+		r.propagation = newPropagation(wc, r.cc, r.set, r.gen)
+	}
+	r.report = r.newReport()
+
+	r.begin = time.Now()
+	stopSampling := goSafe(ctx, cancel, "sampler", r.sample)
+	scenarioErr := r.sc.run(ctx, r)
+	if scenarioErr == nil {
+		scenarioErr = context.Cause(ctx)
+		if ctx.Err() == nil {
+			scenarioErr = nil
+		}
+	}
+	// Stop whatever fleet still runs (an error left it), so its numbers are
+	// final, then stop sampling.
+	if f := r.currentFleet(); f != nil && f.result == nil {
+		r.stopFleet(context.WithoutCancel(ctx), f)
+	}
+	stopSampling()
+	if parent.Err() != nil {
+		return nil, fmt.Errorf("interrupted; no report written: %w", context.Cause(parent))
+	}
+	r.finish(scenarioErr)
+	if err := r.writeReport(); err != nil {
+		return r.report, err
+	}
+	r.progress.printf("report: %s", filepath.Join(r.opts.Out, r.opts.Scenario+".md"))
+	if scenarioErr != nil {
+		r.progress.printf("logs kept in %s", r.work)
+		return r.report, fmt.Errorf("scenario %s: %w", r.opts.Scenario, scenarioErr)
+	}
+	if r.report.Passed && r.opts.WorkDir == "" {
+		// Stop the children first: they write into the folder.
+		r.procs.stopAll(r.opts.StopTimeout)
+		_ = os.RemoveAll(r.work)
+	} else if !r.report.Passed {
+		r.progress.printf("checks failed; logs and audit logs kept in %s", r.work)
+	}
+	return r.report, nil
+}
+
+// binaries builds kshard and configcenter unless BinDir has them.
+func (r *run) binaries(ctx context.Context) error {
+	if r.opts.BinDir != "" {
+		r.kshardBin = filepath.Join(r.opts.BinDir, "kshard")
+		r.centerBin = filepath.Join(r.opts.BinDir, "configcenter")
+		for _, b := range []string{r.kshardBin, r.centerBin} {
+			if _, err := os.Stat(b); err != nil {
+				return fmt.Errorf("--bin-dir: %w (build them with `make build` or omit --bin-dir)", err)
+			}
+		}
+		return nil
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return fmt.Errorf("building the binaries (or give --bin-dir): %w", err)
+	}
+	dir := filepath.Join(r.work, "bin")
+	r.progress.printf("building kshard and configcenter into %s ...", dir)
+	start := time.Now()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(os.PathSeparator), "./cmd/kshard", "./cmd/configcenter")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building kshard and configcenter: %w\n%s", err, out)
+	}
+	r.kshardBin, r.centerBin = filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
+	r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
+// cluster starts the control plane, or loads the kubeconfig of an existing
+// one, and returns how to stop what it started.
+func (r *run) cluster(ctx context.Context) (stop func(), err error) {
+	var cfg *rest.Config
+	stop = func() {}
+	if r.opts.Kubeconfig != "" {
+		if cfg, err = clientcmd.BuildConfigFromFlags("", r.opts.Kubeconfig); err != nil {
+			return nil, fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
+		}
+		r.kubeconfig = r.opts.Kubeconfig
+		r.progress.printf("using the cluster of %s", r.kubeconfig)
+	} else {
+		r.kubeconfig = filepath.Join(r.work, "kubeconfig")
+		r.progress.printf("starting the control plane (etcd + kube-apiserver) ...")
+		start := time.Now()
+		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool)})
+		if err != nil {
+			return nil, err
+		}
+		stop = func() {
+			r.progress.printf("stopping the control plane ...")
+			if err := cp.Stop(); err != nil {
+				r.log.Error(err, "Stopping the control plane")
+			}
+		}
+		cfg = cp.Config
+		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
+	}
+	cfg = rest.CopyConfig(cfg)
+	// The load tester's own writes must measure the API server, not
+	// client-go's default limit of 5 requests per second.
+	cfg.QPS, cfg.Burst = 1000, 2000
+	r.restConfig = cfg
+	if r.c, err = client.New(cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
+		stop()
+		return nil, fmt.Errorf("creating the API client: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("creating the API client: %w", err)
+	}
+	r.rc = cs.RESTClient()
+	if v, err := cs.Discovery().ServerVersion(); err == nil {
+		r.serverVersion = v.GitVersion
+	}
+	if _, err := scrapeAPIServer(ctx, r.rc); err != nil {
+		stop()
+		return nil, fmt.Errorf("the load tester reads the API server's /metrics; %w", err)
+	}
+	return stop, nil
+}
+
+// prepare creates the namespaces and the StatefulSet, and refuses a cluster
+// that already holds the load tester's objects (a previous run's leftovers
+// would skew every number).
+func (r *run) prepare(ctx context.Context) error {
+	for _, name := range []string{LeaseNamespace, Namespace} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := r.c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating namespace %s: %w", name, err)
+		}
+	}
+	var existing metav1.PartialObjectMetadataList
+	existing.SetGroupVersionKind(bindingListGVK)
+	if err := r.c.List(ctx, &existing, client.InNamespace(Namespace), client.Limit(1)); err != nil {
+		return fmt.Errorf("checking namespace %s: %w", Namespace, err)
+	}
+	if len(existing.Items) > 0 {
+		return fmt.Errorf("namespace %s already holds ConfigBindings (a previous run's?): delete it first (kubectl delete namespace %s %s)", Namespace, Namespace, LeaseNamespace)
+	}
+	return r.ensureStatefulSet(ctx)
+}
+
+// startCenter starts the config center process with the run's data and
+// faults, and waits until it answers.
+func (r *run) startCenter(ctx context.Context) error {
+	o := r.opts
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	r.centerURL = "http://" + addr
+	if _, err := r.procs.start("configcenter", r.centerBin, filepath.Join(r.work, "logs", "configcenter.log"),
+		"--listen", addr,
+		"--seed-domains", strconv.Itoa(o.Domains),
+		"--keys-per-domain", strconv.Itoa(o.KeysPerDomain),
+		"--value-bytes", strconv.Itoa(o.ValueBytes),
+		"--latency", o.Latency.String(),
+		"--jitter", o.Jitter.String(),
+		"--error-rate", strconv.FormatFloat(o.ErrorRate, 'g', -1, 64),
+	); err != nil {
+		return err
+	}
+	if r.cc, err = configcenter.NewClient(configcenter.ClientOptions{BaseURL: r.centerURL, Caller: loadtestCaller}); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(r.centerURL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the config center at %s did not answer within a minute: %v", r.centerURL, err)
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	r.faults = configcenter.Faults{Latency: configcenter.Duration{Duration: o.Latency}, Jitter: configcenter.Duration{Duration: o.Jitter}, ErrorRate: o.ErrorRate}
+	r.progress.printf("config center at %s: %d domains × %d keys of %d bytes, %s latency per call", r.centerURL, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency)
+	return nil
+}
+
+// bindingListGVK lists ConfigBindings as metadata only.
+var bindingListGVK = configv1alpha1.GroupVersion.WithKind("ConfigBindingList")
+
+// loadtestCaller names the load tester in the config center's counts, so
+// its own requests are told from the replicas'.
+const loadtestCaller = "loadtest"
+
+// setOutage turns the config center's outage on or off, keeping the other
+// faults.
+func (r *run) setOutage(ctx context.Context, on bool) error {
+	f := r.faults
+	f.Outage = on
+	return r.cc.SetFaults(ctx, f)
+}
+
+// currentFleet is the fleet running now, nil between fleets.
+func (r *run) currentFleet() *fleet {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.fleet
+}
+
+// runningSince reports whether a replica of the current fleet runs, and
+// since when.
+func (r *run) runningSince(id string) (time.Time, bool) {
+	if f := r.currentFleet(); f != nil {
+		return f.runningSince(id)
+	}
+	return time.Time{}, false
+}
+
+// mark records an event of the run for the charts and the progress output.
+func (r *run) mark(format string, args ...any) {
+	label := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	r.markers = append(r.markers, marker{At: time.Now(), Label: label})
+	r.mu.Unlock()
+	r.progress.printf("%s  %s", r.elapsed(), label)
+}
+
+func (r *run) setPhase(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.phase = fmt.Sprintf(format, args...)
+}
+
+// elapsed is the run's clock, for messages.
+func (r *run) elapsed() string {
+	if r.begin.IsZero() {
+		return "[setup]"
+	}
+	return "[" + time.Since(r.begin).Round(time.Second).String() + "]"
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// goSafe runs fn in a goroutine until the returned stop is called. A panic
+// cancels the run with the panic as the cause instead of killing the
+// process, so the deferred cleanup still stops every child.
+func goSafe(ctx context.Context, cancel context.CancelCauseFunc, what string, fn func(context.Context)) (stop func()) {
+	ctx, stopCtx := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				cancel(fmt.Errorf("%s panicked: %v\n%s", what, p, debug.Stack()))
+			}
+		}()
+		fn(ctx)
+	}()
+	return func() { stopCtx(); <-done }
+}
+
+// errSettle marks a settle that timed out; the run reports it as a failed
+// check rather than stopping.
+var errSettle = errors.New("did not settle")

@@ -1,0 +1,127 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kshard/kshard/internal/configcenter"
+)
+
+// sample scrapes, every SampleInterval until ctx ends, the running replicas
+// of the current fleet, the config center's request counts and the
+// objects' Ready reasons, and refreshes the progress line.
+func (r *run) sample(ctx context.Context) {
+	hc := &http.Client{Timeout: 2 * time.Second}
+	t := time.NewTicker(r.opts.SampleInterval)
+	defer t.Stop()
+	for {
+		r.sampleOnce(ctx, hc)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
+	now := time.Now()
+	extra := ""
+	if r.sc.metric != nil {
+		extra = r.sc.metric(r)
+	}
+	size := 0
+	if f := r.currentFleet(); f != nil {
+		for _, s := range f.runningSlots() {
+			size++
+			smp, err := scrapeReplica(ctx, hc, s.metricsAddr, extra)
+			if err != nil {
+				continue // starting or stopping: no sample this time
+			}
+			f.mu.Lock()
+			if in := s.current(); in != nil && in.proc.running() {
+				in.samples = append(in.samples, smp)
+			}
+			f.mu.Unlock()
+		}
+	}
+	var cs centerSample
+	if st, err := r.cc.Stats(ctx); err == nil {
+		cs = centerSample{At: now}
+		for _, x := range st.Series {
+			if x.Caller == loadtestCaller {
+				continue
+			}
+			switch x.Route {
+			case configcenter.RouteGetKey:
+				cs.Gets += float64(x.Count)
+			case configcenter.RouteChanges:
+				cs.Polls += float64(x.Count)
+			}
+		}
+	}
+	reasons := r.tracker.reasons()
+	r.mu.Lock()
+	if !cs.At.IsZero() {
+		r.center = append(r.center, cs)
+	}
+	r.reasons = append(r.reasons, reasonSample{At: now, Reasons: reasons})
+	r.sizes = append(r.sizes, sizeSample{At: now, Replicas: size})
+	if l, ok := loadAverage(); ok {
+		r.loads = append(r.loads, loadSample{At: now, Load: l})
+	}
+	phase, f := r.phase, r.fleet
+	r.mu.Unlock()
+	label := ""
+	if f != nil {
+		label = f.label()
+	}
+	r.progress.update(r.status(label, phase, size, reasons))
+}
+
+// status is the progress line.
+func (r *run) status(fleet, phase string, size int, reasons map[string]int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.elapsed(), r.opts.Scenario)
+	if fleet != "" {
+		fmt.Fprintf(&b, " | %s (%d running)", fleet, size)
+	}
+	if phase != "" {
+		fmt.Fprintf(&b, " | %s", phase)
+	}
+	st := &r.gen.stats
+	fmt.Fprintf(&b, " | objects %d, Ready %d | writes: %d creates, %d updates, %d errors | waiting for Ready: %d",
+		r.tracker.count(), reasons["Synced"], st.creates.Load(), st.updates.Load(), st.errors.Load(), r.tracker.pendingCount())
+	return b.String()
+}
+
+// at returns the instance's last sample at or before t, and whether there
+// is one.
+func (in *instance) at(t time.Time) (replicaSample, bool) {
+	var last replicaSample
+	ok := false
+	for _, s := range in.samples {
+		if s.At.After(t) {
+			break
+		}
+		last, ok = s, true
+	}
+	return last, ok
+}
+
+// delta is what a counter of the instance grew by within [from, to]: a
+// process started within the window counts from zero.
+func (in *instance) delta(from, to time.Time, get func(replicaSample) float64) float64 {
+	end, ok := in.at(to)
+	if !ok {
+		return 0
+	}
+	start, ok := in.at(from)
+	if !ok {
+		return get(end)
+	}
+	return get(end) - get(start)
+}

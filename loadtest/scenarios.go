@@ -1,0 +1,710 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+// scenario is one named run.
+type scenario struct {
+	name string
+	// doc says what the scenario does, for the report and the help.
+	doc string
+	// gate makes the checks decide the exit code.
+	gate bool
+	// splitKeys reserves half of every domain's keys for a later phase
+	// (keys no object read before).
+	splitKeys bool
+	// defaults sets the scenario's own defaults on zero fields.
+	defaults func(*Options)
+	// noLoad says the scenario runs no continuous update load.
+	noLoad bool
+	// prepare runs before anything starts (reading the HPA).
+	prepare func(*run) error
+	// metric names an extra replica metric to sample (the HPA's).
+	metric func(*run) string
+	run    func(context.Context, *run) error
+}
+
+// ScenarioInfo names and describes a scenario, for help texts.
+type ScenarioInfo struct {
+	Name, Doc string
+}
+
+// Scenarios lists the scenarios, sorted by name.
+func Scenarios() []ScenarioInfo {
+	out := make([]ScenarioInfo, 0, len(scenarios))
+	for _, s := range scenarios {
+		out = append(out, ScenarioInfo{Name: s.name, Doc: s.doc})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// fleetSpec is one column of a comparison.
+type fleetSpec struct {
+	Mode     Mode
+	Replicas int
+}
+
+// shardingFleets are the columns of compare-sharding.
+var shardingFleets = []fleetSpec{{ModeSingleton, 1}, {ModeSharded, 2}, {ModeSharded, 4}}
+
+// externalModes are the columns of compare-external, each run with the
+// scenario's replica count.
+var externalModes = []Mode{ModeCache, ModeMirror, ModeDirect}
+
+var scenarios = map[string]*scenario{}
+
+func register(s *scenario) { scenarios[s.name] = s }
+
+func init() {
+	register(&scenario{
+		name: "basic",
+		doc: "A sharded fleet (default 3 replicas) starts; the objects are created at the create rate (the elected " +
+			"leader labels them, their shards' holders reconcile them); then spec updates run for the duration. " +
+			"The steady-state baseline the other scenarios are read against.",
+		run: func(ctx context.Context, r *run) error {
+			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+			if err != nil {
+				return err
+			}
+			if err := r.createAll(ctx, f); err != nil {
+				return err
+			}
+			if err := r.withLoad(ctx, f, r.opts.Duration, nil); err != nil {
+				return err
+			}
+			return r.endFleet(ctx, f)
+		},
+	})
+	register(&scenario{
+		name: "scale-out",
+		doc: "One sharded replica takes the objects, then the fleet grows to 2 and to 4 replicas in steps under " +
+			"continuous spec updates; each join is a handover measured from the new process's start.",
+		defaults: func(o *Options) { defaultDuration(o, 90*time.Second) },
+		run: func(ctx context.Context, r *run) error {
+			f, err := r.startFleet(ctx, ModeSharded, 1)
+			if err != nil {
+				return err
+			}
+			if err := r.createAll(ctx, f); err != nil {
+				return err
+			}
+			step := r.opts.Duration / 3
+			err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
+				for _, n := range []int{2, 4} {
+					if err := sleep(ctx, step); err != nil {
+						return err
+					}
+					from := f.size()
+					at := time.Now()
+					r.mark("scale %d → %d", from, n)
+					if err := f.scaleTo(ctx, n); err != nil {
+						return err
+					}
+					r.handover(ctx, f, fmt.Sprintf("scale-out %d → %d (join)", from, n), at)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			return r.endFleet(ctx, f)
+		},
+	})
+	register(&scenario{
+		name: "chaos",
+		gate: true,
+		doc: "Under continuous spec updates, a random replica is killed with SIGKILL every chaos interval and " +
+			"restarted (same identity, like a StatefulSet pod) after the restart delay. Fails on any overlapping " +
+			"reconcile, any generation never Ready, or any shard without a running holder for longer than lease " +
+			"duration + retry period.",
+		defaults: func(o *Options) { defaultDuration(o, 2*time.Minute) },
+		run: func(ctx context.Context, r *run) error {
+			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+			if err != nil {
+				return err
+			}
+			if err := r.createAll(ctx, f); err != nil {
+				return err
+			}
+			rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
+			err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
+				end := time.Now().Add(r.opts.Duration)
+				for {
+					next := time.Now().Add(r.opts.ChaosInterval)
+					if next.Add(r.opts.RestartDelay).After(end) {
+						return nil
+					}
+					if err := sleep(ctx, time.Until(next)); err != nil {
+						return err
+					}
+					victims := f.runningSlots()
+					if len(victims) == 0 {
+						return fmt.Errorf("no replica runs")
+					}
+					s := victims[rng.IntN(len(victims))]
+					r.mark("SIGKILL %s", s.id)
+					at, err := f.kill(s)
+					if err != nil {
+						return err
+					}
+					if err := sleep(ctx, r.opts.RestartDelay); err != nil {
+						return err
+					}
+					r.mark("restart %s", s.id)
+					if err := f.restart(s); err != nil {
+						return err
+					}
+					r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, r.opts.RestartDelay), at)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return r.endFleet(ctx, f)
+		},
+	})
+	register(&scenario{
+		name: "rolling-restart",
+		gate: true,
+		doc: "Under continuous spec updates, every replica in turn, highest ordinal first, gets SIGTERM and is started " +
+			"again with the same identity, as a StatefulSet rolling update does: it releases its shards but keeps its " +
+			"place in the ring, and reclaims them on return. Fails like chaos.",
+		run: func(ctx context.Context, r *run) error {
+			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+			if err != nil {
+				return err
+			}
+			if err := r.createAll(ctx, f); err != nil {
+				return err
+			}
+			err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
+				if err := sleep(ctx, r.opts.Duration/(time.Duration(r.opts.Replicas)+1)); err != nil {
+					return err
+				}
+				for i := r.opts.Replicas - 1; i >= 0; i-- {
+					s := f.slot(i)
+					r.mark("SIGTERM %s", s.id)
+					at, err := f.terminate(s)
+					if err != nil {
+						return err
+					}
+					r.mark("start %s", s.id)
+					if err := f.restart(s); err != nil {
+						return err
+					}
+					r.handover(ctx, f, "rolling restart of "+s.id, at)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			return r.endFleet(ctx, f)
+		},
+	})
+	register(&scenario{
+		name: "resync-storm",
+		doc: "Every object reconciled at once, twice: first every object's spec is updated as fast as the load " +
+			"tester's workers go (a storm of spec changes), then every replica is restarted at once (SIGTERM to all, " +
+			"then all started again: each relists its shards and reconciles every object). Each storm is timed until " +
+			"every object is Ready again.",
+		noLoad: true,
+		defaults: func(o *Options) {
+			if o.Objects == 0 {
+				o.Objects = 3000
+			}
+		},
+		run: func(ctx context.Context, r *run) error {
+			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+			if err != nil {
+				return err
+			}
+			if err := r.createAll(ctx, f); err != nil {
+				return err
+			}
+			f.loadFrom = time.Now()
+			at := time.Now()
+			r.mark("touch every object")
+			r.setPhase("updating every object at once")
+			if err := r.gen.touchAll(ctx); err != nil {
+				return err
+			}
+			r.settle(ctx, f, fmt.Sprintf("spec update of all %d objects at once", r.gen.existing()), at, settleLoad)
+			at = time.Now()
+			r.mark("SIGTERM every replica, start them again")
+			slots := f.runningSlots()
+			var wg sync.WaitGroup
+			errs := make([]error, len(slots))
+			for i, s := range slots {
+				wg.Go(func() { _, errs[i] = f.terminate(s) })
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+			for _, s := range slots {
+				if err := f.restart(s); err != nil {
+					return err
+				}
+			}
+			r.settle(ctx, f, "restart of every replica at once", at, settleQuiet)
+			f.loadTo = time.Now()
+			return r.endFleet(ctx, f)
+		},
+	})
+	register(&scenario{
+		name:      "external-outage",
+		splitKeys: true,
+		doc: "Under continuous spec updates, the config center answers 503 to every data request for a while, then " +
+			"recovers. During the outage updates switch to keys no object read before, so they cannot be served from " +
+			"the cache: those objects must say ExternalUnavailable (or Fetching) while every ConfigMap keeps its last " +
+			"data, and all must become Ready by themselves after recovery.",
+		defaults: func(o *Options) {
+			defaultDuration(o, 90*time.Second)
+			if o.OutageFor == 0 {
+				o.OutageAfter, o.OutageFor = o.Duration/3, o.Duration/3
+			}
+		},
+		run: runOutage,
+	})
+	register(&scenario{
+		name: "autoscale",
+		doc: "The HPA of deploy/autoscaling runs in process against the replicas' live metric (the objects each " +
+			"replica holds, the sum of kshard_shard_objects, which is what the HPA's custom metric serves): desired = " +
+			"ceil(current × average / target), within its tolerance, stabilization windows and rate policies. The " +
+			"objects grow (the fleet scales up), then most are deleted (it scales down after the stabilization window).",
+		defaults: func(o *Options) {
+			defaultDuration(o, 5*time.Minute)
+			if o.Objects == 0 {
+				o.Objects = 3000
+			}
+		},
+		prepare: prepareAutoscale,
+		metric:  func(r *run) string { return r.hpa.ReplicaMetric },
+		run:     runAutoscale,
+	})
+	register(&scenario{
+		name: "compare-sharding",
+		doc: "Side by side on the same objects and load: the classic single active replica (--sharding=off, one " +
+			"cache of every object) against 2 and 4 sharded replicas. Heap per replica, objects listed and held per " +
+			"replica, LISTs the API server served, end-to-end latency and throughput.",
+		defaults: func(o *Options) {
+			if o.Objects == 0 {
+				o.Objects = 5000
+			}
+			if o.UpdateRate == 0 {
+				o.UpdateRate = 0.01
+			}
+		},
+		run: func(ctx context.Context, r *run) error {
+			specs := shardingFleets
+			return r.compare(ctx, specs)
+		},
+	})
+	register(&scenario{
+		name: "compare-external",
+		doc: "Side by side on the same objects and load, with a slow config center (default 50 ms per call), the three " +
+			"external-data strategies: the external cache (reconcile never waits on the config center), ExternalDomain " +
+			"mirrors (values in the API server, written by each domain's shard holder), and direct calls inside " +
+			"Reconcile. Config-center calls, API-server writes, reconcile p99, end-to-end p99, and how fast a " +
+			"config-center change reaches the ConfigMaps (one changed key every 2 s).",
+		defaults: func(o *Options) {
+			if o.Latency == 0 {
+				o.Latency = 50 * time.Millisecond
+			}
+			if o.UpdateRate == 0 {
+				o.UpdateRate = 0.05
+			}
+			if o.ValueChangeInterval == 0 {
+				o.ValueChangeInterval = 2 * time.Second
+			}
+		},
+		run: func(ctx context.Context, r *run) error {
+			specs := make([]fleetSpec, 0, len(externalModes))
+			for _, m := range externalModes {
+				specs = append(specs, fleetSpec{m, r.opts.Replicas})
+			}
+			return r.compare(ctx, specs)
+		},
+	})
+	register(&scenario{
+		name: "handover",
+		doc: "Handover times with many objects (default 10,000) and no other load: a graceful scale-down 3 → 2 " +
+			"(SIGTERM to the highest ordinal after the StatefulSet's count drops, so it leaves the ring), a " +
+			"scale-up 2 → 3 (join), and a crash (SIGKILL, not restarted: the survivors take its shards when its " +
+			"Leases expire), then its rejoin.",
+		noLoad: true,
+		defaults: func(o *Options) {
+			if o.Objects == 0 {
+				o.Objects = 10000
+			}
+			if o.CreateRate == 0 {
+				o.CreateRate = 500
+			}
+			if o.SettleTimeout == 0 {
+				// The first reconcile of 10,000 objects writes 10,000
+				// ConfigMaps and statuses: minutes on a small machine.
+				o.SettleTimeout = 10 * time.Minute
+			}
+		},
+		run: runHandover,
+	})
+}
+
+func defaultDuration(o *Options, d time.Duration) {
+	if o.Duration == 0 {
+		o.Duration = d
+	}
+}
+
+// createAll creates every object at the create rate and, with a fleet
+// running, waits until each is Ready (their create latencies count). Without
+// one, the objects wait for the first fleet, and their create latencies are
+// not recorded: they would measure the wait.
+func (r *run) createAll(ctx context.Context, f *fleet) error {
+	at := time.Now()
+	r.mark("create %d objects at %g/s", r.opts.Objects, r.opts.CreateRate)
+	r.setPhase("creating")
+	if err := r.gen.createRange(ctx, 0, r.opts.Objects, r.opts.CreateRate, f != nil); err != nil {
+		return err
+	}
+	if f == nil {
+		return nil
+	}
+	ev := r.settle(ctx, f, fmt.Sprintf("creation of %d objects", r.opts.Objects), at, settleLoad)
+	if ev.Error != "" {
+		return fmt.Errorf("%s: %s", ev.Name, ev.Error)
+	}
+	return nil
+}
+
+// withLoad runs spec updates at the configured rate while actions run, for
+// at least d, and marks the fleet's measured phase.
+func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions func(context.Context) error) error {
+	perSecond := float64(r.gen.existing()) * r.opts.UpdateRate
+	f.loadFrom = time.Now()
+	r.mark("load: %.1f spec updates/s", perSecond)
+	r.setPhase("load on %s, %.1f updates/s for %s", f.label(), perSecond, d)
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Until both the duration passed and the actions ended.
+		r.gen.updateFor(loadCtx, 1<<62, perSecond)
+	}()
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		if r.opts.ValueChangeInterval > 0 && r.propagation != nil {
+			f.propagation = r.propagation.run(loadCtx, r.opts.ValueChangeInterval)
+		}
+	}()
+	var err error
+	if actions != nil {
+		err = actions(ctx)
+	}
+	if rest := time.Until(f.loadFrom.Add(d)); err == nil && rest > 0 {
+		err = sleep(ctx, rest)
+	}
+	stopLoad()
+	<-done
+	f.loadTo = time.Now()
+	<-probed
+	r.mark("load ends")
+	return err
+}
+
+// endFleet waits for the final settle (every latest generation Ready) and
+// stops the fleet.
+func (r *run) endFleet(ctx context.Context, f *fleet) error {
+	r.settle(ctx, f, "final settle of "+f.label(), time.Now(), settleLoad)
+	r.stopFleet(ctx, f)
+	return nil
+}
+
+// handover records a handover under load.
+func (r *run) handover(ctx context.Context, f *fleet, name string, at time.Time) {
+	r.settle(ctx, f, name, at, settleHandover)
+}
+
+// compare runs the fleets one after another on the same objects and load.
+func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
+	if err := r.createAll(ctx, nil); err != nil {
+		return err
+	}
+	for _, s := range specs {
+		f, err := r.startFleet(ctx, s.Mode, s.Replicas)
+		if err != nil {
+			return err
+		}
+		if err := r.withLoad(ctx, f, r.opts.Duration, nil); err != nil {
+			return err
+		}
+		if err := r.endFleet(ctx, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runHandover(ctx context.Context, r *run) error {
+	if r.opts.Replicas < 2 {
+		return fmt.Errorf("handover needs at least 2 replicas, not %d", r.opts.Replicas)
+	}
+	// The objects exist before the fleet starts: its start is the first
+	// (largest) handover, from nobody.
+	if err := r.createAll(ctx, nil); err != nil {
+		return err
+	}
+	n := r.opts.Replicas
+	f, err := r.startFleet(ctx, ModeSharded, n)
+	if err != nil {
+		return err
+	}
+	f.loadFrom = time.Now()
+	at := time.Now()
+	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
+	if err := f.scaleTo(ctx, n-1); err != nil {
+		return err
+	}
+	r.settle(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, settleQuiet)
+
+	at = time.Now()
+	r.mark("scale %d → %d", n-1, n)
+	if err := f.scaleTo(ctx, n); err != nil {
+		return err
+	}
+	r.settle(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, settleQuiet)
+
+	s := f.slot(1)
+	r.mark("SIGKILL %s", s.id)
+	at, err = f.kill(s)
+	if err != nil {
+		return err
+	}
+	r.settle(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, settleQuiet)
+
+	at = time.Now()
+	r.mark("restart %s", s.id)
+	if err := f.restart(s); err != nil {
+		return err
+	}
+	r.settle(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, settleQuiet)
+	f.loadTo = time.Now()
+	return r.endFleet(ctx, f)
+}
+
+func runOutage(ctx context.Context, r *run) error {
+	f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+	if err != nil {
+		return err
+	}
+	if err := r.createAll(ctx, f); err != nil {
+		return err
+	}
+	var during outageObservation
+	err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
+		if err := sleep(ctx, r.opts.OutageAfter); err != nil {
+			return err
+		}
+		r.mark("config center outage (503)")
+		if err := r.setOutage(ctx, true); err != nil {
+			return err
+		}
+		r.set.pool.Store(1)
+		outageEnd := time.Now().Add(r.opts.OutageFor)
+		// Observe the outage's effect until its end.
+		for time.Now().Before(outageEnd) {
+			if err := sleep(ctx, min(2*time.Second, time.Until(outageEnd))); err != nil {
+				return err
+			}
+			if err := during.observe(ctx, r); err != nil {
+				return err
+			}
+		}
+		for _, x := range during.findings() {
+			r.addFinding(x)
+		}
+		r.mark("config center recovers")
+		if err := r.setOutage(ctx, false); err != nil {
+			return err
+		}
+		at := time.Now()
+		// Recovery: no object says ExternalUnavailable any more.
+		for {
+			if r.tracker.reasons()["ExternalUnavailable"] == 0 {
+				r.mark("no object ExternalUnavailable")
+				break
+			}
+			if time.Since(at) > r.opts.SettleTimeout {
+				return fmt.Errorf("objects still ExternalUnavailable %s after the recovery", r.opts.SettleTimeout)
+			}
+			if err := sleep(ctx, settlePoll); err != nil {
+				return err
+			}
+		}
+		r.addFinding(fmt.Sprintf("after the config center recovered, no object said ExternalUnavailable any more after %s", round(time.Since(at))))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return r.endFleet(ctx, f)
+}
+
+// outageObservation is what the outage did to objects and ConfigMaps.
+type outageObservation struct {
+	maxUnavailable, maxFetching int
+	samples                     int
+	configMaps, emptyConfigMaps int
+}
+
+func (o *outageObservation) observe(ctx context.Context, r *run) error {
+	reasons := r.tracker.reasons()
+	o.maxUnavailable = max(o.maxUnavailable, reasons["ExternalUnavailable"])
+	o.maxFetching = max(o.maxFetching, reasons["Fetching"])
+	o.samples++
+	var cms corev1.ConfigMapList
+	if err := r.c.List(ctx, &cms, client.InNamespace(Namespace)); err != nil {
+		return fmt.Errorf("listing ConfigMaps during the outage: %w", err)
+	}
+	empty := 0
+	for _, cm := range cms.Items {
+		if len(cm.Data) == 0 && cm.Name != "kube-root-ca.crt" {
+			empty++
+		}
+	}
+	o.configMaps, o.emptyConfigMaps = len(cms.Items), max(o.emptyConfigMaps, empty)
+	return nil
+}
+
+func (o *outageObservation) findings() []string {
+	if o.samples == 0 {
+		return nil
+	}
+	return []string{
+		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable and %d Fetching at once (sampled %d times)", o.maxUnavailable, o.maxFetching, o.samples),
+		fmt.Sprintf("during the outage, every ConfigMap kept its data: %d of %d ConfigMaps empty at worst", o.emptyConfigMaps, o.configMaps),
+	}
+}
+
+func runAutoscale(ctx context.Context, r *run) error {
+	spec := *r.hpa
+	a := newAutoscaler(spec.scaled(r.opts.HPATimeScale))
+	sync := time.Duration(float64(15*time.Second) * r.opts.HPATimeScale)
+	sync = max(sync, time.Second)
+	source := spec.Source
+	if root, err := controlplane.RepoRoot(); err == nil {
+		if rel, err := filepath.Rel(root, source); err == nil && !strings.HasPrefix(rel, "..") {
+			source = rel
+		}
+	}
+	r.addFinding(fmt.Sprintf("HPA from %s: %s target %g per pod%s, replicas %d..%d, scale-up window %s, scale-down window %s; time scale %g (windows, policy periods and the 15 s sync period multiplied by it: sync every %s)",
+		source, spec.Metric, spec.Target, r.hpaTargetNote, spec.MinReplicas, spec.MaxReplicas, spec.Up.Window, spec.Down.Window, r.opts.HPATimeScale, sync))
+	f, err := r.startFleet(ctx, ModeSharded, int(spec.MinReplicas))
+	if err != nil {
+		return err
+	}
+	d := r.opts.Duration
+	ramp, hold, shrink := d*2/5, d/5, d/5
+	keep := r.opts.Objects / 5
+	hpaCtx, stopHPA := context.WithCancel(ctx)
+	hpaDone := make(chan error, 1)
+	go func() { hpaDone <- r.hpaLoop(hpaCtx, f, a, sync) }()
+	err = r.withLoad(ctx, f, d, func(ctx context.Context) error {
+		r.mark("grow to %d objects", r.opts.Objects)
+		if err := r.gen.createRange(ctx, 0, r.opts.Objects, float64(r.opts.Objects)/ramp.Seconds(), true); err != nil {
+			return err
+		}
+		if err := sleep(ctx, hold); err != nil {
+			return err
+		}
+		r.mark("shrink to %d objects", keep)
+		return r.gen.deleteNewest(ctx, r.opts.Objects-keep, float64(r.opts.Objects-keep)/shrink.Seconds())
+	})
+	stopHPA()
+	if herr := <-hpaDone; err == nil {
+		err = herr
+	}
+	if err != nil {
+		return err
+	}
+	return r.endFleet(ctx, f)
+}
+
+// hpaLoop applies the HPA every sync period until ctx ends.
+func (r *run) hpaLoop(ctx context.Context, f *fleet, a *autoscaler, sync time.Duration) error {
+	for {
+		if err := sleep(ctx, sync); err != nil {
+			return nil
+		}
+		slots := f.runningSlots()
+		if len(slots) == 0 {
+			continue
+		}
+		var sum float64
+		f.mu.Lock()
+		for _, s := range slots {
+			if last, ok := s.current().at(time.Now()); ok {
+				sum += last.Metric
+			}
+		}
+		f.mu.Unlock()
+		current := int32(len(slots))
+		avg := sum / float64(current)
+		next := a.decide(time.Now(), current, avg)
+		if next == current {
+			continue
+		}
+		at := time.Now()
+		r.mark("HPA %d → %d (average %.0f, target %g)", current, next, avg, a.spec.Target)
+		r.addFinding(fmt.Sprintf("at %s the HPA scaled %d → %d: average %s %.0f per pod, target %g",
+			round(at.Sub(r.begin)), current, next, a.spec.Metric, avg, a.spec.Target))
+		if err := f.scaleTo(ctx, int(next)); err != nil {
+			return err
+		}
+		kind := "scale-up"
+		if next < current {
+			kind = "scale-down"
+		}
+		r.handover(ctx, f, fmt.Sprintf("HPA %s %d → %d", kind, current, next), at)
+	}
+}
+
+// prepareAutoscale reads the HPA the scenario follows, with the target the
+// options may replace.
+func prepareAutoscale(r *run) error {
+	spec, err := readHPA(r.opts.HPAFile)
+	if err != nil {
+		return err
+	}
+	if r.opts.HPATarget > 0 {
+		r.hpaTargetNote = fmt.Sprintf(" (replaced by --hpa-target; the file says %g)", spec.Target)
+		spec.Target = r.opts.HPATarget
+	}
+	r.hpa = spec
+	return nil
+}
+
+// addFinding records a scenario's observation.
+func (r *run) addFinding(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report.Findings = append(r.report.Findings, s)
+}

@@ -1,0 +1,330 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
+)
+
+// The metrics the load tester reads. Replicas serve them on their metrics
+// address; the API server on its own /metrics. They are the contract with
+// `kshard controller`, the same series a Prometheus dashboard would use.
+const (
+	metricHeapInuse      = "go_memstats_heap_inuse_bytes"
+	metricRSS            = "process_resident_memory_bytes"
+	metricCPU            = "process_cpu_seconds_total"
+	metricShardsOwned    = "kshard_shards_owned"
+	metricShardObjects   = "kshard_shard_objects"
+	metricReconciles     = "controller_runtime_reconcile_total"
+	metricReconcileTime  = "controller_runtime_reconcile_time_seconds"
+	metricQueueDepth     = "workqueue_depth"
+	metricCacheRequests  = "kshard_externalcache_requests_total"
+	metricExternalCalls  = "kshard_external_calls_total"
+	metricAPIRequests    = "apiserver_request_total"
+	metricAPIRespSizes   = "apiserver_response_sizes"
+	metricAPIListFetched = "apiserver_storage_list_fetched_objects_total"
+	metricAPIWatchLists  = "apiserver_watch_list_duration_seconds"
+	metricAPIInitEvents  = "apiserver_init_events_total"
+	metricAPIWatchSizes  = "apiserver_watch_events_sizes"
+	metricAPILongRunning = "apiserver_longrunning_requests"
+	controllerName       = "configbinding"
+	resourceBindings     = "configbindings"
+	resourceLeases       = "leases"
+	cacheResultHit       = "hit"
+	cacheResultStale     = "stale"
+	reconcileResultError = "error"
+)
+
+// families is one parsed scrape.
+type families map[string]*dto.MetricFamily
+
+func parseFamilies(r io.Reader) (families, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	f, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parsing metrics: %w", err)
+	}
+	return f, nil
+}
+
+// sum adds up the series of a family whose labels include match; a missing
+// family sums to zero, as a counter nobody incremented yet.
+func (f families) sum(name string, match map[string]string) float64 {
+	var total float64
+	for _, m := range f[name].GetMetric() {
+		if matches(m, match) {
+			total += value(m)
+		}
+	}
+	return total
+}
+
+// by sums a family's matching series per value of one label.
+func (f families) by(name, label string, match map[string]string) map[string]float64 {
+	out := map[string]float64{}
+	for _, m := range f[name].GetMetric() {
+		if matches(m, match) {
+			out[labelOf(m, label)] += value(m)
+		}
+	}
+	return out
+}
+
+// histogram returns the summed cumulative buckets of a histogram family
+// (upper bounds ascending, +Inf last) and the sum of observations.
+func (f families) histogram(name string, match map[string]string) (bounds, counts []float64) {
+	acc := map[float64]float64{}
+	for _, m := range f[name].GetMetric() {
+		h := m.GetHistogram()
+		if h == nil || !matches(m, match) {
+			continue
+		}
+		for _, b := range h.GetBucket() {
+			// The +Inf bucket, when the format carries it, is the sample
+			// count, added below.
+			if !math.IsInf(b.GetUpperBound(), 1) {
+				acc[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+			}
+		}
+		acc[math.Inf(1)] += float64(h.GetSampleCount())
+	}
+	for b := range acc {
+		bounds = append(bounds, b)
+	}
+	sort.Float64s(bounds)
+	for _, b := range bounds {
+		counts = append(counts, acc[b])
+	}
+	return bounds, counts
+}
+
+// histogramSum is the summed sample count and sum of a histogram family,
+// for averages (mean response size).
+func (f families) histogramSum(name string, match map[string]string) (count, sum float64) {
+	for _, m := range f[name].GetMetric() {
+		if h := m.GetHistogram(); h != nil && matches(m, match) {
+			count += float64(h.GetSampleCount())
+			sum += h.GetSampleSum()
+		}
+	}
+	return count, sum
+}
+
+func matches(m *dto.Metric, match map[string]string) bool {
+	for k, v := range match {
+		if labelOf(m, k) != v {
+			return false
+		}
+	}
+	return true
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// replicaSample is what one scrape of one replica process says.
+type replicaSample struct {
+	At        time.Time
+	HeapInuse float64
+	RSS       float64
+	// CPU is the process's CPU seconds so far.
+	CPU float64
+	// Shards and Objects are the shards held and the ConfigBindings in
+	// their caches (kshard_shard_objects); both 0 with sharding off.
+	Shards, Objects float64
+	Reconciles      float64
+	ReconcileErrors float64
+	// ReconcileBounds and ReconcileCounts are the cumulative buckets of the
+	// configbinding controller's reconcile time.
+	ReconcileBounds, ReconcileCounts []float64
+	QueueDepth                       float64
+	// Cache counts external-cache lookups by result.
+	Cache map[string]float64
+	// ExternalCalls counts the replica's calls to the config center.
+	ExternalCalls float64
+	// Metric is the value of an extra family the run asked for (the HPA's
+	// per-pod metric), summed.
+	Metric float64
+}
+
+// scrapeReplica reads a replica's /metrics over loopback. extra names one
+// more family to sum into Metric ("" for none).
+func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (replicaSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return replicaSample{}, err
+	}
+	// The classic text format, which every Prometheus client serves.
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return replicaSample{}, fmt.Errorf("scraping %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return replicaSample{}, fmt.Errorf("scraping %s: %s", addr, resp.Status)
+	}
+	f, err := parseFamilies(resp.Body)
+	if err != nil {
+		return replicaSample{}, fmt.Errorf("scraping %s: %w", addr, err)
+	}
+	ctl := map[string]string{"controller": controllerName}
+	s := replicaSample{
+		At:              time.Now(),
+		HeapInuse:       f.sum(metricHeapInuse, nil),
+		RSS:             f.sum(metricRSS, nil),
+		CPU:             f.sum(metricCPU, nil),
+		Shards:          f.sum(metricShardsOwned, nil),
+		Objects:         f.sum(metricShardObjects, nil),
+		Reconciles:      f.sum(metricReconciles, ctl),
+		ReconcileErrors: f.sum(metricReconciles, map[string]string{"controller": controllerName, "result": reconcileResultError}),
+		QueueDepth:      f.sum(metricQueueDepth, map[string]string{"name": controllerName}),
+		Cache:           f.by(metricCacheRequests, "result", nil),
+		ExternalCalls:   f.sum(metricExternalCalls, nil),
+	}
+	s.ReconcileBounds, s.ReconcileCounts = f.histogram(metricReconcileTime, ctl)
+	if extra != "" {
+		s.Metric = f.sum(extra, nil)
+	}
+	return s, nil
+}
+
+// ready reports whether a replica's /readyz answers 200.
+func ready(ctx context.Context, hc *http.Client, addr string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// apiServerSample is the API server's own count of what it served for
+// ConfigBindings. Informers of client-go 1.35 and later sync with a
+// streaming watch-list (a WATCH with sendInitialEvents) rather than a LIST
+// when the server supports it, as kube-apiserver 1.37 does, so an initial
+// sync is either.
+type apiServerSample struct {
+	At time.Time
+	// Syncs counts initial syncs of ConfigBindings: LIST requests (every
+	// code) plus completed watch-lists.
+	Syncs float64
+	// Scanned counts the ConfigBindings the API server went through to
+	// serve them: objects fetched for LISTs plus initial events processed
+	// for watches. A label selector does not narrow it: the watch cache has
+	// no index on labels, so every sync scans every object of the resource.
+	Scanned float64
+	// Bytes sums LIST response sizes and watch event sizes (initial and
+	// later events alike).
+	Bytes float64
+	// OpenWatches is the number of ConfigBinding watches open now.
+	OpenWatches float64
+	// LeaseWrites counts updates, creates and patches of Leases.
+	LeaseWrites float64
+	// Writes counts every mutating request, all resources.
+	Writes float64
+}
+
+// scrapeAPIServer reads the API server's /metrics with the load tester's
+// credentials (an admin on the control plane it starts).
+func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, error) {
+	body, err := rc.Get().AbsPath("/metrics").Stream(ctx)
+	if err != nil {
+		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	defer body.Close()
+	f, err := parseFamilies(body)
+	if err != nil {
+		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	res := map[string]string{"resource": resourceBindings}
+	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
+	s := apiServerSample{At: time.Now()}
+	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
+	s.Syncs = f.sum(metricAPIRequests, list) + watchLists
+	s.Scanned = f.sum(metricAPIListFetched, res) + f.sum(metricAPIInitEvents, res)
+	_, listBytes := f.histogramSum(metricAPIRespSizes, list)
+	_, watchBytes := f.histogramSum(metricAPIWatchSizes, res)
+	s.Bytes = listBytes + watchBytes
+	s.OpenWatches = f.sum(metricAPILongRunning, map[string]string{"verb": "WATCH", "resource": resourceBindings})
+	for verb, n := range f.by(metricAPIRequests, "verb", map[string]string{"resource": resourceLeases}) {
+		if mutating(verb) {
+			s.LeaseWrites += n
+		}
+	}
+	for verb, n := range f.by(metricAPIRequests, "verb", nil) {
+		if mutating(verb) {
+			s.Writes += n
+		}
+	}
+	return s, nil
+}
+
+func mutating(verb string) bool {
+	switch strings.ToUpper(verb) {
+	case "POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION":
+		return true
+	}
+	return false
+}
+
+// minus is the difference of two API server samples (counters).
+func (s apiServerSample) minus(o apiServerSample) apiServerSample {
+	return apiServerSample{
+		At:          s.At,
+		Syncs:       s.Syncs - o.Syncs,
+		Scanned:     s.Scanned - o.Scanned,
+		Bytes:       s.Bytes - o.Bytes,
+		OpenWatches: s.OpenWatches,
+		LeaseWrites: s.LeaseWrites - o.LeaseWrites,
+		Writes:      s.Writes - o.Writes,
+	}
+}
+
+// formatBytes writes a byte count for people: 12.3 MiB.
+func formatBytes(b float64) string {
+	const unit = 1024
+	if b < unit {
+		return strconv.FormatFloat(b, 'f', 0, 64) + " B"
+	}
+	div, exp := float64(unit), 0
+	for n := b / unit; n >= unit && exp < 4; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", b/div, "KMGTP"[exp])
+}

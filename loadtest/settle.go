@@ -1,0 +1,239 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// settlePoll is how often a settle checks the ring, the audit logs and the
+// objects.
+const settlePoll = 200 * time.Millisecond
+
+// EventResult is how long the fleet took to settle after an event (a
+// fleet's start, a crash, a join, a restart, a storm).
+type EventResult struct {
+	Name string
+	// At is the event's time from the start of the run.
+	At time.Duration
+	// Held is the time from the event until every shard was held by the
+	// running replica the ring assigns it (for sharding off: until every
+	// replica was ready).
+	Held time.Duration
+	// Reconciled is the time from the event until every object of a shard
+	// acquired since the event was reconciled by its new holder (from the
+	// audit logs), and every object's latest generation was Ready.
+	Reconciled time.Duration
+	// Moved is the number of shards acquired since the event, and Objects
+	// the objects in them.
+	Moved, Objects int
+	// Handover says the event changed the ring's members; otherwise (a
+	// storm of writes) Held is not meaningful.
+	Handover bool
+	// Error says why it did not settle within the settle timeout.
+	Error string `json:",omitempty"`
+}
+
+// startFleet starts n replicas of mode on the objects that exist, waits
+// until they settle, and makes it the current fleet. The fleet's own
+// numbers (heap, LISTs) count from here.
+func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) {
+	f := r.newFleet(mode)
+	f.sizes = []int{n}
+	api, err := scrapeAPIServer(ctx, r.rc)
+	if err != nil {
+		return nil, err
+	}
+	f.apiStart, f.ownSyncsStart = api, r.tracker.ownSyncs.Load()
+	r.mu.Lock()
+	r.fleet = f
+	r.fleets = append(r.fleets, f)
+	r.mu.Unlock()
+	r.mark("start %s", f.label())
+	r.setPhase("starting")
+	if err := f.scaleTo(ctx, n); err != nil {
+		return f, err
+	}
+	ev := r.settle(ctx, f, "start of "+f.label(), f.started, settleQuiet)
+	if ev.Error != "" {
+		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
+	}
+	r.ring.setGuard(mode.Sharded())
+	return f, nil
+}
+
+// stopFleet stops every replica of the fleet (they leave the ring and hand
+// over) and computes its numbers.
+func (r *run) stopFleet(ctx context.Context, f *fleet) {
+	r.ring.setGuard(false)
+	f.stopped = time.Now()
+	if api, err := scrapeAPIServer(ctx, r.rc); err == nil {
+		f.apiEnd = api
+	} else {
+		r.log.Error(err, "Reading the API server's metrics at the end of a fleet")
+	}
+	f.ownSyncsEnd = r.tracker.ownSyncs.Load()
+	r.setPhase("stopping %s", f.label())
+	if err := f.scaleTo(ctx, 0); err != nil {
+		r.progress.printf("stopping %s: %v", f.label(), err)
+	}
+	r.mu.Lock()
+	if r.fleet == f {
+		r.fleet = nil
+	}
+	r.mu.Unlock()
+	f.result = r.fleetResult(f)
+	r.mark("stopped %s", f.label())
+}
+
+// settleKind says what an event changed, and so what settling means.
+type settleKind int
+
+const (
+	// settleLoad follows writes that move no shard (creations, a storm of
+	// updates): every object's latest generation Ready.
+	settleLoad settleKind = iota
+	// settleHandover follows a membership change under load: every shard
+	// held by its desired running owner, every object of a shard acquired
+	// since the event reconciled by its new holder. Objects being updated
+	// need not all be Ready at one instant.
+	settleHandover
+	// settleQuiet is settleHandover without load, and every object Ready.
+	settleQuiet
+)
+
+// settle waits until the fleet has settled after an event at since, and
+// records the event. It gives up after the settle timeout and says what was
+// missing.
+func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time, kind settleKind) EventResult {
+	allReady := kind != settleHandover
+	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad}
+	r.setPhase("settling after %s", name)
+	deadline := time.Now().Add(r.opts.SettleTimeout)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	var heldAt time.Time
+	for {
+		now := time.Now()
+		var ok bool
+		var detail string
+		if f.mode.Sharded() {
+			ok, detail, heldAt, ev = r.settledSharded(f, since, now, heldAt, ev)
+		} else {
+			ok, detail, heldAt = r.settledSingle(ctx, hc, f, since, now, heldAt)
+		}
+		if ok && allReady {
+			if n, total, ex := r.tracker.notReady(); n > 0 {
+				ok, detail = false, fmt.Sprintf("%d of %d objects not Ready at their latest generation, e.g. %s", n, total, ex[0])
+			}
+		}
+		if ok {
+			ev.Held = heldAt.Sub(since)
+			ev.Reconciled = now.Sub(since)
+			r.addEvent(ev)
+			r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
+			return ev
+		}
+		if now.After(deadline) {
+			ev.Error = fmt.Sprintf("%s after %s: %s", errSettle, r.opts.SettleTimeout, detail)
+			if !heldAt.IsZero() {
+				ev.Held = heldAt.Sub(since)
+			}
+			r.addEvent(ev)
+			return ev
+		}
+		if err := sleep(ctx, settlePoll); err != nil {
+			ev.Error = err.Error()
+			return ev
+		}
+	}
+}
+
+// settledSharded checks a sharded fleet.
+func (r *run) settledSharded(f *fleet, since, now, heldAt time.Time, ev EventResult) (bool, string, time.Time, EventResult) {
+	var running []string
+	for _, s := range f.runningSlots() {
+		running = append(running, s.id)
+	}
+	balanced, detail, moved := r.ring.balance(now, since, running)
+	if !balanced {
+		return false, detail, time.Time{}, ev
+	}
+	if heldAt.IsZero() {
+		heldAt = now
+	}
+	if err := r.audit.poll(f.auditPaths()); err != nil {
+		return false, err.Error(), heldAt, ev
+	}
+	byShard := r.tracker.byShard()
+	if keys := byShard[-1]; len(keys) > 0 {
+		return false, fmt.Sprintf("%d objects without a shard label (e.g. %s)", len(keys), keys[0]), heldAt, ev
+	}
+	ev.Moved, ev.Objects = len(moved), 0
+	behind, example := 0, ""
+	for n, m := range moved {
+		for _, key := range byShard[n] {
+			ev.Objects++
+			if !r.audit.reconciledBy(key, m.holder, m.acquired) {
+				behind++
+				example = fmt.Sprintf("%s (shard %d, held by %s since %s)", key, n, m.holder, m.acquired.Format(time.StampMilli))
+			}
+		}
+	}
+	if behind > 0 {
+		return false, fmt.Sprintf("%d of %d objects of moved shards not yet reconciled by their new holder, e.g. %s", behind, ev.Objects, example), heldAt, ev
+	}
+	return true, "", heldAt, ev
+}
+
+// settledSingle checks a fleet with sharding off: every replica ready and,
+// after the fleet's start, the replicas reconciled at least every object
+// (their reconcile counters, sampled) with empty work queues: the
+// singleton's warm-up, which has no shards to tell moved objects by.
+func (r *run) settledSingle(ctx context.Context, hc *http.Client, f *fleet, since, now, heldAt time.Time) (bool, string, time.Time) {
+	slots := f.runningSlots()
+	for _, s := range slots {
+		if !ready(ctx, hc, s.healthAddr) {
+			return false, s.id + " not ready", time.Time{}
+		}
+	}
+	if heldAt.IsZero() {
+		heldAt = now
+	}
+	if !since.Equal(f.started) {
+		return true, "", heldAt
+	}
+	var reconciles, depth float64
+	f.mu.Lock()
+	for _, s := range slots {
+		in := s.current()
+		reconciles += in.delta(since, now, func(x replicaSample) float64 { return x.Reconciles })
+		if last, ok := in.at(now); ok {
+			depth += last.QueueDepth
+		}
+	}
+	f.mu.Unlock()
+	objects := r.tracker.count()
+	if reconciles < float64(objects) || depth > 0 {
+		return false, fmt.Sprintf("%.0f reconciles of %d objects since the event, %.0f queued", reconciles, objects, depth), heldAt
+	}
+	return true, "", heldAt
+}
+
+// round is a duration rounded for people.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond)
+	case d < 10*time.Second:
+		return d.Round(10 * time.Millisecond)
+	default:
+		return d.Round(100 * time.Millisecond)
+	}
+}
+
+func (r *run) addEvent(ev EventResult) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report.Events = append(r.report.Events, ev)
+}

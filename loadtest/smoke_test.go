@@ -1,0 +1,100 @@
+package loadtest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+var cp *controlplane.ControlPlane
+
+func TestMain(m *testing.M) {
+	// The load tester's watches log through controller-runtime.
+	ctrllog.SetLogger(logr.Discard())
+	os.Exit(controlplane.RunTests(m, &cp))
+}
+
+// testWriter sends the progress output to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestSmoke runs the basic scenario end to end, small: real kshard and
+// configcenter processes against the test control plane, a few hundred
+// objects created and updated, and the report with its checks.
+func TestSmoke(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "results")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{
+		Scenario:   "basic",
+		Objects:    300,
+		Domains:    30,
+		Replicas:   3,
+		Duration:   15 * time.Second,
+		UpdateRate: 0.05,
+		Kubeconfig: kubeconfig,
+		Out:        out,
+		WorkDir:    filepath.Join(dir, "work"),
+		Command:    "go test -run TestSmoke ./loadtest/",
+		Progress:   testWriter{t},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Checks {
+		if !c.Passed {
+			t.Errorf("check failed: %s: %s", c.Name, c.Detail)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "basic.md"))
+	if err != nil {
+		t.Fatalf("the report: %v", err)
+	}
+	for _, want := range []string{"**Result: PASSED**", "go test -run TestSmoke ./loadtest/", "| sharded ×3 |", "basic-latency.svg", "basic-ownership.svg", "basic-calls.svg"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	for _, c := range rep.Charts {
+		if _, err := os.Stat(filepath.Join(out, c.File)); err != nil {
+			t.Errorf("chart %s: %v", c.File, err)
+		}
+	}
+	if len(rep.Fleets) != 1 {
+		t.Fatalf("%d fleets, want 1", len(rep.Fleets))
+	}
+	f := rep.Fleets[0]
+	// Every update issued in the measured phase became Ready (the final
+	// settle waits for the last ones), and the replicas held every object
+	// between them.
+	if f.Updates.Count == 0 || f.Throughput <= 0 {
+		t.Errorf("no update measured: %+v", f.Updates)
+	}
+	var held float64
+	for _, rr := range f.PerReplica {
+		held += rr.HeldEnd
+	}
+	if held != 300 {
+		t.Errorf("the replicas held %v ConfigBindings at the end, want all 300 exactly once", held)
+	}
+	if f.HeapPeakMax <= 0 || f.Syncs < 64 {
+		t.Errorf("heap %v, initial syncs %v: the replicas' and the API server's metrics were not read", f.HeapPeakMax, f.Syncs)
+	}
+}

@@ -1,0 +1,342 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+// What a write was, for the latency histograms.
+type writeKind int
+
+const (
+	writeCreate writeKind = iota
+	writeUpdate
+)
+
+// latencySample is one generation that became Ready: when it was written,
+// and how long until the status showed it Ready.
+type latencySample struct {
+	Done    time.Time
+	Latency time.Duration
+	Kind    writeKind
+}
+
+// tracker watches the ConfigBindings and measures, for every generation the
+// load tester wrote, the time from the write (the request being sent) to the
+// watch showing status Ready at that generation: the client-side end-to-end
+// latency of a spec change. A generation overtaken by a newer one before it
+// was seen Ready completes when any later generation is Ready, as a reader
+// of the status would see it.
+type tracker struct {
+	mu      sync.Mutex
+	objects map[string]*objectState
+	samples []latencySample
+	writes  []pendingWrite
+	// labeled are the times from a create to the watch showing the shard
+	// label the elected leader stamps.
+	labeled []time.Duration
+	// flaps are the moments an object's Ready condition went from True to
+	// not True while its generation stayed the same: a status change no
+	// spec change explains (a handover, an outage).
+	flaps []time.Time
+
+	// ownSyncs counts the initial syncs of ConfigBindings (LISTs and
+	// watch-lists) the tracker's informer made, so the API server's counts
+	// can be split into the replicas' and the load tester's.
+	ownSyncs atomic.Int64
+}
+
+// objectState is what the tracker knows of one ConfigBinding.
+type objectState struct {
+	shard      int32     // -1 without a valid label
+	generation int64     // latest seen or written
+	seenGen    int64     // generation of the last watch event
+	ready      bool      // Ready=True for seenGen in the last watch event
+	createdAt  time.Time // when the load tester sent its create, if it tracks it
+	readyGen   int64     // latest generation seen Ready
+	readyAt    time.Time
+	replica    string // status.replica
+	reason     string // the Ready condition's reason
+	pending    []pendingWrite
+}
+
+type pendingWrite struct {
+	gen  int64
+	at   time.Time
+	kind writeKind
+}
+
+// newTracker starts watching the ConfigBindings of the load tester's
+// namespace.
+func newTracker(ctx context.Context, cfg *rest.Config) (*tracker, error) {
+	t := &tracker{objects: map[string]*objectState{}}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &syncCounter{next: rt, n: &t.ownSyncs} })
+	c, err := cache.New(cfg, cache.Options{
+		Scheme:            replica.Scheme(),
+		DefaultNamespaces: map[string]cache.Config{Namespace: {}},
+		DefaultTransform:  cache.TransformStripManagedFields(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the ConfigBinding watch: %w", err)
+	}
+	inf, err := c.GetInformer(ctx, &configv1alpha1.ConfigBinding{})
+	if err != nil {
+		return nil, fmt.Errorf("creating the ConfigBinding watch: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { t.observe(obj) },
+		UpdateFunc: func(_, obj any) { t.observe(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if cb, ok := obj.(*configv1alpha1.ConfigBinding); ok {
+				t.forget(cb.Namespace + "/" + cb.Name)
+			}
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("watching ConfigBindings: %w", err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		return nil, fmt.Errorf("the ConfigBinding watch did not sync: %w", context.Cause(ctx))
+	}
+	return t, nil
+}
+
+// syncCounter counts initial syncs: GETs of a ConfigBinding collection that
+// are LISTs, or watches that ask for the initial state (watch-list).
+type syncCounter struct {
+	next http.RoundTripper
+	n    *atomic.Int64
+}
+
+func (l *syncCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/"+resourceBindings) {
+		q := req.URL.Query()
+		if q.Get("watch") != "true" || q.Get("sendInitialEvents") == "true" {
+			l.n.Add(1)
+		}
+	}
+	return l.next.RoundTrip(req)
+}
+
+func (t *tracker) state(key string) *objectState {
+	s := t.objects[key]
+	if s == nil {
+		s = &objectState{shard: -1}
+		t.objects[key] = s
+	}
+	return s
+}
+
+// observe takes a watch event.
+func (t *tracker) observe(obj any) {
+	cb, ok := obj.(*configv1alpha1.ConfigBinding)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.state(cb.Namespace + "/" + cb.Name)
+	s.generation = max(s.generation, cb.Generation)
+	was := s.shard
+	s.shard = -1
+	if n, ok := sharding.ParseShardLabel(cb.Labels, sharding.DefaultShards); ok {
+		s.shard = n
+	}
+	if was < 0 && s.shard >= 0 && !s.createdAt.IsZero() {
+		t.labeled = append(t.labeled, max(now.Sub(s.createdAt), 0))
+	}
+	s.replica = cb.Status.Replica
+	s.reason = ""
+	cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+	if cond != nil {
+		s.reason = cond.Reason
+	}
+	// Ready for the object's current generation: right after a spec
+	// change the condition still says True for the previous one.
+	ready := cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Generation
+	if s.ready && !ready && s.seenGen == cb.Generation {
+		t.flaps = append(t.flaps, now)
+	}
+	s.ready, s.seenGen = ready, cb.Generation
+	if cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Status.ObservedGeneration && cb.Status.ObservedGeneration > s.readyGen {
+		s.readyGen, s.readyAt = cb.Status.ObservedGeneration, now
+		t.complete(s)
+	}
+}
+
+// wrote records a generation the load tester wrote at start.
+func (t *tracker) wrote(key string, gen int64, start time.Time, kind writeKind) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.state(key)
+	s.generation = max(s.generation, gen)
+	if kind == writeCreate && s.shard < 0 {
+		s.createdAt = start
+	}
+	s.pending = append(s.pending, pendingWrite{gen: gen, at: start, kind: kind})
+	t.writes = append(t.writes, pendingWrite{at: start, kind: kind})
+	// The watch may have shown it Ready before the write's response arrived.
+	t.complete(s)
+}
+
+// complete turns the pending writes that the latest Ready generation covers
+// into samples.
+func (t *tracker) complete(s *objectState) {
+	kept := s.pending[:0]
+	for _, p := range s.pending {
+		if p.gen <= s.readyGen {
+			t.samples = append(t.samples, latencySample{Done: s.readyAt, Latency: max(s.readyAt.Sub(p.at), 0), Kind: p.kind})
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	s.pending = kept
+}
+
+// forget drops a deleted object.
+func (t *tracker) forget(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.objects, key)
+}
+
+// latencies returns the samples completed within [from, to), by kind.
+func (t *tracker) latencies(from, to time.Time, kind writeKind) *histogram {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := &histogram{}
+	for _, s := range t.samples {
+		if s.Kind == kind && !s.Done.Before(from) && s.Done.Before(to) {
+			h.Observe(s.Latency)
+		}
+	}
+	return h
+}
+
+// flapsBetween counts the Ready flaps within [from, to).
+func (t *tracker) flapsBetween(from, to time.Time) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, at := range t.flaps {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// writesBetween counts the writes of a kind sent within [from, to).
+func (t *tracker) writesBetween(from, to time.Time, kind writeKind) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, w := range t.writes {
+		if w.kind == kind && !w.at.Before(from) && w.at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// labelLatencies returns the create-to-labeled times so far.
+func (t *tracker) labelLatencies() *histogram {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := &histogram{}
+	for _, d := range t.labeled {
+		h.Observe(d)
+	}
+	return h
+}
+
+// samplesCopy returns every sample so far.
+func (t *tracker) samplesCopy() []latencySample {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]latencySample(nil), t.samples...)
+}
+
+// notReady lists the objects whose latest generation is not Ready yet, with
+// at most a few examples.
+func (t *tracker) notReady() (count, total int, examples []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, s := range t.objects {
+		total++
+		if s.readyGen >= s.generation {
+			continue
+		}
+		count++
+		if len(examples) < 3 {
+			examples = append(examples, fmt.Sprintf("%s at generation %d, Ready at %d (reason %q)", key, s.generation, s.readyGen, s.reason))
+		}
+	}
+	sort.Strings(examples)
+	return count, total, examples
+}
+
+// reasons counts the objects by their Ready condition's reason.
+func (t *tracker) reasons() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]int{}
+	for _, s := range t.objects {
+		r := s.reason
+		if r == "" {
+			r = "None"
+		}
+		out[r]++
+	}
+	return out
+}
+
+// byShard returns the keys of the objects per shard label (-1: unlabeled).
+func (t *tracker) byShard() map[int32][]string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[int32][]string{}
+	for key, s := range t.objects {
+		out[s.shard] = append(out[s.shard], key)
+	}
+	return out
+}
+
+// count is the number of ConfigBindings seen.
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.objects)
+}
+
+// pendingCount is the number of written generations not yet seen Ready.
+func (t *tracker) pendingCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, s := range t.objects {
+		n += len(s.pending)
+	}
+	return n
+}

@@ -1,0 +1,95 @@
+package loadtest
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/reconcile/configbinding"
+)
+
+// binding is a ConfigBinding as the watch shows it: at generation gen, its
+// status Ready (or not, with reason) at observed.
+func binding(gen, observed int64, ready bool, reason string) *configv1alpha1.ConfigBinding {
+	status := metav1.ConditionFalse
+	if ready {
+		status = metav1.ConditionTrue
+	}
+	cb := &configv1alpha1.ConfigBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "x", Generation: gen,
+		Labels: map[string]string{"kshard.dev/shard": "7"}}}
+	cb.Status.ObservedGeneration = observed
+	cb.Status.Conditions = []metav1.Condition{{Type: configbinding.ConditionReady, Status: status, Reason: reason, ObservedGeneration: observed}}
+	return cb
+}
+
+func TestTrackerLatency(t *testing.T) {
+	tr := &tracker{objects: map[string]*objectState{}}
+	t0 := time.Now()
+	// Created at generation 1, seen Ready at 1.
+	tr.wrote("ns/x", 1, t0, writeCreate)
+	tr.observe(binding(1, 1, true, configbinding.ReasonSynced))
+	if h := tr.labelLatencies(); h.Count() != 1 {
+		t.Errorf("%d label samples, want the create's", h.Count())
+	}
+	// Two updates; the status skips generation 2 and shows 3 Ready: both
+	// complete then.
+	tr.wrote("ns/x", 2, t0, writeUpdate)
+	tr.observe(binding(2, 1, true, configbinding.ReasonSynced)) // stale status: not Ready for 2
+	tr.wrote("ns/x", 3, t0, writeUpdate)
+	if n := tr.pendingCount(); n != 2 {
+		t.Fatalf("%d pending, want generations 2 and 3", n)
+	}
+	tr.observe(binding(3, 3, true, configbinding.ReasonSynced))
+	if n := tr.pendingCount(); n != 0 {
+		t.Fatalf("%d pending after generation 3 was Ready", n)
+	}
+	if h := tr.latencies(t0, time.Now().Add(time.Second), writeUpdate); h.Count() != 2 {
+		t.Errorf("%d update samples, want 2", h.Count())
+	}
+	if h := tr.latencies(t0, time.Now().Add(time.Second), writeCreate); h.Count() != 1 {
+		t.Errorf("%d create samples, want 1", h.Count())
+	}
+	// The watch can show a generation Ready before the write's response
+	// arrives: the write completes at once.
+	tr.observe(binding(4, 4, true, configbinding.ReasonSynced))
+	tr.wrote("ns/x", 4, time.Now(), writeUpdate)
+	if n := tr.pendingCount(); n != 0 {
+		t.Errorf("%d pending: a write already seen Ready must complete when recorded", n)
+	}
+	if n, total, _ := tr.notReady(); n != 0 || total != 1 {
+		t.Errorf("notReady = %d of %d, want 0 of 1", n, total)
+	}
+	// A later generation not Ready is reported.
+	tr.wrote("ns/x", 5, time.Now(), writeUpdate)
+	if n, _, ex := tr.notReady(); n != 1 || len(ex) != 1 {
+		t.Errorf("notReady = %d %v, want the object at generation 5", n, ex)
+	}
+	if got := tr.byShard()[7]; len(got) != 1 || got[0] != "ns/x" {
+		t.Errorf("byShard()[7] = %v", got)
+	}
+}
+
+func TestTrackerFlaps(t *testing.T) {
+	tr := &tracker{objects: map[string]*objectState{}}
+	t0 := time.Now()
+	tr.observe(binding(1, 1, true, configbinding.ReasonSynced))
+	// A spec change: the stale True for generation 1, then Fetching for 2,
+	// then Synced. Not a flap: the generation changed.
+	tr.observe(binding(2, 1, true, configbinding.ReasonSynced))
+	tr.observe(binding(2, 2, false, configbinding.ReasonFetching))
+	tr.observe(binding(2, 2, true, configbinding.ReasonSynced))
+	if n := tr.flapsBetween(t0, time.Now().Add(time.Second)); n != 0 {
+		t.Fatalf("%d flaps for a spec change", n)
+	}
+	// Ready goes False at the same generation (a new holder's empty cache):
+	// a flap.
+	tr.observe(binding(2, 2, false, configbinding.ReasonFetching))
+	if n := tr.flapsBetween(t0, time.Now().Add(time.Second)); n != 1 {
+		t.Errorf("%d flaps, want 1", n)
+	}
+	if r := tr.reasons(); r[configbinding.ReasonFetching] != 1 {
+		t.Errorf("reasons %v", r)
+	}
+}
