@@ -77,6 +77,10 @@ type fleet struct {
 	// and stop, ownSyncs* the load tester's own initial syncs then.
 	apiStart, apiEnd           apiServerSample
 	ownSyncsStart, ownSyncsEnd int64
+	// loadWritesFrom and loadWritesTo are the object-write counts at the
+	// edges of the measured phase, for the controller's writes per spec
+	// update.
+	loadWritesFrom, loadWritesTo writeMark
 
 	result *FleetResult
 	// propagation is what the config-center change probes measured in the

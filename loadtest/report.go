@@ -279,8 +279,11 @@ func renderMarkdown(rep *Report) string {
 		p("\n## Events\n\nTimes from the event (the signal, the start of the new process, the first write of a batch). " +
 			"*Shards held*: every running replica a live ring member and every shard held by the running replica the ring assigns it (membership changes only). " +
 			"*Settled*: every object of a shard acquired since the event reconciled by its new holder (audit logs)" +
-			" and, unless the event happened under continuous updates, every object Ready at its latest generation.\n\n")
-		p("| event | at | shards moved | objects in them | shards held after | settled after |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+			" and, unless the event happened under continuous updates, every object Ready at its latest generation. " +
+			"*Object writes per moved object*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
+			"any subresource, from right before the event until it settled, less the load tester's own, divided by the objects in the moved shards; " +
+			"counted for events without load only (—: under load, or nothing moved).\n\n")
+		p("| event | at | shards moved | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, ev := range rep.Events {
 			reconciled := fmtDur(ev.Reconciled)
 			if ev.Error != "" {
@@ -290,7 +293,12 @@ func renderMarkdown(rep *Report) string {
 			if ev.Handover {
 				held = fmtDur(ev.Held)
 			}
-			p("| %s | %s | %d | %d | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, ev.Objects, held, reconciled)
+			p("| %s | %s | %d | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
+		}
+		if n, own := eventOwnWrites(rep.Events); n > 0 && own == 0 {
+			p("\nThe load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (%d of %d events): every write counted there is the replicas'.\n", n, len(rep.Events))
+		} else if n > 0 {
+			p("\nThe load tester's own ConfigBinding and ConfigMap writes during the events whose writes were counted (%d of %d events), %d in all, are subtracted.\n", n, len(rep.Events), own)
 		}
 	}
 	p("\n## End-to-end latency\n\nFrom sending a write to the watch showing status Ready at that generation " +
@@ -378,6 +386,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	row("initial syncs of ConfigBindings: LISTs + watch-lists (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Syncs) })
 	row("ConfigBindings the API server scanned for them", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Scanned) })
 	row("… per replica process", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.ScannedPerProcess) })
+	if len(fl) > 1 {
+		single := singletonFleet(fl)
+		row("ConfigBindings scanned for initial syncs ÷ singleton's", func(f *FleetResult) string {
+			if single == nil {
+				return "—"
+			}
+			return ratio(f.Scanned, single.Scanned)
+		})
+	}
 	row("ConfigBinding bytes sent: LIST responses + watch events (API server)", func(f *FleetResult) string { return formatBytes(f.Bytes) })
 	row("ConfigBinding watches open at the end (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.OpenWatches) })
 	row("end-to-end p50", func(f *FleetResult) string { return fmtDur(f.Updates.P50) })
@@ -425,6 +442,13 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	}
 	row("Lease writes per second (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.LeaseWritesPerSec) })
 	row("API writes per second, all (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.WritesPerSec) })
+	row("controller API writes per spec update", func(f *FleetResult) string { return perCauseText(f.ControllerWritesPerUpdate, "n/a") })
+	row("… ConfigBinding and ConfigMap writes in the phase, the load tester's own subtracted / spec updates", func(f *FleetResult) string {
+		if !f.WritesCounted {
+			return fmt.Sprintf("n/a / %d", f.SpecUpdates)
+		}
+		return fmt.Sprintf("%.0f / %d", f.ControllerWrites, f.SpecUpdates)
+	})
 
 	p("\nPer replica (over each fleet's life; a restarted replica's processes together):\n\n")
 	p("| fleet | replica | processes | heap peak | heap at the end of the load | RSS peak | shards at the end of the load | ConfigBindings held, peak | reconciles | cache hit ratio |\n")
@@ -448,6 +472,38 @@ func renderFleets(b *strings.Builder, rep *Report) {
 			p("\nThe load tester's own initial syncs of ConfigBindings (%d during %s: its watch resyncing) are subtracted from the sync counts above, not from the scanned objects and bytes.\n", f.OwnSyncs, mdEscape(f.Fleet))
 		}
 	}
+}
+
+// singletonFleet is the run's fleet with sharding off (one active replica
+// holding every object), the baseline of compare-sharding; nil without one.
+func singletonFleet(fl []*FleetResult) *FleetResult {
+	for _, f := range fl {
+		if !(Mode{Name: f.Mode, Args: f.Args}).Sharded() {
+			return f
+		}
+	}
+	return nil
+}
+
+// eventOwnWrites is the number of events whose object writes were counted,
+// and the load tester's own writes during them.
+func eventOwnWrites(evs []EventResult) (counted int, own int64) {
+	for _, ev := range evs {
+		if ev.WritesCounted {
+			counted++
+			own += ev.OwnWrites
+		}
+	}
+	return counted, own
+}
+
+// perCauseText writes a perCause figure with two decimals, or none where
+// there is no figure.
+func perCauseText(v float64, none string) string {
+	if v < 0 {
+		return none
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 func ratio(a, b float64) string {

@@ -128,6 +128,21 @@ type FleetResult struct {
 	// ScannedPerProcess is Scanned divided by the replica processes.
 	ScannedPerProcess               float64
 	LeaseWritesPerSec, WritesPerSec float64
+	// ControllerWrites is the mutating requests on ConfigBindings and
+	// ConfigMaps (any subresource) the API server served in the measured
+	// phase, less the load tester's own (OwnWrites: its spec-update
+	// patches, and creates or deletes where the phase has them);
+	// SpecUpdates the spec updates it sent in the phase; and
+	// ControllerWritesPerUpdate their ratio, -1 without updates or counts.
+	// It is what one spec change costs the API server in the controller's
+	// writes (status, ConfigMap), the figure Lease writes and the total
+	// hide. WritesCounted says the API server was read at both edges of
+	// the phase.
+	WritesCounted             bool
+	ControllerWrites          float64
+	OwnWrites                 int64
+	SpecUpdates               int
+	ControllerWritesPerUpdate float64
 
 	// Config-center key reads by the replicas in the window and during the
 	// rest of the fleet's life (warm-up, settle); change-feed polls.
@@ -263,6 +278,10 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.LeaseWritesPerSec = api.LeaseWrites / s
 		res.WritesPerSec = api.Writes / s
 	}
+	writes, own, counted := controllerWrites(f.loadWritesFrom, f.loadWritesTo)
+	res.WritesCounted, res.ControllerWrites, res.OwnWrites = counted, writes, own
+	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
+	res.ControllerWritesPerUpdate = perCause(writes, counted, res.SpecUpdates)
 	inWindow := r.centerDelta(from, to)
 	life := r.centerDelta(f.started, f.stopped)
 	res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls

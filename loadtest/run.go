@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -77,6 +78,10 @@ type run struct {
 	centerURL     string
 	cc            *configcenter.Client
 	faults        configcenter.Faults
+	// ownWrites counts the writes of ConfigBindings and ConfigMaps the load
+	// tester sent through any client built from restConfig, so the API
+	// server's counts can be split into the replicas' and its own.
+	ownWrites atomic.Int64
 
 	set     *objectSet
 	tracker *tracker
@@ -303,6 +308,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 	// The load tester's own writes must measure the API server, not
 	// client-go's default limit of 5 requests per second.
 	cfg.QPS, cfg.Burst = 1000, 2000
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &writeCounter{next: rt, n: &r.ownWrites} })
 	r.restConfig = cfg
 	if r.c, err = client.New(cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
 		stop()

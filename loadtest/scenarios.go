@@ -237,7 +237,7 @@ func init() {
 			if err := r.createAll(ctx, f); err != nil {
 				return err
 			}
-			f.loadFrom = time.Now()
+			r.beginLoad(ctx, f)
 			at := time.Now()
 			r.mark("touch every object")
 			r.setPhase("updating every object at once")
@@ -245,6 +245,7 @@ func init() {
 				return err
 			}
 			r.settle(ctx, f, fmt.Sprintf("spec update of all %d objects at once", r.gen.existing()), at, settleLoad)
+			before := r.markWritesOrLog(ctx)
 			at = time.Now()
 			r.mark("SIGTERM every replica, start them again")
 			slots := f.runningSlots()
@@ -262,8 +263,8 @@ func init() {
 					return err
 				}
 			}
-			r.settle(ctx, f, "restart of every replica at once", at, settleQuiet)
-			f.loadTo = time.Now()
+			r.settleFrom(ctx, f, "restart of every replica at once", at, before, settleQuiet)
+			r.endLoad(ctx, f)
 			return r.endFleet(ctx, f)
 		},
 	})
@@ -397,7 +398,7 @@ func (r *run) createAll(ctx context.Context, f *fleet) error {
 // at least d, and marks the fleet's measured phase.
 func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions func(context.Context) error) error {
 	perSecond := float64(r.gen.existing()) * r.opts.UpdateRate
-	f.loadFrom = time.Now()
+	r.beginLoad(ctx, f)
 	r.mark("load: %.1f spec updates/s", perSecond)
 	r.setPhase("load on %s, %.1f updates/s for %s", f.label(), perSecond, d)
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -424,10 +425,24 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	}
 	stopLoad()
 	<-done
-	f.loadTo = time.Now()
+	r.endLoad(ctx, f)
 	<-probed
 	r.mark("load ends")
 	return err
+}
+
+// beginLoad starts the fleet's measured phase, after reading the object
+// writes so far.
+func (r *run) beginLoad(ctx context.Context, f *fleet) {
+	f.loadWritesFrom = r.markWritesOrLog(ctx)
+	f.loadFrom = time.Now()
+}
+
+// endLoad ends the fleet's measured phase, once the load tester's writes
+// of the phase have returned, and reads the object writes then.
+func (r *run) endLoad(ctx context.Context, f *fleet) {
+	f.loadTo = time.Now()
+	f.loadWritesTo = r.markWritesOrLog(ctx)
 }
 
 // endFleet waits for the final settle (every latest generation Ready) and
@@ -477,36 +492,43 @@ func runHandover(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	f.loadFrom = time.Now()
+	// Each event's object writes count from a mark taken right before it:
+	// the load tester writes no ConfigBinding or ConfigMap meanwhile (only
+	// the StatefulSet's count), so they are the replicas' handover cost.
+	r.beginLoad(ctx, f)
+	before := f.loadWritesFrom
 	at := time.Now()
 	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
 	if err := f.scaleTo(ctx, n-1); err != nil {
 		return err
 	}
-	r.settle(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, before, settleQuiet)
 
+	before = r.markWritesOrLog(ctx)
 	at = time.Now()
 	r.mark("scale %d → %d", n-1, n)
 	if err := f.scaleTo(ctx, n); err != nil {
 		return err
 	}
-	r.settle(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, before, settleQuiet)
 
 	s := f.slot(1)
+	before = r.markWritesOrLog(ctx)
 	r.mark("SIGKILL %s", s.id)
 	at, err = f.kill(s)
 	if err != nil {
 		return err
 	}
-	r.settle(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, before, settleQuiet)
 
+	before = r.markWritesOrLog(ctx)
 	at = time.Now()
 	r.mark("restart %s", s.id)
 	if err := f.restart(s); err != nil {
 		return err
 	}
-	r.settle(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, settleQuiet)
-	f.loadTo = time.Now()
+	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, before, settleQuiet)
+	r.endLoad(ctx, f)
 	return r.endFleet(ctx, f)
 }
 

@@ -40,6 +40,7 @@ const (
 	metricAPILongRunning = "apiserver_longrunning_requests"
 	controllerName       = "configbinding"
 	resourceBindings     = "configbindings"
+	resourceConfigMaps   = "configmaps"
 	resourceLeases       = "leases"
 	cacheResultHit       = "hit"
 	cacheResultStale     = "stale"
@@ -255,6 +256,11 @@ type apiServerSample struct {
 	OpenWatches float64
 	// LeaseWrites counts updates, creates and patches of Leases.
 	LeaseWrites float64
+	// ObjectWrites counts the mutating requests on ConfigBindings and
+	// ConfigMaps, every subresource (status) and every code: what a
+	// reconcile costs the API server, told apart from Lease renewals and
+	// Events, which do not grow with the objects' changes.
+	ObjectWrites float64
 	// Writes counts every mutating request, all resources.
 	Writes float64
 }
@@ -271,9 +277,16 @@ func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, e
 	if err != nil {
 		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
+	s := apiSampleOf(f)
+	s.At = time.Now()
+	return s, nil
+}
+
+// apiSampleOf computes an API server sample from one scrape (At unset).
+func apiSampleOf(f families) apiServerSample {
 	res := map[string]string{"resource": resourceBindings}
 	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
-	s := apiServerSample{At: time.Now()}
+	var s apiServerSample
 	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
 	s.Syncs = f.sum(metricAPIRequests, list) + watchLists
 	s.Scanned = f.sum(metricAPIListFetched, res) + f.sum(metricAPIInitEvents, res)
@@ -286,14 +299,30 @@ func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, e
 			s.LeaseWrites += n
 		}
 	}
+	for _, resource := range objectResources {
+		for verb, n := range f.by(metricAPIRequests, "verb", map[string]string{"resource": resource}) {
+			if mutating(verb) {
+				s.ObjectWrites += n
+			}
+		}
+	}
 	for verb, n := range f.by(metricAPIRequests, "verb", nil) {
 		if mutating(verb) {
 			s.Writes += n
 		}
 	}
-	return s, nil
+	return s
 }
 
+// objectResources are the resources whose writes ObjectWrites counts: the
+// objects the controller reconciles and the ones it writes for them.
+var objectResources = []string{resourceBindings, resourceConfigMaps}
+
+// mutating says whether apiserver_request_total's verb label is a write.
+// The API server reports the HTTP method (POST, PUT, PATCH, DELETE, also
+// for a collection), APPLY for a server-side-apply PATCH, and GET, LIST,
+// WATCH and CONNECT for the rest; CREATE, UPDATE and DELETECOLLECTION are
+// in its list of valid verbs too, so they count if they ever appear.
 func mutating(verb string) bool {
 	switch strings.ToUpper(verb) {
 	case "POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION":
@@ -305,14 +334,72 @@ func mutating(verb string) bool {
 // minus is the difference of two API server samples (counters).
 func (s apiServerSample) minus(o apiServerSample) apiServerSample {
 	return apiServerSample{
-		At:          s.At,
-		Syncs:       s.Syncs - o.Syncs,
-		Scanned:     s.Scanned - o.Scanned,
-		Bytes:       s.Bytes - o.Bytes,
-		OpenWatches: s.OpenWatches,
-		LeaseWrites: s.LeaseWrites - o.LeaseWrites,
-		Writes:      s.Writes - o.Writes,
+		At:           s.At,
+		Syncs:        s.Syncs - o.Syncs,
+		Scanned:      s.Scanned - o.Scanned,
+		Bytes:        s.Bytes - o.Bytes,
+		OpenWatches:  s.OpenWatches,
+		LeaseWrites:  s.LeaseWrites - o.LeaseWrites,
+		ObjectWrites: s.ObjectWrites - o.ObjectWrites,
+		Writes:       s.Writes - o.Writes,
 	}
+}
+
+// writeMark is the API server's counts at one moment with the object writes
+// the load tester had sent by then (run.ownWrites): two marks split the
+// object writes between them into the load tester's and the rest, which
+// on its control plane are the replicas'.
+type writeMark struct {
+	api apiServerSample
+	own int64
+}
+
+// valid says the mark was taken: the API server answered.
+func (m writeMark) valid() bool { return !m.api.At.IsZero() }
+
+// controllerWrites is the object writes between two marks that the load
+// tester did not send, and its own. ok is false unless both marks were
+// taken. A negative difference (a write of the load tester's that never
+// reached the server) counts as none.
+func controllerWrites(from, to writeMark) (writes float64, own int64, ok bool) {
+	if !from.valid() || !to.valid() {
+		return 0, 0, false
+	}
+	own = to.own - from.own
+	return max(to.api.ObjectWrites-from.api.ObjectWrites-float64(own), 0), own, true
+}
+
+// perCause divides writes by the number of things that caused them (spec
+// updates, moved objects); -1, shown as n/a, when nothing did or the writes
+// were not counted.
+func perCause(writes float64, counted bool, causes int) float64 {
+	if !counted || causes <= 0 {
+		return -1
+	}
+	return writes / float64(causes)
+}
+
+// markWrites reads the API server's counts and the load tester's own object
+// writes now. Callers mark when the load tester has no write in flight (at
+// the edges of a measured phase, before an event without load), so the two
+// counts agree on what was sent.
+func (r *run) markWrites(ctx context.Context) (writeMark, error) {
+	own := r.ownWrites.Load()
+	api, err := scrapeAPIServer(ctx, r.rc)
+	if err != nil {
+		return writeMark{}, err
+	}
+	return writeMark{api: api, own: own}, nil
+}
+
+// markWritesOrLog is markWrites for counts a report can do without: a
+// failed scrape is logged and leaves the mark invalid.
+func (r *run) markWritesOrLog(ctx context.Context) writeMark {
+	m, err := r.markWrites(ctx)
+	if err != nil {
+		r.log.Error(err, "Reading the API server's metrics for write counts")
+	}
+	return m
 }
 
 // formatBytes writes a byte count for people: 12.3 MiB.

@@ -31,6 +31,19 @@ type EventResult struct {
 	// Handover says the event changed the ring's members; otherwise (a
 	// storm of writes) Held is not meaningful.
 	Handover bool
+	// WritesCounted says the object writes were counted: for events
+	// without load whose start was marked, as under load the spec
+	// updates' writes would drown the handover's. ObjectWrites is then the
+	// mutating requests on ConfigBindings and ConfigMaps (any subresource)
+	// the API server served from the mark until the fleet settled, less
+	// the load tester's own (OwnWrites); WritesPerMoved is ObjectWrites
+	// per object of the moved shards, -1 when not counted or nothing
+	// moved. A handover that keeps each object's ConfigMap and status as
+	// they are writes none.
+	WritesCounted  bool
+	ObjectWrites   float64
+	OwnWrites      int64
+	WritesPerMoved float64
 	// Error says why it did not settle within the settle timeout.
 	Error string `json:",omitempty"`
 }
@@ -41,11 +54,11 @@ type EventResult struct {
 func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) {
 	f := r.newFleet(mode)
 	f.sizes = []int{n}
-	api, err := scrapeAPIServer(ctx, r.rc)
+	before, err := r.markWrites(ctx)
 	if err != nil {
 		return nil, err
 	}
-	f.apiStart, f.ownSyncsStart = api, r.tracker.ownSyncs.Load()
+	f.apiStart, f.ownSyncsStart = before.api, r.tracker.ownSyncs.Load()
 	r.mu.Lock()
 	r.fleet = f
 	r.fleets = append(r.fleets, f)
@@ -55,7 +68,7 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 	if err := f.scaleTo(ctx, n); err != nil {
 		return f, err
 	}
-	ev := r.settle(ctx, f, "start of "+f.label(), f.started, settleQuiet)
+	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, before, settleQuiet)
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}
@@ -107,8 +120,14 @@ const (
 // records the event. It gives up after the settle timeout and says what was
 // missing.
 func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time, kind settleKind) EventResult {
+	return r.settleFrom(ctx, f, name, since, writeMark{}, kind)
+}
+
+// settleFrom is settle for an event whose object writes count from before,
+// a mark taken right before the event (none counted without one).
+func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, before writeMark, kind settleKind) EventResult {
 	allReady := kind != settleHandover
-	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad}
+	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, WritesPerMoved: -1}
 	r.setPhase("settling after %s", name)
 	deadline := time.Now().Add(r.opts.SettleTimeout)
 	hc := &http.Client{Timeout: 2 * time.Second}
@@ -130,6 +149,7 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 		if ok {
 			ev.Held = heldAt.Sub(since)
 			ev.Reconciled = now.Sub(since)
+			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
 			return ev
@@ -139,6 +159,7 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 			if !heldAt.IsZero() {
 				ev.Held = heldAt.Sub(since)
 			}
+			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			return ev
 		}
@@ -147,6 +168,21 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 			return ev
 		}
 	}
+}
+
+// countEventWrites counts an event's object writes from before until now,
+// when it was marked.
+func (r *run) countEventWrites(ctx context.Context, ev EventResult, before writeMark) EventResult {
+	if !before.valid() {
+		return ev
+	}
+	writes, own, ok := controllerWrites(before, r.markWritesOrLog(ctx))
+	if !ok {
+		return ev
+	}
+	ev.WritesCounted, ev.ObjectWrites, ev.OwnWrites = true, writes, own
+	ev.WritesPerMoved = perCause(writes, true, ev.Objects)
+	return ev
 }
 
 // settledSharded checks a sharded fleet.

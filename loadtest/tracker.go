@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -71,7 +72,6 @@ type objectState struct {
 	createdAt  time.Time // when the load tester sent its create, if it tracks it
 	readyGen   int64     // latest generation seen Ready
 	readyAt    time.Time
-	replica    string // status.replica
 	reason     string // the Ready condition's reason
 	pending    []pendingWrite
 }
@@ -138,6 +138,53 @@ func (l *syncCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	return l.next.RoundTrip(req)
 }
 
+// writeCounter counts the object writes a client sends: POST, PUT, PATCH
+// and DELETE requests on ConfigBindings and ConfigMaps, any subresource.
+// It counts on sending, whatever the answer, as the API server's
+// apiserver_request_total counts every code; only a request that never
+// reached the server is counted here alone.
+type writeCounter struct {
+	next http.RoundTripper
+	n    *atomic.Int64
+}
+
+func (w *writeCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		if slices.Contains(objectResources, resourceOfPath(req.URL.Path)) {
+			w.n.Add(1)
+		}
+	}
+	return w.next.RoundTrip(req)
+}
+
+// resourceOfPath is the resource a Kubernetes API path names, after any
+// prefix of the server's URL: configmaps for
+// /api/v1/namespaces/ns/configmaps/x, configbindings for
+// /apis/config.kshard.dev/v1alpha1/namespaces/ns/configbindings/x/status,
+// namespaces for /api/v1/namespaces; "" for a path outside the API.
+func resourceOfPath(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	for i, p := range parts {
+		switch {
+		case p == "api" && i+1 < len(parts):
+			parts = parts[i+2:]
+		case p == "apis" && i+2 < len(parts):
+			parts = parts[i+3:]
+		default:
+			continue
+		}
+		if len(parts) >= 3 && parts[0] == "namespaces" {
+			return parts[2]
+		}
+		if len(parts) > 0 {
+			return parts[0]
+		}
+		return ""
+	}
+	return ""
+}
+
 func (t *tracker) state(key string) *objectState {
 	s := t.objects[key]
 	if s == nil {
@@ -166,7 +213,6 @@ func (t *tracker) observe(obj any) {
 	if was < 0 && s.shard >= 0 && !s.createdAt.IsZero() {
 		t.labeled = append(t.labeled, max(now.Sub(s.createdAt), 0))
 	}
-	s.replica = cb.Status.Replica
 	s.reason = ""
 	cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
 	if cond != nil {

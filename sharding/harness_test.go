@@ -18,6 +18,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -204,7 +205,8 @@ func startReplica(t testing.TB, rc replicaConfig) *replica {
 
 // statusReconciler is the smallest useful sharded reconciler: it reads the
 // object from its shard's cache and records, in status, the generation it
-// saw and which shard and replica saw it.
+// saw and which shard and replica saw it (the replica in a condition of its
+// own: the API has no field for it, as a real reconciler needs none).
 type statusReconciler struct {
 	rep    *sharding.Replica
 	client client.Client
@@ -221,7 +223,7 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 	}
 	// A little work, so that overlapping reconciles would have a window.
 	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
-	if cb.Status.ObservedGeneration == cb.Generation && ptr.Deref(cb.Status.Shard, -1) == req.Shard && cb.Status.Replica == r.rep.Identity() {
+	if cb.Status.ObservedGeneration == cb.Generation && ptr.Deref(cb.Status.Shard, -1) == req.Shard && reconciledBy(&cb) == r.rep.Identity() {
 		return reconcile.Result{}, nil
 	}
 	if !r.rep.Holds(req.Shard) {
@@ -230,7 +232,8 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 	patch := client.MergeFromWithOptions(cb.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	cb.Status.ObservedGeneration = cb.Generation
 	cb.Status.Shard = ptr.To(req.Shard)
-	cb.Status.Replica = r.rep.Identity()
+	meta.SetStatusCondition(&cb.Status.Conditions, metav1.Condition{Type: conditionReconciledBy, Status: metav1.ConditionTrue,
+		Reason: "Reconciled", Message: r.rep.Identity(), ObservedGeneration: cb.Generation})
 	if err := r.client.Status().Patch(ctx, &cb, patch); err != nil {
 		if apierrors.IsConflict(err) {
 			// Our cache is behind: look again when it has caught up.
@@ -242,6 +245,17 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// conditionReconciledBy is the test reconciler's record of who reconciled an
+// object last: its message is the replica.
+const conditionReconciledBy = "ReconciledBy"
+
+func reconciledBy(cb *configv1alpha1.ConfigBinding) string {
+	if c := meta.FindStatusCondition(cb.Status.Conditions, conditionReconciledBy); c != nil {
+		return c.Message
+	}
+	return ""
 }
 
 // runReplicaProcess is the body of a replica process.
@@ -411,8 +425,8 @@ func allReconciled(c client.Client, ns, ring string, t testing.TB) error {
 		if got := ptr.Deref(cb.Status.Shard, -1); got != shard {
 			return fmt.Errorf("%s: status shard %d, label %d", cb.Name, got, shard)
 		}
-		if h := holderOf(holders[shard]); cb.Status.Replica != h {
-			return fmt.Errorf("%s: reconciled by %q, shard %d held by %q", cb.Name, cb.Status.Replica, shard, h)
+		if h := holderOf(holders[shard]); reconciledBy(&cb) != h {
+			return fmt.Errorf("%s: reconciled by %q, shard %d held by %q", cb.Name, reconciledBy(&cb), shard, h)
 		}
 	}
 	return nil

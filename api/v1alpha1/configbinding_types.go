@@ -55,8 +55,9 @@ type ConfigBindingTarget struct {
 }
 
 // ConfigBindingStatus is what the controller last did with the object, and
-// which shard and replica did it, so an operator can find the owner of any
-// object with kubectl alone.
+// in which shard. It names no replica: the shard's holder is in its Lease
+// (`kshard status`), so a handover moves ownership without rewriting a
+// single object.
 type ConfigBindingStatus struct {
 	// ObservedGeneration is the spec generation the conditions describe.
 	// +optional
@@ -65,10 +66,6 @@ type ConfigBindingStatus struct {
 	// Shard is the shard that reconciled the object.
 	// +optional
 	Shard *int32 `json:"shard,omitempty"`
-
-	// Replica is the controller replica that reconciled the object.
-	// +optional
-	Replica string `json:"replica,omitempty"`
 
 	// ResolvedRevision is the highest config-center revision among the
 	// bound keys' values that the ConfigMap holds.
@@ -92,7 +89,6 @@ type ConfigBindingStatus struct {
 // +kubebuilder:resource:shortName=cb,categories=kshard
 // +kubebuilder:printcolumn:name="Domain",type=string,JSONPath=`.spec.domain`
 // +kubebuilder:printcolumn:name="Shard",type=integer,JSONPath=`.status.shard`
-// +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.replica`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Revision",type=integer,JSONPath=`.status.resolvedRevision`,priority=1

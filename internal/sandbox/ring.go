@@ -41,25 +41,23 @@ func isReady(cb *configv1alpha1.ConfigBinding) bool {
 	return meta.IsStatusConditionTrue(cb.Status.Conditions, conditionReady)
 }
 
-// settled reports whether every ConfigBinding is Ready and was last
-// reconciled by the replica that holds its shard now: after a handover, the
-// moment the new owners have caught up. detail says what is missing.
-func settled(st *sharding.RingStatus, bindings []configv1alpha1.ConfigBinding) (ok bool, detail string) {
+// settled reports whether every ConfigBinding is labeled and Ready for its
+// current generation. A binding names no replica (a handover rewrites no
+// object), so the new holders' side of a handover is their readiness: see
+// script.settled. detail says what is missing.
+func settled(bindings []configv1alpha1.ConfigBinding) (ok bool, detail string) {
 	var behind []string
 	for i := range bindings {
 		cb := &bindings[i]
 		why := ""
-		shard, labeled := sharding.ParseShardLabel(cb.Labels, st.ShardCount)
 		switch {
-		case !labeled:
+		case cb.Labels[sharding.LabelShard] == "":
 			why = "no shard label yet"
-		case !isReady(cb):
+		case !isReady(cb) || cb.Status.ObservedGeneration != cb.Generation:
 			why = "not Ready"
 			if c := meta.FindStatusCondition(cb.Status.Conditions, conditionReady); c != nil {
 				why += " (" + c.Reason + ")"
 			}
-		case cb.Status.Replica != st.Shards[shard].Holder:
-			why = fmt.Sprintf("reconciled by %q, shard %d held by %q", cb.Status.Replica, shard, st.Shards[shard].Holder)
 		}
 		if why != "" {
 			behind = append(behind, cb.Name+": "+why)

@@ -299,7 +299,7 @@ func (s *sandbox) run(parent context.Context) error {
 	stopView := goSafe(ctx, cancel, "live view", v.run)
 	defer stopView()
 
-	if err := (&script{s: s, c: c}).run(ctx); err != nil {
+	if err := (&script{s: s, c: c, scraper: newScraper()}).run(ctx); err != nil {
 		return err
 	}
 

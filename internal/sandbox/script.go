@@ -29,12 +29,13 @@ func (sc *script) objectPollInterval() time.Duration {
 // script is the guided tour: wait until everything is ready, then move shards
 // the three ways they move in production (a replica leaves, one joins, one
 // crashes) and measure each from the signal to the moment every shard is held
-// again by its desired owner, and to the moment every object is reconciled by
-// that owner. It judges only by what the cluster shows (Leases, object
-// status), like an operator would.
+// again by its desired owner, and to the moment every new holder runs its
+// shards (its /readyz) with every object Ready. It judges by what an operator
+// sees: Leases, readiness and object status.
 type script struct {
 	s       *sandbox
 	c       client.Client
+	scraper *scraper
 	results []handover
 	// shown is the last shard map printed, so an unchanged one is not
 	// printed twice in a row.
@@ -52,10 +53,9 @@ func (sc *script) run(ctx context.Context) error {
 	out := sc.s.out
 	out.printf("\nwaiting until every replica is ready and every ConfigBinding is Ready ...")
 	start := time.Now()
-	scr := newScraper()
 	took, err := sc.waitFor(ctx, "every replica ready and every ConfigBinding Ready", start, sc.objectPollInterval(), func(ctx context.Context) (bool, string, error) {
 		for _, r := range sc.s.replicas.all() {
-			if !scr.ready(ctx, r.healthAddr) {
+			if !sc.scraper.ready(ctx, r.healthAddr) {
 				return false, r.id + " is not ready (/readyz)", nil
 			}
 		}
@@ -153,8 +153,8 @@ func gone(id string) func(*sharding.RingStatus) (bool, string) {
 }
 
 // measure runs one handover: it prints the shard map, acts, waits until the
-// ring is done (and runs after, if any, at that point), waits until every
-// object is reconciled by its shard's new holder, and prints both times, the
+// ring is done (and runs after, if any, at that point), waits until every new
+// holder runs its shards and every object is Ready, and prints both times, the
 // new shard map, what moved, and whether any object's shard label changed
 // (none should: only Leases move).
 func (sc *script) measure(ctx context.Context, event string, act func() error,
@@ -194,12 +194,12 @@ func (sc *script) measure(ctx context.Context, event string, act func() error,
 	if after != nil {
 		after(t0)
 	}
-	objectsTook, err := sc.waitFor(ctx, event+": every ConfigBinding Ready and reconciled by its shard's holder", t0,
+	objectsTook, err := sc.waitFor(ctx, event+": every new holder running its shards and every ConfigBinding Ready", t0,
 		sc.objectPollInterval(), sc.settled)
 	if err != nil {
 		return err
 	}
-	out.printf("%s: every ConfigBinding Ready and reconciled by its shard's new holder after %s", event, round(objectsTook))
+	out.printf("%s: every new holder running its shards and every ConfigBinding Ready after %s", event, round(objectsTook))
 
 	st, err := readRing(ctx, sc.c)
 	if err != nil {
@@ -215,8 +215,9 @@ func (sc *script) measure(ctx context.Context, event string, act func() error,
 	return nil
 }
 
-// settled is a wait condition: every ConfigBinding Ready and reconciled by
-// the replica holding its shard.
+// settled is a wait condition: every shard held by its desired owner, every
+// running replica ready (it runs every shard the ring gives it, informers
+// synced), and every ConfigBinding Ready.
 func (sc *script) settled(ctx context.Context) (bool, string, error) {
 	st, err := readRing(ctx, sc.c)
 	if err != nil {
@@ -232,7 +233,12 @@ func (sc *script) settled(ctx context.Context) (bool, string, error) {
 	if ok, detail := balanced(st); !ok {
 		return false, detail, nil
 	}
-	ok, detail := settled(st, bindings)
+	for _, r := range sc.s.replicas.running() {
+		if !sc.scraper.ready(ctx, r.healthAddr) {
+			return false, r.id + " does not run all its shards yet (/readyz)", nil
+		}
+	}
+	ok, detail := settled(bindings)
 	return ok, detail, nil
 }
 
@@ -277,7 +283,7 @@ func (sc *script) summary() {
 	fmt.Fprintf(&b, "\nhandover summary (lease %s, renew deadline %s, retry period %s; from the signal; shards polled every %s, objects every %s):\n",
 		leaseDuration, renewDeadline, retryPeriod, pollInterval, sc.objectPollInterval())
 	tw := tabwriter.NewWriter(&b, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "  EVENT\tEVERY SHARD HELD BY ITS DESIRED OWNER\tEVERY OBJECT RECONCILED BY ITS NEW HOLDER")
+	fmt.Fprintln(tw, "  EVENT\tEVERY SHARD HELD BY ITS DESIRED OWNER\tEVERY NEW HOLDER RUNNING ITS SHARDS")
 	for _, h := range sc.results {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", h.event, round(h.shards), round(h.objects))
 	}

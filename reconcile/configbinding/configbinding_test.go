@@ -214,7 +214,7 @@ func (e *env) waitData(t *testing.T, cmName string, want map[string]string) {
 
 // TestReadyWithData: a binding becomes Ready with the config center's values
 // in its ConfigMap, owned by it, labeled with its shard; status names the
-// shard and the replica.
+// shard.
 func TestReadyWithData(t *testing.T) {
 	e := startEnv(t, "ready", externalcache.Options{})
 	if _, err := e.cc.Put("domain-1", "key-0", "v-zero"); err != nil {
@@ -222,8 +222,8 @@ func TestReadyWithData(t *testing.T) {
 	}
 	e.create(t, "app", "domain-1", "key-0", "key-1")
 	cb := e.waitReason(t, "app", configbinding.ReasonSynced)
-	if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) || cb.Status.Replica != "ready-0" {
-		t.Fatalf("status shard %v replica %q", cb.Status.Shard, cb.Status.Replica)
+	if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
+		t.Fatalf("status shard %v", cb.Status.Shard)
 	}
 	if cb.Status.ResolvedRevision == 0 {
 		t.Fatal("no resolved revision")
@@ -357,7 +357,7 @@ func TestBaselines(t *testing.T) {
 			e := startEnvWith(t, tc.name, func(o *replica.Options) { o.Sharding, o.ExternalMode = tc.sharding, tc.mode })
 			e.create(t, "app", "domain-1", "key-0", "key-1")
 			cb := e.waitReason(t, "app", configbinding.ReasonSynced)
-			if cb.Status.Replica != tc.name+"-0" || ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
+			if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
 				t.Fatalf("status %+v", cb.Status)
 			}
 			if _, err := e.cc.Put("domain-1", "key-1", "new"); err != nil {
@@ -403,77 +403,4 @@ func TestTargetConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitReason(t, "app", configbinding.ReasonSynced)
-}
-
-// TestHandoverKeepsReady: when a replica leaves, the new owner of its
-// shards starts with a cold cache; its bindings stay Ready (the ConfigMaps
-// hold their values) instead of flapping to Fetching, and the new owner
-// takes them over.
-func TestHandoverKeepsReady(t *testing.T) {
-	e := startEnv(t, "handover", externalcache.Options{})
-	second := e.opts
-	second.Identity = "handover-1"
-	e.startReplica(t, second)
-	var names []string
-	for i := range 16 {
-		name := fmt.Sprintf("app-%d", i)
-		names = append(names, name)
-		e.create(t, name, fmt.Sprintf("domain-%d", i%4), "key-0", "key-1")
-	}
-	ctx := context.Background()
-	byReplica := func() (map[string]int, error) {
-		out := map[string]int{}
-		for _, n := range names {
-			var cb configv1alpha1.ConfigBinding
-			if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.ns, Name: n}, &cb); err != nil {
-				return nil, err
-			}
-			if !meta.IsStatusConditionTrue(cb.Status.Conditions, configbinding.ConditionReady) {
-				return nil, fmt.Errorf("%s not Ready: %+v", n, cb.Status.Conditions)
-			}
-			out[cb.Status.Replica]++
-		}
-		return out, nil
-	}
-	controlplane.Eventually(t, 2*time.Minute, "bindings Ready on both replicas", func() error {
-		got, err := byReplica()
-		if err == nil && got["handover-0"] == 0 {
-			err = fmt.Errorf("by replica %v: want some on handover-0", got)
-		}
-		return err
-	})
-
-	w, err := newWatchClient(t).Watch(ctx, &configv1alpha1.ConfigBindingList{}, client.InNamespace(e.ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	var mu sync.Mutex
-	var flaps []string
-	go func() {
-		for ev := range w.ResultChan() {
-			cb, ok := ev.Object.(*configv1alpha1.ConfigBinding)
-			if !ok {
-				continue
-			}
-			if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); c != nil && c.Status != metav1.ConditionTrue {
-				mu.Lock()
-				flaps = append(flaps, fmt.Sprintf("%s: %s %s", cb.Name, c.Reason, c.Message))
-				mu.Unlock()
-			}
-		}
-	}()
-	e.stopFirst()
-	controlplane.Eventually(t, 2*time.Minute, "every binding taken over by handover-1", func() error {
-		got, err := byReplica()
-		if err == nil && got["handover-1"] != len(names) {
-			err = fmt.Errorf("by replica %v", got)
-		}
-		return err
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	if len(flaps) > 0 {
-		t.Fatalf("bindings left Ready during the handover: %v", flaps)
-	}
 }

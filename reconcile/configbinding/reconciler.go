@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,9 +30,6 @@ const (
 
 	// ReasonSynced: the ConfigMap holds the current values.
 	ReasonSynced = "Synced"
-	// ReasonFetching: values are being fetched; the object is requeued when
-	// they arrive.
-	ReasonFetching = "Fetching"
 	// ReasonKeyNotFound: a key does not exist in its domain; create it in the
 	// config center or remove it from spec.keys.
 	ReasonKeyNotFound = "KeyNotFound"
@@ -59,7 +54,6 @@ const FieldManager = "kshard"
 type Shards interface {
 	Reader(shard int32) (client.Reader, bool)
 	Holds(shard int32) bool
-	Identity() string
 }
 
 // Reconciler reconciles one ConfigBinding per request.
@@ -77,9 +71,16 @@ type Reconciler struct {
 	// the cache's notification normally requeues them much sooner.
 	// Defaults to one minute.
 	RetryAfter time.Duration
+
+	writes unseenWrites
 }
 
-// Reconcile implements reconcile.TypedReconciler for sharded requests.
+// Reconcile implements reconcile.TypedReconciler for sharded requests. An
+// up-to-date binding costs no API request: the ConfigMap is applied only when
+// it differs from what the binding wants, status is patched only when it
+// says something new, and a key whose value is merely on its way writes
+// nothing (the fetch's notification requeues the binding). So a spec update
+// costs two writes, and a handover of up-to-date objects none.
 func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (reconcile.Result, error) {
 	reader, ok := r.Shards.Reader(req.Shard)
 	if !ok {
@@ -87,6 +88,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	}
 	var cb configv1alpha1.ConfigBinding
 	if err := reader.Get(ctx, req.NamespacedName, &cb); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.writes.forget(req.NamespacedName)
+		}
 		// NotFound may only mean the object left this shard: nothing to
 		// clean up here; the owner reference deletes the ConfigMap.
 		return reconcile.Result{}, client.IgnoreNotFound(err)
@@ -97,48 +101,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	log := logf.FromContext(ctx).WithValues("shard", req.Shard, "domain", cb.Spec.Domain)
 
 	res := r.resolve(ctx, req.Shard, &cb)
+	if res.waiting() {
+		// Nothing new to say: the status keeps its last word, and an
+		// observedGeneration behind the generation says the update is in
+		// progress. The value's arrival requeues the binding; the safety
+		// requeue bounds the wait.
+		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+	}
 	if res.complete() {
-		var current corev1.ConfigMap
-		target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
-		err := reader.Get(ctx, target, &current)
-		if err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
+		conflict, err := r.applyConfigMap(ctx, reader, &cb, req.Shard, res)
+		if err != nil {
+			return reconcile.Result{}, err
 		}
-		if apierrors.IsNotFound(err) {
-			// Not in this shard's cache: absent, or not ours (no shard label).
-			owner, err := r.foreignOwner(ctx, target, &cb)
-			if err != nil {
-				return reconcile.Result{}, err
-			}
-			if owner != "" {
-				cond := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
-					Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", target.Name, owner)}
-				return reconcile.Result{}, r.patchStatus(ctx, &cb, req.Shard, 0, cond)
-			}
+		if conflict != nil {
+			return reconcile.Result{}, r.patchStatus(ctx, &cb, req.Shard, 0, *conflict)
 		}
-		if apierrors.IsNotFound(err) || drifted(&current, &cb, req.Shard, res.data) {
-			if !r.Shards.Holds(req.Shard) {
-				return reconcile.Result{}, nil
-			}
-			if err := r.Client.Apply(ctx, renderConfigMap(&cb, req.Shard, res.data), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-				return reconcile.Result{}, fmt.Errorf("applying ConfigMap %s: %w", cb.Spec.Target.ConfigMapName, err)
-			}
-			log.V(1).Info("Applied ConfigMap", "configMap", cb.Spec.Target.ConfigMapName, "revision", res.revision)
-		}
+		log.V(1).Info("ConfigMap holds the binding's values", "configMap", cb.Spec.Target.ConfigMapName, "revision", res.revision)
 	}
 
 	cond := res.condition()
-	if cond.Reason == ReasonFetching && readyAt(&cb) {
-		// The ConfigMap holds this generation's values, but this replica's
-		// cache is cold (it just acquired the shard): keep saying Ready
-		// rather than flap to Fetching; the fetch's notification requeues
-		// the object, and the safety requeue bounds the wait.
-		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
-	}
 	if err := r.patchStatus(ctx, &cb, req.Shard, res.revision, cond); err != nil {
 		if errors.Is(err, errStale) {
-			// Our cache is behind (often our own last status patch): look
-			// again shortly rather than drop what we found.
+			// Our cache is behind: look again shortly rather than drop
+			// what we found.
 			return reconcile.Result{RequeueAfter: staleRetry}, nil
 		}
 		return reconcile.Result{}, err
@@ -151,12 +136,53 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
 }
 
-// readyAt reports whether the binding's status says Ready for its current
-// generation.
-func readyAt(cb *configv1alpha1.ConfigBinding) bool {
-	c := meta.FindStatusCondition(cb.Status.Conditions, ConditionReady)
-	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == cb.Generation &&
-		cb.Status.ObservedGeneration == cb.Generation
+// applyConfigMap makes the target ConfigMap hold the binding's values, with
+// a server-side apply only when the cache shows it different and our own
+// last apply is not simply on its way. It returns the TargetConflict
+// condition, and writes nothing, when the ConfigMap is someone else's.
+func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, cb *configv1alpha1.ConfigBinding, shard int32, res resolution) (*metav1.Condition, error) {
+	var current corev1.ConfigMap
+	target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
+	err := reader.Get(ctx, target, &current)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
+	}
+	exists := err == nil
+	want := configMapDigest(res.data, strconv.Itoa(int(shard)), cb.Spec.Domain, cb.UID)
+	if exists && configMapDigest(current.Data, current.Labels[sharding.LabelShard], current.Labels[sharding.LabelDomain], controllerUID(&current)) == want {
+		return nil, nil
+	}
+	key := writeKey{writeConfigMap, client.ObjectKeyFromObject(cb)}
+	if d, ok := r.writes.pending(key, current.ResourceVersion); ok && d == want {
+		return nil, nil
+	}
+	if !exists {
+		// Not in this shard's cache: absent, or not ours (no shard label).
+		owner, err := r.foreignOwner(ctx, target, cb)
+		if err != nil {
+			return nil, err
+		}
+		if owner != "" {
+			return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
+				Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", target.Name, owner)}, nil
+		}
+	}
+	if !r.Shards.Holds(shard) {
+		return nil, nil
+	}
+	if err := r.Client.Apply(ctx, renderConfigMap(cb, shard, res.data), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
+	}
+	r.writes.wrote(key, current.ResourceVersion, want)
+	return nil, nil
+}
+
+// controllerUID is the UID of an object's controller owner, if any.
+func controllerUID(o metav1.Object) types.UID {
+	if ref := metav1.GetControllerOf(o); ref != nil {
+		return ref.UID
+	}
+	return ""
 }
 
 // foreignOwner reports who else owns an existing ConfigMap of the target's
@@ -232,6 +258,12 @@ func (r *Reconciler) resolve(ctx context.Context, shard int32, cb *configv1alpha
 // complete reports whether every key has a value to write.
 func (res resolution) complete() bool { return len(res.pending) == 0 && len(res.missing) == 0 }
 
+// waiting reports whether values are merely on their way: nothing failed,
+// nothing is missing, and nothing is to be written until they arrive.
+func (res resolution) waiting() bool {
+	return len(res.pending) > 0 && len(res.missing) == 0 && res.unavailable == nil
+}
+
 func (res resolution) condition() metav1.Condition {
 	c := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse}
 	switch {
@@ -247,9 +279,6 @@ func (res resolution) condition() metav1.Condition {
 	case res.unavailable != nil:
 		c.Reason = ReasonExternalUnavailable
 		c.Message = fmt.Sprintf("config center unavailable (%v); the ConfigMap holds values fetched at %s", res.unavailable, res.staleSince.UTC().Format(time.RFC3339))
-	case len(res.pending) > 0:
-		c.Reason = ReasonFetching
-		c.Message = fmt.Sprintf("fetching from the config center: %s", strings.Join(res.pending, ", "))
 	default:
 		c.Status = metav1.ConditionTrue
 		c.Reason = ReasonSynced
@@ -258,23 +287,33 @@ func (res resolution) condition() metav1.Condition {
 	return c
 }
 
-// patchStatus writes status when it changed, with a merge patch guarded by
-// resourceVersion: a replica that lost the shard cannot overwrite a newer
-// status, and a newer spec makes the patch fail and the object requeue.
+// patchStatus writes status when it says something new, with a merge patch
+// guarded by resourceVersion: a replica that lost the shard cannot overwrite
+// a newer status, and a newer spec makes the patch fail and the object
+// requeue. A status this replica patched and the cache does not show yet is
+// not patched again.
 func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigBinding, shard int32, revision int64, cond metav1.Condition) error {
 	updated := cb.DeepCopy()
 	st := &updated.Status
 	st.ObservedGeneration = cb.Generation
 	st.Shard = ptr.To(shard)
-	st.Replica = r.Shards.Identity()
 	if revision > 0 {
 		st.ResolvedRevision = revision
 	}
 	cond.ObservedGeneration = cb.Generation
 	before := meta.FindStatusCondition(cb.Status.Conditions, ConditionReady)
 	meta.SetStatusCondition(&st.Conditions, cond)
-	if statusEqual(&cb.Status, st) {
+	want := statusDigest(st)
+	if statusDigest(&cb.Status) == want {
 		return nil
+	}
+	key := writeKey{writeStatus, client.ObjectKeyFromObject(cb)}
+	if d, ok := r.writes.pending(key, cb.ResourceVersion); ok {
+		if d == want {
+			return nil
+		}
+		// Patched over this version already: another patch would fail.
+		return errStale
 	}
 	if !r.Shards.Holds(shard) {
 		return nil
@@ -288,6 +327,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigB
 		}
 		return fmt.Errorf("patching status: %w", err)
 	}
+	r.writes.wrote(key, cb.ResourceVersion, want)
 	if r.Events != nil && (before == nil || before.Reason != cond.Reason) {
 		kind := corev1.EventTypeNormal
 		if cond.Status != metav1.ConditionTrue {
@@ -296,29 +336,4 @@ func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigB
 		r.Events.Eventf(updated, nil, kind, cond.Reason, "Reconcile", "%s", cond.Message)
 	}
 	return nil
-}
-
-func statusEqual(a, b *configv1alpha1.ConfigBindingStatus) bool {
-	if a.ObservedGeneration != b.ObservedGeneration || ptr.Deref(a.Shard, -1) != ptr.Deref(b.Shard, -1) ||
-		a.Replica != b.Replica || a.ResolvedRevision != b.ResolvedRevision || len(a.Conditions) != len(b.Conditions) {
-		return false
-	}
-	for i := range a.Conditions {
-		x, y := a.Conditions[i], b.Conditions[i]
-		if x.Type != y.Type || x.Status != y.Status || x.Reason != y.Reason || x.Message != y.Message || x.ObservedGeneration != y.ObservedGeneration {
-			return false
-		}
-	}
-	return true
-}
-
-// drifted reports whether the ConfigMap differs from what we would apply.
-func drifted(cm *corev1.ConfigMap, cb *configv1alpha1.ConfigBinding, shard int32, data map[string]string) bool {
-	if !maps.Equal(cm.Data, data) || cm.Labels[sharding.LabelShard] != strconv.Itoa(int(shard)) ||
-		cm.Labels[sharding.LabelDomain] != cb.Spec.Domain {
-		return true
-	}
-	return !slices.ContainsFunc(cm.OwnerReferences, func(o metav1.OwnerReference) bool {
-		return o.UID == cb.UID && ptr.Deref(o.Controller, false)
-	})
 }

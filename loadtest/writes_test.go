@@ -1,0 +1,177 @@
+package loadtest
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// apiScrape parses an API server /metrics text into a sample taken at.
+func apiScrape(t *testing.T, at time.Time, text string) apiServerSample {
+	t.Helper()
+	f, err := parseFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := apiSampleOf(f)
+	s.At = at
+	return s
+}
+
+const requestsHelp = "# HELP apiserver_request_total Counter of apiserver requests.\n# TYPE apiserver_request_total counter\n"
+
+func TestControllerWritesPerUpdate(t *testing.T) {
+	t0 := time.Now()
+	before := apiScrape(t, t0, requestsHelp+`apiserver_request_total{code="201",resource="configbindings",subresource="",verb="POST"} 100
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="PATCH"} 10
+apiserver_request_total{code="200",resource="configbindings",subresource="status",verb="PATCH"} 100
+apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} 100
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 3
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="WATCH"} 3
+apiserver_request_total{code="200",resource="leases",subresource="",verb="PUT"} 500
+apiserver_request_total{code="201",resource="events",subresource="",verb="POST"} 40
+`)
+	// In the phase: the load tester's 50 spec patches; the controller's 50
+	// status patches, 5 more that conflicted (409 counts: the server did
+	// the work), 50 ConfigMap applies and one ConfigMap delete. Reads,
+	// Lease renewals and Events are not object writes.
+	after := apiScrape(t, t0.Add(time.Minute), requestsHelp+`apiserver_request_total{code="201",resource="configbindings",subresource="",verb="POST"} 100
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="PATCH"} 60
+apiserver_request_total{code="200",resource="configbindings",subresource="status",verb="PATCH"} 150
+apiserver_request_total{code="409",resource="configbindings",subresource="status",verb="PATCH"} 5
+apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} 150
+apiserver_request_total{code="200",resource="configmaps",subresource="",verb="DELETE"} 1
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 5
+apiserver_request_total{code="200",resource="configbindings",subresource="",verb="WATCH"} 9
+apiserver_request_total{code="200",resource="leases",subresource="",verb="PUT"} 600
+apiserver_request_total{code="201",resource="events",subresource="",verb="POST"} 47
+`)
+	if got := after.minus(before).ObjectWrites; got != 156 {
+		t.Errorf("object writes in the phase = %v, want 156 (50 spec + 55 status + 50 apply + 1 delete)", got)
+	}
+	if d := after.minus(before); d.LeaseWrites != 100 || d.Writes != 263 {
+		t.Errorf("lease writes %v, all writes %v; want 100 and 263", d.LeaseWrites, d.Writes)
+	}
+
+	from, to := writeMark{api: before, own: 7}, writeMark{api: after, own: 57}
+	writes, own, ok := controllerWrites(from, to)
+	if !ok || own != 50 || writes != 106 {
+		t.Fatalf("controllerWrites = %v, %v, %v; want 106 by the replicas, 50 own", writes, own, ok)
+	}
+	if got := perCause(writes, ok, 50); got != 2.12 {
+		t.Errorf("writes per spec update = %v, want 2.12", got)
+	}
+	if got := perCause(writes, ok, 0); got != -1 {
+		t.Errorf("writes per spec update without updates = %v, want -1 (n/a)", got)
+	}
+
+	// A handover that rewrites nothing: the counts do not move.
+	if writes, _, ok := controllerWrites(to, writeMark{api: after, own: 57}); !ok || perCause(writes, ok, 3333) != 0 {
+		t.Errorf("an event without writes: %v writes (%v)", writes, ok)
+	}
+	// Without a mark at one edge nothing is counted, rather than every
+	// write since the API server started.
+	if _, _, ok := controllerWrites(writeMark{}, to); ok {
+		t.Error("controllerWrites counted from a mark never taken")
+	}
+	// The load tester's writes that never reached the server do not make
+	// the replicas' negative.
+	if writes, _, _ := controllerWrites(from, writeMark{api: after, own: 1000}); writes != 0 {
+		t.Errorf("controllerWrites = %v, want 0", writes)
+	}
+}
+
+func TestResourceOfPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"/api/v1/namespaces/loadtest/configmaps/cb-1-config":                              "configmaps",
+		"/api/v1/namespaces/loadtest/configmaps":                                          "configmaps",
+		"/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings/cb-1/status": "configbindings",
+		"/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings":             "configbindings",
+		"/api/v1/namespaces/loadtest":                                                     "namespaces",
+		"/apis/apps/v1/namespaces/kshard-loadtest/statefulsets/kshard":                    "statefulsets",
+		"/apis/coordination.k8s.io/v1/namespaces/kshard-loadtest/leases/shard-1":          "leases",
+		"/k8s/clusters/c-1/apis/config.kshard.dev/v1alpha1/namespaces/x/configbindings/y": "configbindings",
+		"/apis/config.kshard.dev/v1alpha1/externaldomains/domain-1":                       "externaldomains",
+		"/metrics": "",
+		"/api/v1":  "",
+	} {
+		if got := resourceOfPath(path); got != want {
+			t.Errorf("resourceOfPath(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+type nopTransport struct{}
+
+func (nopTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
+}
+
+func TestWriteCounter(t *testing.T) {
+	var n atomic.Int64
+	c := &http.Client{Transport: &writeCounter{next: nopTransport{}, n: &n}}
+	const base = "http://127.0.0.1:6443"
+	for _, r := range []struct{ method, path string }{
+		{http.MethodPatch, "/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings/cb-1"},      // counted
+		{http.MethodPost, "/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings"},            // counted
+		{http.MethodDelete, "/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings/cb-2"},     // counted
+		{http.MethodPatch, "/api/v1/namespaces/loadtest/configmaps/cb-1-config"},                            // counted
+		{http.MethodGet, "/apis/config.kshard.dev/v1alpha1/namespaces/loadtest/configbindings?watch=true"},  // a read
+		{http.MethodGet, "/api/v1/namespaces/loadtest/configmaps"},                                          // a read
+		{http.MethodPut, "/apis/apps/v1/namespaces/kshard-loadtest/statefulsets/kshard"},                    // not an object
+		{http.MethodPost, "/api/v1/namespaces"},                                                             // not an object
+		{http.MethodPatch, "/apis/coordination.k8s.io/v1/namespaces/kshard-loadtest/leases/kshard-shard-1"}, // not an object
+	} {
+		req, err := http.NewRequest(r.method, base+r.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if got := n.Load(); got != 4 {
+		t.Errorf("counted %d object writes, want 4", got)
+	}
+}
+
+func TestRenderWriteRows(t *testing.T) {
+	rep := &Report{
+		Scenario: "compare-sharding",
+		Fleets: []*FleetResult{
+			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, Scanned: 5000, Syncs: 1,
+				WritesCounted: true, ControllerWrites: 1200, SpecUpdates: 600, ControllerWritesPerUpdate: 2},
+			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, Scanned: 640000, Syncs: 128,
+				ControllerWritesPerUpdate: -1},
+		},
+		Events: []EventResult{
+			{Name: "graceful scale-down 3 → 2", Moved: 21, Objects: 3300, WritesCounted: true, WritesPerMoved: 0},
+			{Name: "crash of kshard-1", Moved: 22, Objects: 3400, WritesPerMoved: -1},
+		},
+	}
+	md := renderMarkdown(rep)
+	for _, want := range []string{
+		"| ConfigBindings scanned for initial syncs ÷ singleton's | 1.00× | 128.00× |",
+		"| controller API writes per spec update | 2.00 | n/a |",
+		"| … ConfigBinding and ConfigMap writes in the phase, the load tester's own subtracted / spec updates | 1200 / 600 | n/a / 0 |",
+		"| initial syncs of ConfigBindings: LISTs + watch-lists (API server) | 1 | 128 |",
+		"| object writes per moved object |",
+		"| graceful scale-down 3 → 2 | 0 | 21 | 3300 | - | 0 | 0.00 |",
+		"| crash of kshard-1 | 0 | 22 | 3400 | - | 0 | — |",
+		"The load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (1 of 2 events)",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+
+	// Without a singleton fleet (compare-external) the ratio has no base.
+	rep.Fleets[0].Args = ModeCache.Args
+	if md := renderMarkdown(rep); !strings.Contains(md, "| ConfigBindings scanned for initial syncs ÷ singleton's | — | — |") {
+		t.Error("the scanned ratio must be — without a singleton fleet")
+	}
+}
