@@ -81,14 +81,16 @@ func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, e
 	defer s.end()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(s.runCtx, cancel)
+	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
 	if g.audit == nil {
 		return g.inner.Reconcile(ctx, req)
 	}
 	rec := AuditRecord{Replica: g.r.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}
-	if obj, ok := g.r.opts.For.Object.DeepCopyObject().(client.Object); ok && s.cache.Get(ctx, req.NamespacedName, obj) == nil {
-		rec.Generation = obj.GetGeneration()
+	if reader, ok := s.currentReader(); ok {
+		if obj, ok := g.r.opts.For.Object.DeepCopyObject().(client.Object); ok && reader.Get(ctx, req.NamespacedName, obj) == nil {
+			rec.Generation = obj.GetGeneration()
+		}
 	}
 	rec.Event, rec.Time = "start", time.Now()
 	g.audit.write(rec)

@@ -50,19 +50,29 @@ func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool 
 	return true
 }
 
-// primaryHandler turns the shard's primary objects into requests, after
-// checking that each one's label matches its domain: a wrong label is
-// corrected (the right shard's owner picks the object up), never reconciled.
-func (s *shard) primaryHandler() toolscache.ResourceEventHandler {
-	preds := s.r.opts.For.Predicates
+// primaryHandler turns the group's primary objects into requests of the
+// shard each belongs to, after checking that its label matches its domain: a
+// wrong label is corrected (the right shard's owner picks the object up),
+// never reconciled. It keeps each shard's object count.
+func (g *group) primaryHandler() toolscache.ResourceEventHandler {
+	preds := g.r.opts.For.Predicates
+	counted := func(o client.Object, delta int64) {
+		if n, ok := ParseShardLabel(o.GetLabels(), g.r.opts.Shards); ok {
+			c := g.count(n, delta)
+			if s, _, ok := g.owner(o); ok {
+				shardObjects.WithLabelValues(s.name).Set(float64(c))
+			}
+		}
+	}
 	return toolscache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			o, ok := asObject(obj)
 			if !ok {
 				return
 			}
-			s.countObjects(1)
-			if !s.rightShard(o) {
+			counted(o, 1)
+			s, _, ok := g.owner(o)
+			if !ok || !s.rightShard(o) {
 				return
 			}
 			if passes(preds, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o}) }) {
@@ -72,7 +82,21 @@ func (s *shard) primaryHandler() toolscache.ResourceEventHandler {
 		UpdateFunc: func(oldObj, newObj any) {
 			oldO, ok1 := asObject(oldObj)
 			newO, ok2 := asObject(newObj)
-			if !ok1 || !ok2 || !s.rightShard(newO) {
+			if !ok1 || !ok2 {
+				return
+			}
+			if oldO.GetLabels()[LabelShard] != newO.GetLabels()[LabelShard] {
+				// The object moved between two shards of this group: the
+				// old shard's reconcile sees NotFound, as it would with a
+				// cache of its own.
+				counted(oldO, -1)
+				counted(newO, 1)
+				if s, _, ok := g.owner(oldO); ok {
+					s.enqueue(client.ObjectKeyFromObject(oldO), false)
+				}
+			}
+			s, _, ok := g.owner(newO)
+			if !ok || !s.rightShard(newO) {
 				return
 			}
 			if passes(preds, func(p predicate.Predicate) bool {
@@ -86,7 +110,11 @@ func (s *shard) primaryHandler() toolscache.ResourceEventHandler {
 			if !ok {
 				return
 			}
-			s.countObjects(-1)
+			counted(o, -1)
+			s, _, ok := g.owner(o)
+			if !ok {
+				return
+			}
 			// Gone from this shard's cache is not deleted: the object may
 			// only have left the label selector. The reconciler sees
 			// NotFound and must not clean anything up on it.
@@ -97,26 +125,28 @@ func (s *shard) primaryHandler() toolscache.ResourceEventHandler {
 	}
 }
 
-func (s *shard) countObjects(delta int64) {
-	shardObjects.WithLabelValues(s.name).Set(float64(s.objects.Add(delta)))
-}
-
-// ownedHandler enqueues the primary objects an owned object concerns: its
-// controller owner of the primary kind, or what the kind's Requests says.
-func (s *shard) ownedHandler(k Kind) toolscache.ResourceEventHandler {
+// ownedHandler enqueues the primary objects an owned object concerns, in
+// the owned object's shard: its controller owner of the primary kind, or
+// what the kind's Requests says.
+func (g *group) ownedHandler(k Kind) toolscache.ResourceEventHandler {
+	forGVK := g.r.forGVK
 	owner := func(o client.Object) (types.NamespacedName, bool) {
 		ref := metav1.GetControllerOf(o)
-		if ref == nil || ref.Kind != s.r.forGVK.Kind {
+		if ref == nil || ref.Kind != forGVK.Kind {
 			return types.NamespacedName{}, false
 		}
-		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != s.r.forGVK.Group {
+		if gv, err := schema.ParseGroupVersion(ref.APIVersion); err != nil || gv.Group != forGVK.Group {
 			return types.NamespacedName{}, false
 		}
 		return types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}, true
 	}
 	enqueue := func(oldO, newO client.Object, initial bool) {
+		s, _, ok := g.owner(newO)
+		if !ok {
+			return
+		}
 		if k.Requests != nil {
-			for _, key := range k.Requests(s.runCtx, s.cache, oldO, newO) {
+			for _, key := range k.Requests(s.ctx, s.reader(g), oldO, newO) {
 				s.enqueue(key, initial)
 			}
 			return

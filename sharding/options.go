@@ -25,6 +25,7 @@ const (
 	DefaultRenewDeadline       = 10 * time.Second
 	DefaultRetryPeriod         = 5 * time.Second
 	DefaultDrainTimeout        = 10 * time.Second
+	DefaultBatchWindow         = time.Second
 )
 
 // Kind is an object kind that a shard watches.
@@ -70,6 +71,15 @@ type Options struct {
 	RetryPeriod   time.Duration
 	// DrainTimeout bounds how long a release waits for in-flight reconciles.
 	DrainTimeout time.Duration
+	// BatchWindow is how long shards acquired one after another keep
+	// joining one cache (one LIST and one watch per kind for all of them)
+	// before it starts; it closes sooner once every shard the ring gives
+	// this replica is acquired. The API server scans the whole collection
+	// for every LIST whatever its label selector, so a cache per shard
+	// would cost a scan per shard. Defaults to 1 s: a handover's releases
+	// arrive within a drain of each other, and a shard waits at most this
+	// long before it runs.
+	BatchWindow time.Duration
 
 	// For is the primary kind: its objects carry the shard label and become
 	// requests. Required.
@@ -133,6 +143,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.BatchWindow == 0 {
+		o.BatchWindow = DefaultBatchWindow
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = log

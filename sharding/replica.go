@@ -48,7 +48,16 @@ type Replica struct {
 	ring     *Ring
 	mismatch bool
 	shards   map[int32]*shard
-	acquires chan struct{} // bounds concurrent acquisitions
+	acquires chan struct{} // bounds concurrent Lease acquisitions
+	open     *batch        // the acquisition batch shards join, if any
+	groups   map[*group]bool
+}
+
+// batch gathers the shards whose Leases this replica acquires close
+// together, so that they share one group: one LIST and one watch per kind
+// for all of them.
+type batch struct {
+	shards []*shard
 }
 
 // New creates a Replica and adds it to the manager.
@@ -97,6 +106,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		ring:       NewRing(opts.Shards, nil),
 		shards:     map[int32]*shard{},
 		acquires:   make(chan struct{}, 16),
+		groups:     map[*group]bool{},
 	}
 	if err := mgr.Add(r); err != nil {
 		return nil, err
@@ -268,6 +278,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 			s.release("rebalance")
 		}
 	}
+	r.compactLocked(ctx, ring)
 	return time.Until(next)
 }
 
@@ -320,10 +331,10 @@ func (r *Replica) Holds(n int32) bool {
 // Reader reads a held shard's objects from its informer cache.
 func (r *Replica) Reader(n int32) (client.Reader, bool) {
 	s := r.shard(n)
-	if s == nil || !s.active() {
+	if s == nil {
 		return nil, false
 	}
-	return s.cache, true
+	return s.currentReader()
 }
 
 // HeldShards lists the shards this replica runs, sorted.

@@ -6,31 +6,45 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// shardState is where a shard is in its life on this replica. Transitions
+// only go forward: acquiring → starting → active → draining → stopped, with
+// stopped reachable from every state (a failed acquisition, fencing, a
+// release before the shard ran).
 type shardState int
 
 const (
+	// stateAcquiring: waiting for an acquisition slot or writing the Lease.
 	stateAcquiring shardState = iota
+	// stateStarting: the Lease is held; the shard waits for the cache of its
+	// acquisition batch.
+	stateStarting
+	// stateActive: the shard reads its group's cache and admits reconciles;
+	// it is synced once the group's informers are.
 	stateActive
+	// stateDraining: no new reconciles; in-flight ones finish.
 	stateDraining
+	// stateStopped: no reconcile runs, the shard left its group; the Lease
+	// is being (or was) released, or was lost.
 	stateStopped
 )
 
-// shard is the runtime of one shard on this replica: its Lease, its cache,
-// and the count of its in-flight reconciles. One goroutine (run) owns the
-// Lease from acquisition to release, so renewals, fencing and release never
-// race each other.
+func (st shardState) String() string {
+	return [...]string{"Acquiring", "Starting", "Active", "Draining", "Stopped"}[st]
+}
+
+// shard is the runtime of one shard on this replica: its Lease, the group
+// whose cache it reads, and the count of its in-flight reconciles. One
+// goroutine (run) owns the Lease from acquisition to release, so renewals,
+// fencing and release never race each other.
 type shard struct {
 	r    *Replica
 	id   int32
@@ -39,27 +53,26 @@ type shard struct {
 
 	done      chan struct{} // closed when run returns
 	releaseCh chan string   // the release reason; buffered, sent once
-	releasing chan struct{} // closed with the release request
 	relOnce   sync.Once
 
 	lock      *resourcelock.LeaseLock
 	record    resourcelock.LeaderElectionRecord
 	lastRenew time.Time // local time taken before the last successful write
+	started   time.Time
+
+	// ctx is cancelled when the shard stops: in-flight reconciles see it.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	state    shardState
-	isSynced bool
+	group    *group
 	inflight int
 	idle     chan struct{} // closed when inflight reaches 0 while draining
-
-	cache       cache.Cache
-	runCtx      context.Context
-	stopRuntime context.CancelFunc
-	runtimeDone chan struct{}
-	objects     atomic.Int64
 }
 
 func newShard(r *Replica, n int32) *shard {
+	ctx, cancel := context.WithCancel(context.Background())
 	return &shard{
 		r:         r,
 		id:        n,
@@ -67,28 +80,90 @@ func newShard(r *Replica, n int32) *shard {
 		log:       r.log.WithValues("shard", n),
 		done:      make(chan struct{}),
 		releaseCh: make(chan string, 1),
-		releasing: make(chan struct{}),
+		started:   time.Now(),
+		ctx:       ctx,
+		cancel:    cancel,
 	}
+}
+
+// setState moves the shard to a later state. Caller holds s.mu.
+func (s *shard) setState(to shardState) {
+	if to <= s.state {
+		return
+	}
+	s.log.V(1).Info("Shard state", "from", s.state, "to", to)
+	s.state = to
 }
 
 // release asks the shard to drain and release its Lease. It never blocks.
 func (s *shard) release(reason string) {
-	s.relOnce.Do(func() {
-		s.releaseCh <- reason
-		close(s.releasing)
-	})
+	s.relOnce.Do(func() { s.releaseCh <- reason })
 }
 
-func (s *shard) active() bool {
+func (s *shard) is(st shardState) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == stateActive
+	return s.state == st
 }
 
+func (s *shard) active() bool { return s.is(stateActive) }
+
+// synced reports whether the shard runs with synced informers.
 func (s *shard) synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == stateActive && s.isSynced
+	return s.state == stateActive && s.group != nil && s.group.isSynced()
+}
+
+// reads reports whether the shard is active and reads group g: only then do
+// g's events become the shard's requests.
+func (s *shard) reads(g *group) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state == stateActive && s.group == g
+}
+
+// reader reads the shard's objects from group g's cache.
+func (s *shard) reader(g *group) client.Reader {
+	return shardReader{c: g.cache, shard: s.name, scheme: s.r.mgr.GetScheme()}
+}
+
+// currentReader reads the shard's objects from its group, if active.
+func (s *shard) currentReader() (client.Reader, bool) {
+	s.mu.Lock()
+	g := s.group
+	ok := s.state == stateActive
+	s.mu.Unlock()
+	if !ok || g == nil {
+		return nil, false
+	}
+	return s.reader(g), true
+}
+
+// activate makes a starting shard read group g and admit reconciles. It
+// reports false when the shard was stopped meanwhile.
+func (s *shard) activate(g *group) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateStarting {
+		return false
+	}
+	g.join()
+	s.group = g
+	s.setState(stateActive)
+	return true
+}
+
+// regroup moves an active shard from group from to group to (compaction).
+func (s *shard) regroup(from, to *group) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateActive || s.group != from {
+		return false
+	}
+	to.join()
+	s.group = to
+	return true
 }
 
 // begin admits a reconcile of this shard, unless it is no longer active.
@@ -112,53 +187,35 @@ func (s *shard) end() {
 	}
 }
 
-// run acquires the shard, runs it, and renews its Lease until it is asked to
-// release it or fails to renew in time.
+// run acquires the shard, joins an acquisition batch, and renews the Lease
+// until it is asked to release it or fails to renew in time.
 func (s *shard) run(parent context.Context, reason string) {
 	defer close(s.done)
 	ctx := context.WithoutCancel(parent)
-	start := time.Now()
 
 	select {
 	case s.r.acquires <- struct{}{}:
 	case <-s.releaseCh:
+		s.stop()
 		return
 	}
-	var slotOnce sync.Once
-	freeSlot := func() { slotOnce.Do(func() { <-s.r.acquires }) }
-	defer freeSlot()
-
-	if err := s.acquire(ctx); err != nil {
+	err := s.acquire(ctx)
+	<-s.r.acquires
+	if err != nil {
 		if !apierrors.IsConflict(err) && !errors.Is(err, errNotAcquirable) {
 			s.log.Error(err, "Acquiring shard Lease")
 		}
+		s.stop()
 		return
 	}
 	shardHandovers.WithLabelValues("acquire", reason).Inc()
 	shardsOwned.Inc()
 	defer shardsOwned.Dec()
 	s.log.V(1).Info("Acquired shard", "reason", reason)
-
-	if err := s.startRuntime(ctx); err != nil {
-		s.log.Error(err, "Starting shard informers; releasing the shard")
-		s.stop()
-		s.releaseLease(ctx)
-		return
-	}
-	go func() {
-		defer freeSlot()
-		if !s.cache.WaitForCacheSync(s.runCtx) {
-			return
-		}
-		s.mu.Lock()
-		s.isSynced = s.state == stateActive
-		s.mu.Unlock()
-		shardAcquireDuration.Observe(time.Since(start).Seconds())
-		if s.r.opts.OnAcquire != nil {
-			s.r.opts.OnAcquire(s.id)
-		}
-		s.r.log.V(1).Info("Shard running", "shard", s.id, "took", time.Since(start))
-	}()
+	s.mu.Lock()
+	s.setState(stateStarting)
+	s.mu.Unlock()
+	s.r.joinBatch(parent, s)
 
 	ticker := time.NewTicker(s.r.opts.RetryPeriod)
 	defer ticker.Stop()
@@ -183,6 +240,15 @@ func (s *shard) run(parent context.Context, reason string) {
 			return
 		}
 	}
+}
+
+// onSynced runs once the shard's first group synced.
+func (s *shard) onSynced() {
+	shardAcquireDuration.Observe(time.Since(s.started).Seconds())
+	if s.r.opts.OnAcquire != nil {
+		s.r.opts.OnAcquire(s.id)
+	}
+	s.log.V(1).Info("Shard running", "took", time.Since(s.started))
 }
 
 var errNotAcquirable = errors.New("shard Lease is held by another live replica")
@@ -282,25 +348,30 @@ func (s *shard) fence(err error) {
 	s.stop()
 }
 
-// stop ends the runtime without waiting for reconciles.
+// stop ends the shard without waiting for reconciles: it cancels them and
+// leaves its group (whose cache stops when no shard reads it any more).
 func (s *shard) stop() {
 	s.mu.Lock()
-	s.state = stateStopped
+	s.setState(stateStopped)
+	g := s.group
+	s.group = nil
 	s.mu.Unlock()
-	if s.stopRuntime != nil {
-		s.stopRuntime()
-		<-s.runtimeDone
+	s.cancel()
+	s.r.unbatch(s)
+	if g != nil {
+		g.leave()
 	}
 	shardObjects.DeleteLabelValues(s.name)
 }
 
-// drain stops new work, waits (bounded) for in-flight reconciles, stops the
-// informers and runs the release hook. The Lease is still renewed meanwhile,
-// so nobody else starts the shard before the last reconcile here ended.
+// drain stops new work, waits (bounded) for in-flight reconciles, leaves
+// the group and runs the release hook. The Lease is still renewed
+// meanwhile, so nobody else starts the shard before the last reconcile here
+// ended.
 func (s *shard) drain() {
 	timeout := s.r.opts.DrainTimeout
 	s.mu.Lock()
-	s.state = stateDraining
+	s.setState(stateDraining)
 	var idle chan struct{}
 	if s.inflight > 0 {
 		s.idle = make(chan struct{})
@@ -312,7 +383,7 @@ func (s *shard) drain() {
 		case <-idle:
 		case <-time.After(timeout):
 			s.log.Info("Drain timeout: cancelling in-flight reconciles", "timeout", timeout)
-			s.stopRuntime()
+			s.cancel()
 			select {
 			case <-idle:
 			case <-time.After(timeout):
@@ -340,73 +411,4 @@ func (s *shard) releaseLease(ctx context.Context) {
 	if err := s.lock.Update(ctx, rec); err != nil {
 		s.log.Error(err, "Releasing shard Lease; it expires by itself")
 	}
-}
-
-// startRuntime creates the shard's cache: informers for the primary and
-// owned kinds that select only this shard's label, without managed fields.
-func (s *shard) startRuntime(ctx context.Context) error {
-	select {
-	case <-s.r.queueReady:
-	case <-s.releasing:
-		return errors.New("released before the controller started")
-	}
-	mgr := s.r.mgr
-	var syncPeriod *time.Duration
-	if s.r.opts.SyncPeriod > 0 {
-		syncPeriod = &s.r.opts.SyncPeriod
-	}
-	c, err := cache.New(mgr.GetConfig(), cache.Options{
-		SyncPeriod:                  syncPeriod,
-		DefaultNamespaces:           s.r.namespaces(),
-		HTTPClient:                  mgr.GetHTTPClient(),
-		Scheme:                      mgr.GetScheme(),
-		Mapper:                      mgr.GetRESTMapper(),
-		DefaultLabelSelector:        labels.SelectorFromSet(labels.Set{LabelShard: s.name}),
-		DefaultTransform:            cache.TransformStripManagedFields(),
-		ReaderFailOnMissingInformer: true,
-	})
-	if err != nil {
-		return fmt.Errorf("creating shard cache: %w", err)
-	}
-	for _, ix := range s.r.opts.Indexes {
-		if err := c.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
-			return fmt.Errorf("indexing %T by %s: %w", ix.Object, ix.Field, err)
-		}
-	}
-	s.runCtx, s.stopRuntime = context.WithCancel(ctx)
-	s.runtimeDone = make(chan struct{})
-	s.cache = c
-	handlers := []struct {
-		kind Kind
-		h    toolscache.ResourceEventHandler
-	}{{s.r.opts.For, s.primaryHandler()}}
-	for _, k := range s.r.opts.Owns {
-		handlers = append(handlers, struct {
-			kind Kind
-			h    toolscache.ResourceEventHandler
-		}{k, s.ownedHandler(k)})
-	}
-	for _, h := range handlers {
-		inf, err := c.GetInformer(s.runCtx, h.kind.Object)
-		if err != nil {
-			s.stopRuntime()
-			s.stopRuntime = nil
-			return fmt.Errorf("creating informer for %T: %w", h.kind.Object, err)
-		}
-		if _, err := inf.AddEventHandler(h.h); err != nil {
-			s.stopRuntime()
-			s.stopRuntime = nil
-			return fmt.Errorf("adding event handler for %T: %w", h.kind.Object, err)
-		}
-	}
-	s.mu.Lock()
-	s.state = stateActive
-	s.mu.Unlock()
-	go func() {
-		defer close(s.runtimeDone)
-		if err := c.Start(s.runCtx); err != nil {
-			s.log.Error(err, "Shard cache stopped")
-		}
-	}()
-	return nil
 }

@@ -1,0 +1,119 @@
+package sharding_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+// bindingSyncs counts the API server's initial syncs of ConfigBindings (LIST
+// requests and watch-lists) and the objects it scanned for them: its own
+// count, from its /metrics.
+func bindingSyncs(t *testing.T) (syncs, scanned float64) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("reading the API server's metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("parsing the API server's metrics: %v", err)
+	}
+	for _, name := range []string{"apiserver_request_total", "apiserver_watch_list_duration_seconds",
+		"apiserver_storage_list_fetched_objects_total", "apiserver_init_events_total"} {
+		for _, m := range fams[name].GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["resource"] != "configbindings" {
+				continue
+			}
+			switch name {
+			case "apiserver_request_total":
+				if l["verb"] == "LIST" {
+					syncs += m.GetCounter().GetValue()
+				}
+			case "apiserver_watch_list_duration_seconds":
+				syncs += float64(m.GetHistogram().GetSampleCount())
+			default:
+				scanned += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return syncs, scanned
+}
+
+// quietSyncs waits until the count of syncs has not changed for a while (a
+// compaction may follow readiness) and returns it. Waiting longer only
+// makes the next count stricter.
+func quietSyncs(t *testing.T) (syncs, scanned float64) {
+	t.Helper()
+	syncs, scanned = bindingSyncs(t)
+	controlplane.Eventually(t, time.Minute, "no new sync of ConfigBindings for 3s", func() error {
+		time.Sleep(3 * time.Second)
+		s, sc := bindingSyncs(t)
+		if s != syncs {
+			syncs, scanned = s, sc
+			return fmt.Errorf("%.0f syncs so far", s)
+		}
+		return nil
+	})
+	return syncs, scanned
+}
+
+// TestFleetListsOncePerAcquisition: a ring of three replicas started together
+// syncs ConfigBindings a few times per replica, not once per shard: shards
+// acquired together share one cache (`kshard.dev/shard in (…)`), and the
+// API server scans the whole collection for every sync whatever its
+// selector. A graceful leave costs each replica that gains shards one more
+// sync at most.
+func TestFleetListsOncePerAcquisition(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "lists"
+	createBindings(t, c, ns, 200, 40)
+	syncs0, scanned0 := bindingSyncs(t)
+	ids := []string{"l-0", "l-1", "l-2"}
+	var reps []*replica
+	for _, id := range ids {
+		reps = append(reps, startReplica(t, ringConfig(ns, ring, id)))
+	}
+	expectRingHeld(t, c, ns, ring, ids)
+	for _, r := range reps {
+		controlplane.Eventually(t, time.Minute, r.id+" ready", r.rep.Ready)
+	}
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	syncs1, scanned1 := quietSyncs(t)
+	started := syncs1 - syncs0
+	t.Logf("fleet start: %.0f syncs of ConfigBindings, %.0f objects scanned", started, scanned1-scanned0)
+	// Three replicas joining one after another: a first cache each, a cache
+	// per batch of shards gained while the others join, a compaction each,
+	// and the labeler's: 7 to 11 here. One cache per shard is 64 and more.
+	if limit := float64(6 * len(ids)); started > limit {
+		t.Errorf("starting %d replicas synced ConfigBindings %.0f times, want at most %.0f (one cache per acquisition, not per shard)", len(ids), started, limit)
+	}
+
+	reps[2].stop(t)
+	expectRingHeld(t, c, ns, ring, ids[:2])
+	for _, r := range reps[:2] {
+		controlplane.Eventually(t, time.Minute, r.id+" ready", r.rep.Ready)
+	}
+	syncs2, _ := bindingSyncs(t)
+	if left := syncs2 - syncs1; left > 2 {
+		t.Errorf("a graceful leave synced ConfigBindings %.0f times, want at most one per replica gaining shards (2)", left)
+	}
+}
