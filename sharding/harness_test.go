@@ -400,6 +400,12 @@ func createBindings(t testing.TB, c client.Client, ns string, n, domains int) []
 		}
 		keys = append(keys, client.ObjectKeyFromObject(cb))
 	}
+	// Replicas of later tests watch every namespace: leave them nothing.
+	t.Cleanup(func() {
+		if err := c.DeleteAllOf(context.Background(), &configv1alpha1.ConfigBinding{}, client.InNamespace(ns)); err != nil {
+			t.Errorf("deleting the test's ConfigBindings: %v", err)
+		}
+	})
 	return keys
 }
 

@@ -26,6 +26,7 @@ const (
 	DefaultRetryPeriod         = 5 * time.Second
 	DefaultDrainTimeout        = 10 * time.Second
 	DefaultBatchWindow         = time.Second
+	DefaultStartupGrace        = 10 * time.Second
 )
 
 // Kind is an object kind that a shard watches.
@@ -107,8 +108,15 @@ type Options struct {
 
 	// StatefulSet, when set, names the StatefulSet the replicas run in, so a
 	// terminating replica can tell a restart (keep its ring position) from a
-	// scale-down (leave). Without it a terminating replica always leaves.
+	// scale-down (leave), and a starting one knows its peers. Without it a
+	// terminating replica always leaves.
 	StatefulSet string
+	// StartupGrace is how long a starting replica counts the StatefulSet's
+	// desired replicas that have not joined yet as ring members: it claims
+	// only its final share, and a shard whose owner is late stays unowned
+	// for at most this long. Negative disables it. Defaults to 10 s, about
+	// the time replicas of one StatefulSet take to start together.
+	StartupGrace time.Duration
 
 	// AuditLog, when set, receives a JSON line (AuditRecord) at the start
 	// and end of every reconcile, for proving that reconciles never overlap.
@@ -146,6 +154,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	}
 	if o.BatchWindow == 0 {
 		o.BatchWindow = DefaultBatchWindow
+	}
+	if o.StartupGrace == 0 {
+		o.StartupGrace = DefaultStartupGrace
 	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = log

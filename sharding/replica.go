@@ -3,6 +3,7 @@ package sharding
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,6 +52,12 @@ type Replica struct {
 	acquires chan struct{} // bounds concurrent Lease acquisitions
 	open     *batch        // the acquisition batch shards join, if any
 	groups   map[*group]bool
+
+	// expected are the StatefulSet's desired members, read at start; they
+	// count as ring members until StartupGrace after started, so a replica
+	// that starts before its peers claims only its own share.
+	expected []string
+	started  time.Time
 }
 
 // batch gathers the shards whose Leases this replica acquires close
@@ -162,6 +169,8 @@ func (r *Replica) Start(ctx context.Context) error {
 		return fmt.Errorf("syncing ring Leases: %w", context.Cause(ctx))
 	}
 
+	r.started = time.Now()
+	r.expected = r.expectedMembers(ctx)
 	member := newMemberLease(r)
 	memberDone := make(chan struct{})
 	memberCtx, stopMember := context.WithCancel(ctx)
@@ -263,7 +272,14 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 		return time.Until(next)
 	}
 
-	ring := NewRing(r.opts.Shards, view.members)
+	members := view.members
+	if graceEnd := r.started.Add(r.opts.StartupGrace); len(r.expected) > 0 && now.Before(graceEnd) {
+		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), r.expected...))))
+		if graceEnd.Before(next) {
+			next = graceEnd
+		}
+	}
+	ring := NewRing(r.opts.Shards, members)
 	r.ring = ring
 	for n := range r.opts.Shards {
 		desired := ring.Owner(n) == r.opts.Identity

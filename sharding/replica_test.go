@@ -150,7 +150,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 				t.Fatalf("%s holds shard %d but has no reader", r.id, n)
 			}
 			var list configv1alpha1.ConfigBindingList
-			if err := reader.List(context.Background(), &list); err != nil {
+			if err := reader.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 				t.Fatal(err)
 			}
 			for _, cb := range list.Items {
@@ -527,20 +527,7 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "sts"
-	sts := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kshard"},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To(int32(2)),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "kshard"}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "kshard"}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "kshard", Image: "kshard"}}},
-			},
-		},
-	}
-	if err := c.Create(context.Background(), sts); err != nil {
-		t.Fatal(err)
-	}
+	sts := createStatefulSet(t, c, ns, 2)
 	cfg := func(id string) replicaConfig {
 		rc := ringConfig(ns, ring, id)
 		// Long member Leases: the restart window.
@@ -678,4 +665,79 @@ func gathered(name string) (float64, error) {
 		return sum, nil
 	}
 	return 0, fmt.Errorf("metric %s not registered", name)
+}
+
+// createStatefulSet creates an inert StatefulSet "kshard" (nothing runs its
+// pods here) that replicas read for their peers and termination intent.
+func createStatefulSet(t *testing.T, c client.Client, ns string, replicas int32) *appsv1.StatefulSet {
+	t.Helper()
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kshard"},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "kshard"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "kshard"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "kshard", Image: "kshard"}}},
+			},
+		},
+	}
+	if err := c.Create(context.Background(), sts); err != nil {
+		t.Fatal(err)
+	}
+	return sts
+}
+
+// TestStartupDoesNotOverClaim: replicas of a StatefulSet that start one
+// after another each claim only their final share from the start: the first
+// does not take every shard and hand most of them over as the others join
+// (each such move is a LIST, a cold cache and a reconcile per object).
+func TestStartupDoesNotOverClaim(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "startup"
+	createBindings(t, c, ns, 100, 20)
+	createStatefulSet(t, c, ns, 3)
+	ids := []string{"kshard-0", "kshard-1", "kshard-2"}
+	var mu sync.Mutex
+	peak := map[string]int{}
+	reps := map[string]*replica{}
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			mu.Lock()
+			for id, r := range reps {
+				peak[id] = max(peak[id], len(r.rep.HeldShards()))
+			}
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	for _, id := range ids {
+		rc := ringConfig(ns, ring, id)
+		rc.statefulSet = "kshard"
+		r := startReplica(t, rc)
+		mu.Lock()
+		reps[id] = r
+		mu.Unlock()
+		// Late peers: without the StatefulSet's word, the first would
+		// hold everything until they join.
+		time.Sleep(time.Second)
+	}
+	expectRingHeld(t, c, ns, ring, ids)
+	close(stop)
+	<-sampled
+	final := sharding.NewRing(shards, ids)
+	for _, id := range ids {
+		share := len(final.ShardsOf(id))
+		if float64(peak[id]) > 1.3*float64(share) {
+			t.Errorf("%s held up to %d shards while starting; its final share is %d", id, peak[id], share)
+		}
+	}
 }

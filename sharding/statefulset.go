@@ -62,3 +62,29 @@ func (r *Replica) terminationIntent(ctx context.Context) Intent {
 	}
 	return TerminationIntent(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
 }
+
+// expectedMembers names the StatefulSet's desired replicas
+// ("<statefulset>-<ordinal>"), so that replicas starting together build the
+// final ring from the start instead of each claiming what the members seen
+// so far would give it and handing most of it over moments later. Without a
+// StatefulSet, or when it cannot be read, only live members count.
+func (r *Replica) expectedMembers(ctx context.Context) []string {
+	if r.opts.StatefulSet == "" || r.opts.StartupGrace < 0 {
+		return nil
+	}
+	var sts appsv1.StatefulSet
+	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
+		r.log.Error(err, "Reading the StatefulSet for its desired replicas; building the ring from live members only")
+		return nil
+	}
+	desired := int32(1)
+	if sts.Spec.Replicas != nil {
+		desired = *sts.Spec.Replicas
+	}
+	out := make([]string, desired)
+	for i := range out {
+		out[i] = sts.Name + "-" + strconv.Itoa(i)
+	}
+	r.log.Info("Expecting the StatefulSet's replicas in the ring", "members", len(out), "grace", r.opts.StartupGrace)
+	return out
+}
