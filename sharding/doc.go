@@ -8,12 +8,14 @@
 // shard (kshard-shard-<n>). Every replica renews a member Lease
 // (kshard-member-<replica>), builds the same consistent-hash Ring from the
 // live members, and acquires the shards the ring gives it when their Lease is
-// free, released or expired. For each held shard it runs a cache whose
-// informers select only that shard's label, and feeds one controller whose
+// free, released or expired. Shards acquired together share one cache whose
+// informers select their labels (kshard.dev/shard in (…)): the API server
+// scans the whole collection for every LIST, so the replica lists once per
+// acquisition, not once per shard. The caches feed one controller whose
 // worker count bounds concurrency whatever the number of shards.
 //
 // Handover is a drain: stop admitting the shard's requests, wait (bounded)
-// for its in-flight reconciles, stop its informers, run OnRelease, and clear
+// for its in-flight reconciles, leave its cache, run OnRelease, and clear
 // the Lease holder so the next owner acquires at once. A holder that cannot
 // renew before its renew deadline stops the shard at once (fencing), before
 // anyone else may take it. In a StatefulSet, a replica stopping for a restart
