@@ -48,9 +48,11 @@ type Options struct {
 	// InternalShards is the number of bigcache shards (lock stripes) per kshard shard, a power of
 	// two. Default 16.
 	InternalShards int
-	// ExpectedEntriesPerShard and ExpectedEntryBytes size bigcache's initial allocation; it grows
-	// on demand up to the byte bound. Defaults 1024 and 512, so an empty shard costs about 512 KiB
-	// instead of bigcache's default of hundreds of MiB.
+	// ExpectedEntriesPerShard and ExpectedEntryBytes size bigcache's initial allocation; it
+	// doubles on demand up to the byte bound. Defaults 160 and 512: bigcache's floor of 10 entries
+	// per internal shard, so an empty shard costs about 80 KiB and a replica holding all 64 shards
+	// 5 MiB before any value arrives (1024 entries, the previous default, cost 512 KiB per shard:
+	// 32 MiB of a singleton's heap for the two dozen keys a shard of the load tests holds).
 	ExpectedEntriesPerShard int
 	ExpectedEntryBytes      int
 	// CleanWindow is how often bigcache drops entries older than the hard TTL. Default 1m.
@@ -143,7 +145,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.MaxShards, 64)
 	setDefault(&o.MaxEntryBytes, 64<<10)
 	setDefault(&o.InternalShards, 16)
-	setDefault(&o.ExpectedEntriesPerShard, 1024)
+	setDefault(&o.ExpectedEntriesPerShard, 160)
 	setDefault(&o.ExpectedEntryBytes, 512)
 	setDefault(&o.CleanWindow, time.Minute)
 	setDefault(&o.SoftTTL, 5*time.Minute)
