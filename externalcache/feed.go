@@ -120,9 +120,10 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	}
 }
 
-// applyChange refreshes the key in every held shard that caches another revision of it. A cached
-// revision higher than the change's is wrong too: the source restarted and lost it (or, rarely, a
-// fetch raced ahead of the feed, and the refresh costs one call).
+// applyChange refreshes the key in every held shard that caches another revision of it, and
+// tells OnUpdate about it in every shard that caches nothing servable for it. A cached revision
+// higher than the change's is wrong too: the source restarted and lost it (or, rarely, a fetch
+// raced ahead of the feed, and the refresh costs one call).
 func (c *Cache) applyChange(domain string, ch Change) {
 	key := Key{Domain: domain, Name: ch.Name}
 	if key.validate() != nil {
@@ -153,6 +154,12 @@ func (c *Cache) applyChange(domain string, ch Change) {
 		var outdated bool
 		switch {
 		case !ok:
+			// Nothing servable cached (expired, evicted, or never read
+			// by this shard): fetching it for nobody would cost a call
+			// per change, but the objects that read it must hear of it,
+			// or they keep their old value until their next resync. Their
+			// next Get fetches it.
+			c.notifier.add(flightKey{shard: sh.id, key: key})
 		case e.negative:
 			outdated = !ch.Deleted
 		default:

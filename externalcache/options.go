@@ -59,7 +59,7 @@ type Options struct {
 	CleanWindow time.Duration
 
 	// SoftTTL is how long a value is served as fresh. After it, Get serves it as stale and
-	// refreshes it in the background. Default 5m.
+	// refreshes it in the background. Default 5m, or half of HardTTL when that is shorter.
 	SoftTTL time.Duration
 	// TTLJitter spreads SoftTTL by ±TTLJitter (a fraction) so keys fetched together do not
 	// expire together. Default 0.1.
@@ -148,9 +148,9 @@ func (o *Options) setDefaults() {
 	setDefault(&o.ExpectedEntriesPerShard, 160)
 	setDefault(&o.ExpectedEntryBytes, 512)
 	setDefault(&o.CleanWindow, time.Minute)
-	setDefault(&o.SoftTTL, 5*time.Minute)
-	setDefault(&o.TTLJitter, 0.1)
 	setDefault(&o.HardTTL, time.Hour)
+	setDefault(&o.SoftTTL, min(5*time.Minute, o.HardTTL/2))
+	setDefault(&o.TTLJitter, 0.1)
 	setDefault(&o.NegativeTTL, 30*time.Second)
 	setDefault(&o.Workers, 8)
 	setDefault(&o.QueueSize, 4096)

@@ -104,8 +104,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	if res.waiting() {
 		// Nothing new to say: the status keeps its last word, and an
 		// observedGeneration behind the generation says the update is in
-		// progress. The value's arrival requeues the binding; the safety
-		// requeue bounds the wait.
+		// progress. The value's arrival requeues the binding. A binding
+		// already Ready at its generation (a new owner's cold cache) needs
+		// nothing else; any other gets a safety requeue in case a
+		// notification is lost.
+		if readyAt(&cb) {
+			return reconcile.Result{}, nil
+		}
 		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
 	}
 	if res.complete() {
@@ -183,6 +188,14 @@ func controllerUID(o metav1.Object) types.UID {
 		return ref.UID
 	}
 	return ""
+}
+
+// readyAt reports whether the binding's status says Ready for its current
+// generation.
+func readyAt(cb *configv1alpha1.ConfigBinding) bool {
+	c := meta.FindStatusCondition(cb.Status.Conditions, ConditionReady)
+	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == cb.Generation &&
+		cb.Status.ObservedGeneration == cb.Generation
 }
 
 // foreignOwner reports who else owns an existing ConfigMap of the target's
