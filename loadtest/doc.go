@@ -4,7 +4,8 @@
 // ConfigBinding creates and spec updates, through scenarios such as crashes,
 // rolling restarts, resync storms, config-center outages and autoscaling,
 // and side by side against the baselines (sharding off, direct external
-// calls) on the same control plane and objects.
+// calls, and cmd/plaincontroller, a controller-runtime controller with no
+// kshard code) on the same control plane and objects.
 //
 // kshard's claims are numbers: heap per replica against a singleton, objects
 // listed, handover times, calls saved by the cache, end-to-end latency. This

@@ -28,6 +28,11 @@ import (
 type Mode struct {
 	Name string
 	Args []string
+	// Plain runs cmd/plaincontroller, a controller-runtime controller
+	// written without any kshard code, instead of `kshard controller`. It
+	// gets only the load tester's flags it has (replicaArgs): no ring, no
+	// StatefulSet, no audit log, and it exports no kshard_* metric.
+	Plain bool
 }
 
 // The modes the comparisons use.
@@ -45,11 +50,18 @@ var (
 	// ModeMirror keeps values in ExternalDomain mirrors that each domain's
 	// shard holder writes from the change feed.
 	ModeMirror = Mode{Name: "mirror", Args: []string{"--sharding=on", "--external-mode=cache", "--external-source=mirror"}}
+	// ModePlain is the floor of compare-sharding: cmd/plaincontroller, one
+	// active replica by leader election, the manager's default cache of
+	// everything, a synchronous config-center call per key per reconcile.
+	ModePlain = Mode{Name: "plain controller-runtime", Plain: true}
 )
 
 // Sharded reports whether the mode runs the sharded ring (the default), as
-// opposed to --sharding=off.
+// opposed to --sharding=off or the plain controller.
 func (m Mode) Sharded() bool {
+	if m.Plain {
+		return false
+	}
 	for i, a := range m.Args {
 		if a == "--sharding=off" || (a == "--sharding" && i+1 < len(m.Args) && m.Args[i+1] == "off") {
 			return false
@@ -81,6 +93,12 @@ type fleet struct {
 	// edges of the measured phase, for the controller's writes per spec
 	// update.
 	loadWritesFrom, loadWritesTo writeMark
+
+	// startEvent is the fleet's start event: from its first process until every
+	// object was reconciled by it and Ready at its latest generation.
+	startEvent EventResult
+	// startObjects is the number of objects when the start settled.
+	startObjects int
 
 	result *FleetResult
 	// propagation is what the config-center change probes measured in the
@@ -224,24 +242,20 @@ func (f *fleet) start(s *slot) error {
 	o := f.r.opts
 	in := &instance{n: len(s.instances)}
 	base := fmt.Sprintf("%s.%s.%d", strings.ReplaceAll(f.mode.Name, " ", "-"), s.id, in.n)
-	in.audit = filepath.Join(f.r.work, "audit", base+".jsonl")
-	args := []string{"controller",
-		"--kubeconfig", f.r.kubeconfig,
-		"--replica-id", s.id,
-		"--ring", Ring,
-		"--lease-namespace", LeaseNamespace,
-		"--statefulset", StatefulSet,
-		"--configcenter-url", f.r.centerURL,
-		"--metrics-bind-address", s.metricsAddr,
-		"--health-probe-bind-address", s.healthAddr,
-		"--lease-duration", o.LeaseDuration.String(),
-		"--renew-deadline", o.RenewDeadline.String(),
-		"--retry-period", o.RetryPeriod.String(),
-		"--audit-log", in.audit,
-		"--zap-log-level=info",
+	bin := f.r.kshardBin
+	if f.mode.Plain {
+		if bin = f.r.plainBin; bin == "" {
+			return fmt.Errorf("starting %s of %s: the scenario did not build plaincontroller (scenario.plain)", s.id, f.mode.Name)
+		}
+	} else {
+		in.audit = filepath.Join(f.r.work, "audit", base+".jsonl")
 	}
-	args = append(args, f.mode.Args...)
-	p, err := f.r.procs.start(s.id, f.r.kshardBin, filepath.Join(f.r.work, "logs", base+".log"), args...)
+	args := replicaArgs(f.mode, replicaConfig{
+		kubeconfig: f.r.kubeconfig, id: s.id, centerURL: f.r.centerURL,
+		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
+		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
+	})
+	p, err := f.r.procs.start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
 	if err != nil {
 		return err
 	}
@@ -251,6 +265,45 @@ func (f *fleet) start(s *slot) error {
 	f.mu.Unlock()
 	f.r.log.V(1).Info("Started replica", "replica", s.id, "mode", f.mode.Name, "pid", p.pid())
 	return nil
+}
+
+// replicaConfig is what the load tester tells every replica process.
+type replicaConfig struct {
+	kubeconfig, id, centerURL, metricsAddr, healthAddr string
+	// audit is the audit log's path; empty for a plain mode, which has
+	// none.
+	audit                                     string
+	leaseDuration, renewDeadline, retryPeriod time.Duration
+}
+
+// replicaArgs is the command line of one replica process of the mode:
+// `kshard controller` with the load tester's flags and then the mode's, or
+// for a plain mode only the flags cmd/plaincontroller has (the same names
+// and meanings; it has no ring, StatefulSet or audit log, and would refuse
+// an unknown flag rather than ignore it).
+func replicaArgs(mode Mode, c replicaConfig) []string {
+	common := []string{
+		"--kubeconfig", c.kubeconfig,
+		"--replica-id", c.id,
+		"--lease-namespace", LeaseNamespace,
+		"--configcenter-url", c.centerURL,
+		"--metrics-bind-address", c.metricsAddr,
+		"--health-probe-bind-address", c.healthAddr,
+		"--lease-duration", c.leaseDuration.String(),
+		"--renew-deadline", c.renewDeadline.String(),
+		"--retry-period", c.retryPeriod.String(),
+		"--zap-log-level=info",
+	}
+	if mode.Plain {
+		return append(common, mode.Args...)
+	}
+	args := append([]string{"controller"}, common...)
+	args = append(args,
+		"--ring", Ring,
+		"--statefulset", StatefulSet,
+		"--audit-log", c.audit,
+	)
+	return append(args, mode.Args...)
 }
 
 // restart starts a stopped or crashed replica again, same identity.
@@ -302,6 +355,9 @@ func (f *fleet) auditFiles() []auditFile {
 	var out []auditFile
 	for _, s := range f.slots {
 		for _, in := range s.instances {
+			if in.audit == "" {
+				continue // a plain replica writes no audit log
+			}
 			af := auditFile{Path: in.audit, Replica: s.id}
 			if !in.proc.running() {
 				af.Ended, _ = in.proc.wait()
@@ -318,7 +374,9 @@ func (f *fleet) auditFiles() []auditFile {
 func (f *fleet) auditPaths() []string {
 	var out []string
 	for _, s := range f.runningSlots() {
-		out = append(out, s.current().audit)
+		if a := s.current().audit; a != "" {
+			out = append(out, a)
+		}
 	}
 	return out
 }

@@ -361,7 +361,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		p("\n")
 	}
 	base := fl[0]
-	row("controller flags", func(f *FleetResult) string { return "`" + strings.Join(f.Args, " ") + "`" })
+	row("controller flags", func(f *FleetResult) string {
+		switch {
+		case f.Plain && len(f.Args) == 0:
+			return "`plaincontroller` (no kshard code)"
+		case f.Plain:
+			return "`plaincontroller` (no kshard code) " + code(f.Args)
+		}
+		return code(f.Args)
+	})
 	row("replica processes (restarts included)", func(f *FleetResult) string { return fmt.Sprint(f.Processes) })
 	row("measured phase", func(f *FleetResult) string { return fmtDur(f.Window) })
 	row(fmt.Sprintf("machine load average in the phase, mean / peak (%d CPUs)", rep.Machine.CPUs), func(f *FleetResult) string {
@@ -377,6 +385,9 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapEndMax, base.HeapEndMax) })
 	}
 	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.RSSPeakMax) })
+	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
+		renderStartRows(row, fl)
+	}
 	row("ConfigBindings held per replica, peak (largest)", func(f *FleetResult) string {
 		if f.HeldMax < 0 {
 			return "all (one cache of every object)"
@@ -474,15 +485,64 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	}
 }
 
+// renderStartRows writes how long each fleet's start took to reconcile the
+// objects that existed before it, against the plain fleet's where there is
+// one: the time to Ready that a new controller (or all of a controller's
+// replicas restarting) costs.
+func renderStartRows(row func(string, func(*FleetResult) string), fl []*FleetResult) {
+	row("objects existing at the fleet's start", func(f *FleetResult) string { return fmt.Sprint(f.StartObjects) })
+	row("fleet start → every object reconciled (and Ready at its latest generation)", func(f *FleetResult) string {
+		if f.StartError != "" {
+			return "not settled"
+		}
+		return fmtDur(f.StartSettled)
+	})
+	if plain := plainFleet(fl); plain != nil {
+		row(fmt.Sprintf("… ÷ %s's", mdEscape(plain.Fleet)), func(f *FleetResult) string {
+			if f.StartError != "" || plain.StartError != "" {
+				return "n/a"
+			}
+			return ratio(f.StartSettled.Seconds(), plain.StartSettled.Seconds())
+		})
+	}
+	row("… ConfigBinding and ConfigMap writes during it", func(f *FleetResult) string {
+		if !f.StartWritesCounted {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.0f", f.StartWrites)
+	})
+}
+
 // singletonFleet is the run's fleet with sharding off (one active replica
-// holding every object), the baseline of compare-sharding; nil without one.
+// of `kshard controller` holding every object), the baseline of
+// compare-sharding; nil without one. The plain fleet is not it: the ratio
+// says what sharding changes in kshard.
 func singletonFleet(fl []*FleetResult) *FleetResult {
 	for _, f := range fl {
-		if !(Mode{Name: f.Mode, Args: f.Args}).Sharded() {
+		if !f.Plain && !(Mode{Name: f.Mode, Args: f.Args}).Sharded() {
 			return f
 		}
 	}
 	return nil
+}
+
+// plainFleet is the run's fleet of cmd/plaincontroller, the floor of
+// compare-sharding; nil without one.
+func plainFleet(fl []*FleetResult) *FleetResult {
+	for _, f := range fl {
+		if f.Plain {
+			return f
+		}
+	}
+	return nil
+}
+
+// code writes flags as inline code, "—" for none.
+func code(args []string) string {
+	if len(args) == 0 {
+		return "—"
+	}
+	return "`" + strings.Join(args, " ") + "`"
 }
 
 // eventOwnWrites is the number of events whose object writes were counted,

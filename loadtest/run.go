@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,9 @@ type run struct {
 	kubeconfig string
 	kshardBin  string
 	centerBin  string
+	// plainBin is cmd/plaincontroller, for a scenario with a plain fleet
+	// (scenario.plain); empty otherwise.
+	plainBin string
 
 	restConfig    *rest.Config
 	serverVersion string
@@ -247,32 +251,44 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	return r.report, nil
 }
 
-// binaries builds kshard and configcenter unless BinDir has them.
+// binaries builds kshard and configcenter, and plaincontroller for a
+// scenario with a plain fleet, unless BinDir has them.
 func (r *run) binaries(ctx context.Context) error {
-	if r.opts.BinDir != "" {
-		r.kshardBin = filepath.Join(r.opts.BinDir, "kshard")
-		r.centerBin = filepath.Join(r.opts.BinDir, "configcenter")
-		for _, b := range []string{r.kshardBin, r.centerBin} {
-			if _, err := os.Stat(b); err != nil {
+	names := []string{"kshard", "configcenter"}
+	if r.sc.plain {
+		names = append(names, "plaincontroller")
+	}
+	dir := r.opts.BinDir
+	if dir != "" {
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
 				return fmt.Errorf("--bin-dir: %w (build them with `make build` or omit --bin-dir)", err)
 			}
 		}
-		return nil
-	}
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return fmt.Errorf("building the binaries (or give --bin-dir): %w", err)
-	}
-	dir := filepath.Join(r.work, "bin")
-	r.progress.printf("building kshard and configcenter into %s ...", dir)
-	start := time.Now()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(os.PathSeparator), "./cmd/kshard", "./cmd/configcenter")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building kshard and configcenter: %w\n%s", err, out)
+	} else {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			return fmt.Errorf("building the binaries (or give --bin-dir): %w", err)
+		}
+		dir = filepath.Join(r.work, "bin")
+		what := strings.Join(names, ", ")
+		r.progress.printf("building %s into %s ...", what, dir)
+		start := time.Now()
+		args := []string{"build", "-o", dir + string(os.PathSeparator)}
+		for _, n := range names {
+			args = append(args, "./cmd/"+n)
+		}
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w\n%s", what, err, out)
+		}
+		r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	r.kshardBin, r.centerBin = filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
-	r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
+	if r.sc.plain {
+		r.plainBin = filepath.Join(dir, "plaincontroller")
+	}
 	return nil
 }
 

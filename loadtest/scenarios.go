@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -31,6 +32,9 @@ type scenario struct {
 	defaults func(*Options)
 	// noLoad says the scenario runs no continuous update load.
 	noLoad bool
+	// plain says the scenario runs a fleet of a plain mode, so the run
+	// builds cmd/plaincontroller (or finds it in --bin-dir).
+	plain bool
 	// prepare runs before anything starts (reading the HPA).
 	prepare func(*run) error
 	// metric names an extra replica metric to sample (the HPA's).
@@ -59,8 +63,15 @@ type fleetSpec struct {
 	Replicas int
 }
 
-// shardingFleets are the columns of compare-sharding.
-var shardingFleets = []fleetSpec{{ModeSingleton, 1}, {ModeSharded, 2}, {ModeSharded, 4}}
+// shardingFleets are the columns of compare-sharding. The plain
+// controller-runtime controller comes first: it is the floor every kshard
+// fleet must beat, and the base of the report's ratios.
+var shardingFleets = []fleetSpec{{ModePlain, 1}, {ModeSingleton, 1}, {ModeSharded, 2}, {ModeSharded, 4}}
+
+// hasPlain says whether a list of fleets includes a plain mode.
+func hasPlain(specs []fleetSpec) bool {
+	return slices.ContainsFunc(specs, func(s fleetSpec) bool { return s.Mode.Plain })
+}
 
 // externalModes are the columns of compare-external, each run with the
 // scenario's replica count.
@@ -300,10 +311,13 @@ func init() {
 		run:     runAutoscale,
 	})
 	register(&scenario{
-		name: "compare-sharding",
-		doc: "Side by side on the same objects and load: the classic single active replica (--sharding=off, one " +
-			"cache of every object) against 2 and 4 sharded replicas. Heap per replica, objects listed and held per " +
-			"replica, LISTs the API server served, end-to-end latency and throughput.",
+		name:  "compare-sharding",
+		plain: hasPlain(shardingFleets),
+		doc: "Side by side on the same objects and load: a plain controller-runtime controller with no kshard code " +
+			"(cmd/plaincontroller: one replica, one cache of everything, synchronous config-center calls; the floor), " +
+			"the classic single active replica (--sharding=off, one cache of every object) and 2 and 4 sharded " +
+			"replicas. Time from each fleet's start until it reconciled every object, heap per replica, objects " +
+			"listed and held per replica, LISTs the API server served, end-to-end latency and throughput.",
 		defaults: func(o *Options) {
 			if o.Objects == 0 {
 				o.Objects = 5000

@@ -69,6 +69,7 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 		return f, err
 	}
 	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, before, settleQuiet)
+	f.startEvent, f.startObjects = ev, r.tracker.count()
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}

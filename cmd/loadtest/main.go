@@ -73,7 +73,7 @@ func run() int {
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")
-	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard and configcenter binaries (default: go build them)")
+	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard and configcenter binaries, and plaincontroller for compare-sharding (default: go build them)")
 	fs.StringVar(&o.WorkDir, "work-dir", "", "folder for logs and audit logs, kept (default: a temporary folder, removed after a passing run)")
 	fs.DurationVar(&o.SampleInterval, "sample-interval", 0, "how often replicas and the config center are sampled (default 1s)")
 	zo.BindFlags(fs)
