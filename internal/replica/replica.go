@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -396,14 +397,22 @@ func setupSingle(ctx context.Context, mgr manager.Manager, rec *configbinding.Re
 	toRequest := func(_ context.Context, o client.Object) []sharding.Request {
 		return []sharding.Request{{Shard: sharding.ShardOf(domainOf(o), opts.Shards), NamespacedName: client.ObjectKeyFromObject(o)}}
 	}
-	ownerRequest := func(_ context.Context, o client.Object) []sharding.Request {
-		for _, ref := range o.GetOwnerReferences() {
-			if ptr.Deref(ref.Controller, false) && ref.Kind == "ConfigBinding" {
-				shard := sharding.ShardOf(o.GetLabels()[sharding.LabelDomain], opts.Shards)
-				return []sharding.Request{{Shard: shard, NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}}}
-			}
+	// A ConfigMap's request must carry its binding's shard, the one
+	// toRequest gives: the same object under two shards is two requests,
+	// which would write the binding's status and labels under both. The
+	// binding's domain says it; the ConfigMap's labels may not (another
+	// controller wrote it).
+	ownerRequest := func(ctx context.Context, o client.Object) []sharding.Request {
+		ref := metav1.GetControllerOf(o)
+		if ref == nil || ref.Kind != "ConfigBinding" {
+			return nil
 		}
-		return nil
+		var cb configv1alpha1.ConfigBinding
+		key := types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}
+		if err := mgr.GetCache().Get(ctx, key, &cb); err != nil {
+			return nil
+		}
+		return toRequest(ctx, &cb)
 	}
 	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &configv1alpha1.ConfigBinding{},
 		handler.TypedEnqueueRequestsFromMapFunc(toRequest), configbinding.BindingPredicate())); err != nil {
