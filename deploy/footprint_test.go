@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -25,9 +26,13 @@ import (
 // deploy/README.md. It runs the real binary as the deploy's ServiceAccount,
 // holding all 64 shards, and reads its own metrics before and after N
 // ConfigBindings (2 keys each, over 100 domains) are Ready. It asserts only
-// that they all become Ready; the numbers are logged:
+// that they all become Ready; the numbers are logged, with the live heap
+// (a heap profile after a forced GC, without the garbage heap_inuse counts):
 //
 //	KSHARD_MEASURE_FOOTPRINT=5000 go test -run TestMeasureFootprint -v ./deploy/
+//
+// KSHARD_FOOTPRINT_PROFILE=FILE also keeps the profile, for
+// `go tool pprof -top -sample_index=inuse_space FILE`.
 func TestMeasureFootprint(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("KSHARD_MEASURE_FOOTPRINT"))
 	if n <= 0 {
@@ -42,7 +47,8 @@ func TestMeasureFootprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	kshard, metricsAddr := runReplica(ctx, t, ns, cc.URL())
+	pprofAddr := freeAddr(t)
+	kshard, metricsAddr := runReplica(ctx, t, ns, cc.URL(), "--pprof-bind-address", pprofAddr)
 	scraper := bindMetricsReader(ctx, t, c, ns)
 
 	sample := func() map[string]float64 {
@@ -71,6 +77,7 @@ func TestMeasureFootprint(t *testing.T) {
 		return out
 	}
 	before := sample()
+	liveBefore := liveHeap(t, pprofAddr, "")
 
 	app := uniqueName("footprint")
 	createNamespace(ctx, t, c, app, nil)
@@ -106,10 +113,50 @@ func TestMeasureFootprint(t *testing.T) {
 	})
 	took := time.Since(start)
 	after := sample()
+	liveAfter := liveHeap(t, pprofAddr, os.Getenv("KSHARD_FOOTPRINT_PROFILE"))
+	t.Logf("%-32s %12s empty, %12s with %d objects: %.1f KiB per object", "live heap (profile after GC)",
+		fmt.Sprintf("%.1f MiB", float64(liveBefore)/(1<<20)), fmt.Sprintf("%.1f MiB", float64(liveAfter)/(1<<20)), n,
+		float64(liveAfter-liveBefore)/float64(n)/1024)
 	mib := func(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
 	for _, m := range []string{"process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "kshard_externalcache_bytes"} {
 		t.Logf("%-32s %12s empty, %12s with %d objects: %.1f KiB per object", m, mib(before[m]), mib(after[m]), n, (after[m]-before[m])/float64(n)/1024)
 	}
 	t.Logf("shards held %v; %d objects created and Ready in %s (one replica, its CPU shared with the API server)", after["kshard_shards_owned"], n, took.Round(time.Second))
 	kshard.stop(t, 2*time.Minute)
+}
+
+// liveHeap forces a GC in the replica and returns its HeapAlloc then (the
+// live heap, without the garbage heap_inuse counts), from the text heap
+// profile's MemStats; the binary profile is kept in keep when it is not
+// empty.
+func liveHeap(t *testing.T, pprofAddr, keep string) int64 {
+	t.Helper()
+	get := func(query string) []byte {
+		resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/heap?" + query)
+		if err != nil {
+			t.Fatalf("reading the heap profile: %v", err)
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("reading the heap profile: %v", err)
+		}
+		return raw
+	}
+	for _, line := range strings.Split(string(get("gc=1&debug=1")), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				t.Fatalf("parsing HeapAlloc %q: %v", v, err)
+			}
+			if keep != "" {
+				if err := os.WriteFile(keep, get("gc=1"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return n
+		}
+	}
+	t.Fatal("the heap profile has no HeapAlloc")
+	return 0
 }

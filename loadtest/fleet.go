@@ -100,6 +100,10 @@ type fleet struct {
 	// startObjects is the number of objects when the start settled.
 	startObjects int
 
+	// storm is the fleet's create storm: its start on existing objects, or
+	// the scenario's creates while it ran.
+	storm CreateStorm
+
 	result *FleetResult
 	// propagation is what the config-center change probes measured in the
 	// measured phase (--value-change-interval).

@@ -89,6 +89,11 @@ type Options struct {
 	// held, every object reconciled and Ready). Default 5m: a busy two-core
 	// machine is slow, and a slow settle is a number, a stuck one a failure.
 	SettleTimeout time.Duration
+	// CalibrateFor is how long the calibration phase patches ConfigBinding
+	// status to measure the API server's write ceiling, once per run before
+	// the first fleet starts (see Calibration). Default 5s; negative turns
+	// it off (the flag's 0).
+	CalibrateFor time.Duration
 	// StopTimeout is how long a replica may take to hand over after SIGTERM
 	// before it is killed. Default 45s.
 	StopTimeout time.Duration
@@ -173,6 +178,7 @@ func (o *Options) setDefaults(sc *scenario) error {
 	setDuration(&o.RestartDelay, 5*time.Second)
 	setDuration(&o.SettleTimeout, 5*time.Minute)
 	setDuration(&o.StopTimeout, 45*time.Second)
+	setDuration(&o.CalibrateFor, 5*time.Second)
 	setFloat(&o.HPATimeScale, 1)
 	setDuration(&o.SampleInterval, time.Second)
 	if o.Progress == nil {
@@ -225,6 +231,7 @@ func (o *Options) validate() error {
 	check(o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration, "renew deadline %s must be positive and below the lease duration %s", o.RenewDeadline, o.LeaseDuration)
 	check(o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline, "retry period %s must be positive and below the renew deadline %s", o.RetryPeriod, o.RenewDeadline)
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
+	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
 	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
 	check(!finite(o.HPATarget) || o.HPATarget < 0, "HPA target %v must not be negative", o.HPATarget)

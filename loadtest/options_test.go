@@ -14,6 +14,14 @@ func TestOptionsDefaultsPerScenario(t *testing.T) {
 	if o.Objects != 10000 || o.Replicas != 3 || o.LeaseDuration != 15*time.Second || o.SettleTimeout != 10*time.Minute {
 		t.Errorf("handover defaults: %d objects, %d replicas, lease %s, settle %s", o.Objects, o.Replicas, o.LeaseDuration, o.SettleTimeout)
 	}
+	if o.CalibrateFor != 5*time.Second {
+		t.Errorf("calibration %s, want 5s by default", o.CalibrateFor)
+	}
+	// A negative calibration time (the flag's 0) stays off.
+	o = Options{Scenario: "basic", CalibrateFor: -1, Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["basic"]); err != nil || o.CalibrateFor >= 0 {
+		t.Errorf("calibration %s (%v), want it left off", o.CalibrateFor, err)
+	}
 	// A value the caller set wins over the scenario's default.
 	o = Options{Scenario: "handover", Objects: 500, Out: t.TempDir(), HPAFile: "x"}
 	if err := o.setDefaults(scenarios["handover"]); err != nil {
@@ -45,6 +53,7 @@ func TestOptionsRejectBadInput(t *testing.T) {
 		{Options{ErrorRate: 2}, "error rate 2"},
 		{Options{Duration: time.Minute, OutageAfter: 50 * time.Second, OutageFor: 20 * time.Second}, "must end within the duration"},
 		{Options{HPATimeScale: 2}, "HPA time scale 2"},
+		{Options{CalibrateFor: time.Hour}, "calibration time 1h0m0s"},
 	} {
 		o := tc.o
 		o.Scenario, o.Out, o.HPAFile = "basic", t.TempDir(), "x"

@@ -280,10 +280,12 @@ func renderMarkdown(rep *Report) string {
 			"*Shards held*: every running replica a live ring member and every shard held by the running replica the ring assigns it (membership changes only). " +
 			"*Settled*: every object of a shard acquired since the event reconciled by its new holder (audit logs)" +
 			" and, unless the event happened under continuous updates, every object Ready at its latest generation. " +
+			"*Shards moved*: shards acquired since the event, by anyone; *… to another replica*: shards whose running holder when the event settled differs from the one right before it " +
+			"(a rolling restart's goal is 0: the restarted replica takes its own shards back; —: no shard had a running holder before, or no shards). " +
 			"*Object writes per moved object*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
 			"any subresource, from right before the event until it settled, less the load tester's own, divided by the objects in the moved shards; " +
 			"counted for events without load only (—: under load, or nothing moved).\n\n")
-		p("| event | at | shards moved | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		p("| event | at | shards moved | shards moved to another replica | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, ev := range rep.Events {
 			reconciled := fmtDur(ev.Reconciled)
 			if ev.Error != "" {
@@ -293,7 +295,11 @@ func renderMarkdown(rep *Report) string {
 			if ev.Handover {
 				held = fmtDur(ev.Held)
 			}
-			p("| %s | %s | %d | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
+			toOther := "—"
+			if ev.MovedToOther >= 0 {
+				toOther = fmt.Sprint(ev.MovedToOther)
+			}
+			p("| %s | %s | %d | %s | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, toOther, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
 		}
 		if n, own := eventOwnWrites(rep.Events); n > 0 && own == 0 {
 			p("\nThe load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (%d of %d events): every write counted there is the replicas'.\n", n, len(rep.Events))
@@ -388,6 +394,24 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
 		renderStartRows(row, fl)
 	}
+	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.Storm.Kind != "" }) {
+		renderStormRows(row, rep.Machine.Calibration)
+	}
+	row("create → labeled p50 / p99", func(f *FleetResult) string {
+		if f.Labeled.Count == 0 {
+			return "—"
+		}
+		return fmtDur(f.Labeled.P50) + " / " + fmtDur(f.Labeled.P99)
+	})
+	row("objects waiting for a label, peak", func(f *FleetResult) string {
+		switch {
+		case f.Plain || !(Mode{Name: f.Mode, Args: f.Args}).Sharded():
+			return "n/a (no labeler)"
+		case f.UnlabeledPeak < 0:
+			return "n/a (not sampled)"
+		}
+		return fmt.Sprintf("%.0f", f.UnlabeledPeak)
+	})
 	row("ConfigBindings held per replica, peak (largest)", func(f *FleetResult) string {
 		if f.HeldMax < 0 {
 			return "all (one cache of every object)"
@@ -511,6 +535,50 @@ func renderStartRows(row func(string, func(*FleetResult) string), fl []*FleetRes
 		}
 		return fmt.Sprintf("%.0f", f.StartWrites)
 	})
+}
+
+// renderStormRows writes each fleet's create storm and its write rate
+// against the API server's ceiling measured at the run's start: how much of
+// what the server could take the fleet used when every object needed a
+// first reconcile at once.
+func renderStormRows(row func(string, func(*FleetResult) string), cal *Calibration) {
+	ceiling := 0.0
+	if cal.measured() {
+		ceiling = cal.WritesPerSec
+	}
+	row("create storm", func(f *FleetResult) string { return f.Storm.describe() })
+	row("create storm: until every object Ready", func(f *FleetResult) string {
+		switch {
+		case f.Storm.Kind == "":
+			return "—"
+		case f.Storm.Kind == stormRamp:
+			return "n/a (not awaited; the ramp took " + fmtDur(f.Storm.Duration) + ")"
+		case !f.Storm.Settled:
+			return "not settled"
+		}
+		return fmtDur(f.Storm.Duration)
+	})
+	row("create storm: objects Ready per second", func(f *FleetResult) string {
+		return perCauseText(f.Storm.figures(ceiling).ReadyPerSec, "—")
+	})
+	row("create storm: controller writes per object", func(f *FleetResult) string {
+		return perCauseText(f.Storm.figures(ceiling).WritesPerObject, "—")
+	})
+	row("create storm: controller writes per second ÷ ceiling writes per second", func(f *FleetResult) string {
+		return ceilingRatioText(f.Storm.figures(ceiling), ceiling)
+	})
+}
+
+// ceilingRatioText writes a storm's write rate, the ceiling and their
+// ratio, so the cell says what it divides.
+func ceilingRatioText(fig stormFigures, ceiling float64) string {
+	switch {
+	case fig.WritesPerSec < 0:
+		return "—"
+	case ceiling <= 0:
+		return fmt.Sprintf("%.0f ÷ n/a (not calibrated)", fig.WritesPerSec)
+	}
+	return fmt.Sprintf("%.0f ÷ %.0f = %.2f", fig.WritesPerSec, ceiling, fig.OfCeiling)
 }
 
 // singletonFleet is the run's fleet with sharding off (one active replica

@@ -50,6 +50,9 @@ type Machine struct {
 	// LoadMean and LoadMax are the 1-minute load average during the run
 	// (sampled): how busy the machine was, with everything else on it.
 	LoadMean, LoadMax float64
+	// Calibration is the API server's write ceiling measured before the
+	// first fleet; nil when turned off (--calibrate-for 0).
+	Calibration *Calibration `json:",omitempty"`
 }
 
 // Check is one invariant the run verified.
@@ -175,6 +178,19 @@ type FleetResult struct {
 	// Propagation is how fast config-center changes reached the
 	// ConfigMaps (with --value-change-interval).
 	Propagation PropagationResult
+	// Storm is the fleet's create storm: the objects created while it ran,
+	// or the ones it found at its start. The report divides its write rate
+	// by the calibration's ceiling.
+	Storm CreateStorm
+	// Labeled is the time until the watch showed the shard label, of the
+	// objects first labeled during the fleet's life: from the create, or
+	// from the fleet's start for objects created before it.
+	Labeled LatencySummary
+	// UnlabeledPeak is the largest kshard_unlabeled_objects sampled from
+	// any of the fleet's replicas (only the elected labeler sets it): the
+	// most objects waiting for a label at once. -1 without a sample, and
+	// for a fleet without a labeler (sharding off, the plain controller).
+	UnlabeledPeak float64
 
 	PerReplica []ReplicaResult
 }
@@ -198,7 +214,9 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	label := f.label()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1}
+	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, UnlabeledPeak: -1}
+	res.Storm = f.storm
+	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
 	res.StartWritesCounted, res.StartWrites = f.startEvent.WritesCounted, f.startEvent.ObjectWrites
 	from, to := f.loadFrom, f.loadTo
@@ -227,6 +245,9 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
 				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
 				rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
+				if f.mode.Sharded() {
+					res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
+				}
 			}
 			if n := len(in.samples); n > 0 {
 				last := in.samples[n-1]
@@ -412,6 +433,7 @@ func (r *run) newReport() *Report {
 		Machine: Machine{
 			CPUs: runtime.NumCPU(), CPUModel: cpuModel(), GoVersion: runtime.Version(),
 			OS: runtime.GOOS + "/" + runtime.GOARCH, KubeAPIServer: r.serverVersion,
+			Calibration: r.calibration,
 		},
 	}
 	total := float64(o.Objects) * o.UpdateRate
@@ -424,6 +446,7 @@ func (r *run) newReport() *Report {
 	}
 	set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
 	set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	set("API server write ceiling (calibration)", ceilingText(r.calibration))
 	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))

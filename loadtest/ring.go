@@ -59,6 +59,18 @@ type ringWatch struct {
 	// one point per change.
 	ownership []ownershipPoint
 	lastCount map[string]int
+	// holderHistory is each shard's running holder over time, one entry per
+	// change seen by a tick ("" while unowned), so an event's holders
+	// before it can be read after the fact: a signal's sender does not wait
+	// for a snapshot, and a SIGTERMed replica's Leases are released by the
+	// time terminate returns.
+	holderHistory map[int32][]holderChange
+}
+
+// holderChange is a shard's running holder from At on.
+type holderChange struct {
+	At     time.Time
+	Holder string
 }
 
 type shardLease struct {
@@ -88,7 +100,8 @@ type ownershipPoint struct {
 const unowned = "<unowned>"
 
 func newRingWatch(ctx context.Context, cfg *rest.Config, running func(string) (time.Time, bool)) (*ringWatch, error) {
-	w := &ringWatch{running: running, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{}}
+	w := &ringWatch{running: running, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
+		holderHistory: map[int32][]holderChange{}}
 	c, err := cache.New(cfg, cache.Options{
 		Scheme:            replica.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{LeaseNamespace: {}},
@@ -198,6 +211,9 @@ func (w *ringWatch) tick(now time.Time) {
 		} else {
 			count[h]++
 		}
+		if hist := w.holderHistory[n]; len(hist) == 0 || hist[len(hist)-1].Holder != h {
+			w.holderHistory[n] = append(hist, holderChange{At: now, Holder: h})
+		}
 		if !w.guard {
 			continue
 		}
@@ -258,6 +274,57 @@ func (w *ringWatch) unownedIntervals() []unownedInterval {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].To.Sub(out[i].From) > out[j].To.Sub(out[j].From) })
 	return out
+}
+
+// holdersAt returns each shard's running holder as the last tick at or
+// before t saw it; shards without one are absent.
+func (w *ringWatch) holdersAt(t time.Time) map[int32]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[int32]string{}
+	for n, hist := range w.holderHistory {
+		h := ""
+		for _, c := range hist {
+			if c.At.After(t) {
+				break
+			}
+			h = c.Holder
+		}
+		if h != "" {
+			out[n] = h
+		}
+	}
+	return out
+}
+
+// holdersNow returns each shard's running holder now; shards without one
+// are absent.
+func (w *ringWatch) holdersNow(now time.Time) map[int32]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[int32]string{}
+	for n := range sharding.DefaultShards {
+		if h := w.owner(n, now); h != "" {
+			out[n] = h
+		}
+	}
+	return out
+}
+
+// movedToOther counts the shards that had a running holder before an event
+// and have a different running holder after it: the shards the event gave to
+// another replica. A shard unowned after (a settle that timed out) has not
+// moved anywhere yet and is not counted, nor is one unowned before (a
+// fleet's start). A rolling restart's goal is 0: the restarted replica keeps
+// its ring membership and takes its own shards back.
+func movedToOther(before, after map[int32]string) int {
+	n := 0
+	for shard, was := range before {
+		if now := after[shard]; was != "" && now != "" && now != was {
+			n++
+		}
+	}
+	return n
 }
 
 // ownershipSeries returns the ownership points so far.

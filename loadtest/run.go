@@ -107,6 +107,9 @@ type run struct {
 
 	report   *Report
 	progress *progress
+	// calibration is the API server's write ceiling, measured before the
+	// first fleet; nil when turned off.
+	calibration *Calibration
 
 	// hpa is the autoscale scenario's HPA.
 	hpa           *hpaSpec
@@ -191,6 +194,12 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	}()
 
 	if err := r.prepare(ctx); err != nil {
+		return nil, err
+	}
+	// Before anything else loads the machine, and before any replica runs:
+	// the ceiling is the API server's alone, and its throwaway objects are
+	// gone before the first fleet lists ConfigBindings.
+	if r.calibration, err = r.calibrate(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.startCenter(ctx); err != nil {

@@ -391,21 +391,29 @@ func defaultDuration(o *Options, d time.Duration) {
 // running, waits until each is Ready (their create latencies count). Without
 // one, the objects wait for the first fleet, and their create latencies are
 // not recorded: they would measure the wait.
+//
+// With a fleet, the creation is the fleet's create storm (CreateStorm): timed
+// until every object is Ready, its object writes counted.
 func (r *run) createAll(ctx context.Context, f *fleet) error {
-	at := time.Now()
-	r.mark("create %d objects at %g/s", r.opts.Objects, r.opts.CreateRate)
-	r.setPhase("creating")
-	if err := r.gen.createRange(ctx, 0, r.opts.Objects, r.opts.CreateRate, f != nil); err != nil {
-		return err
-	}
 	if f == nil {
-		return nil
+		r.mark("create %d objects at %g/s", r.opts.Objects, r.opts.CreateRate)
+		r.setPhase("creating")
+		return r.gen.createRange(ctx, 0, r.opts.Objects, r.opts.CreateRate, false)
 	}
-	ev := r.settle(ctx, f, fmt.Sprintf("creation of %d objects", r.opts.Objects), at, settleLoad)
-	if ev.Error != "" {
-		return fmt.Errorf("%s: %s", ev.Name, ev.Error)
-	}
-	return nil
+	storm, err := r.measureStorm(ctx, stormCreates, r.opts.Objects, r.opts.CreateRate, func(at time.Time) (bool, error) {
+		r.mark("create %d objects at %g/s", r.opts.Objects, r.opts.CreateRate)
+		r.setPhase("creating")
+		if err := r.gen.createRange(ctx, 0, r.opts.Objects, r.opts.CreateRate, true); err != nil {
+			return false, err
+		}
+		ev := r.settle(ctx, f, fmt.Sprintf("creation of %d objects", r.opts.Objects), at, settleLoad)
+		if ev.Error != "" {
+			return false, fmt.Errorf("%s: %s", ev.Name, ev.Error)
+		}
+		return true, nil
+	})
+	f.storm = storm
+	return err
 }
 
 // withLoad runs spec updates at the configured rate while actions run, for
@@ -664,8 +672,16 @@ func runAutoscale(ctx context.Context, r *run) error {
 	hpaDone := make(chan error, 1)
 	go func() { hpaDone <- r.hpaLoop(hpaCtx, f, a, sync) }()
 	err = r.withLoad(ctx, f, d, func(ctx context.Context) error {
-		r.mark("grow to %d objects", r.opts.Objects)
-		if err := r.gen.createRange(ctx, 0, r.opts.Objects, float64(r.opts.Objects)/ramp.Seconds(), true); err != nil {
+		perSecond := float64(r.opts.Objects) / ramp.Seconds()
+		// The ramp is the fleet's create storm; no spec update runs in it
+		// (the load's rate was set from the objects existing at its start:
+		// none).
+		storm, err := r.measureStorm(ctx, stormRamp, r.opts.Objects, perSecond, func(time.Time) (bool, error) {
+			r.mark("grow to %d objects", r.opts.Objects)
+			return false, r.gen.createRange(ctx, 0, r.opts.Objects, perSecond, true)
+		})
+		f.storm = storm
+		if err != nil {
 			return err
 		}
 		if err := sleep(ctx, hold); err != nil {

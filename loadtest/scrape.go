@@ -26,6 +26,7 @@ const (
 	metricCPU            = "process_cpu_seconds_total"
 	metricShardsOwned    = "kshard_shards_owned"
 	metricShardObjects   = "kshard_shard_objects"
+	metricUnlabeled      = "kshard_unlabeled_objects"
 	metricReconciles     = "controller_runtime_reconcile_total"
 	metricReconcileTime  = "controller_runtime_reconcile_time_seconds"
 	metricQueueDepth     = "workqueue_depth"
@@ -172,6 +173,10 @@ type replicaSample struct {
 	Cache map[string]float64
 	// ExternalCalls counts the replica's calls to the config center.
 	ExternalCalls float64
+	// Unlabeled is kshard_unlabeled_objects: the objects waiting for the
+	// elected labeler's shard label, as the labeler's watch counts them. Only
+	// the elected leader sets it; the others export 0.
+	Unlabeled float64
 	// Metric is the value of an extra family the run asked for (the HPA's
 	// per-pod metric), summed.
 	Metric float64
@@ -211,6 +216,7 @@ func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (re
 		QueueDepth:      f.sum(metricQueueDepth, map[string]string{"name": controllerName}),
 		Cache:           f.by(metricCacheRequests, "result", nil),
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
+		Unlabeled:       f.sum(metricUnlabeled, nil),
 	}
 	s.ReconcileBounds, s.ReconcileCounts = f.histogram(metricReconcileTime, ctl)
 	if extra != "" {

@@ -28,6 +28,12 @@ type EventResult struct {
 	// Moved is the number of shards acquired since the event, and Objects
 	// the objects in them.
 	Moved, Objects int
+	// MovedToOther counts the shards whose running holder when the event
+	// settled differs from their running holder right before it (the last
+	// ring tick at or before the event): Moved less the shards their holder
+	// took back. -1 when not counted: a fleet without shards, or no shard
+	// had a running holder before (a fleet's start).
+	MovedToOther int
 	// Handover says the event changed the ring's members; otherwise (a
 	// storm of writes) Held is not meaningful.
 	Handover bool
@@ -70,6 +76,9 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 	}
 	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, before, settleQuiet)
 	f.startEvent, f.startObjects = ev, r.tracker.count()
+	// Objects that existed before the fleet make its start its create
+	// storm; without any, the scenario's creates will.
+	f.storm = stormOfStart(ev, f.startObjects)
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}
@@ -128,7 +137,11 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 // a mark taken right before the event (none counted without one).
 func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, before writeMark, kind settleKind) EventResult {
 	allReady := kind != settleHandover
-	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, WritesPerMoved: -1}
+	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, WritesPerMoved: -1, MovedToOther: -1}
+	var holdersBefore map[int32]string
+	if f.mode.Sharded() {
+		holdersBefore = r.ring.holdersAt(since)
+	}
 	r.setPhase("settling after %s", name)
 	deadline := time.Now().Add(r.opts.SettleTimeout)
 	hc := &http.Client{Timeout: 2 * time.Second}
@@ -150,6 +163,7 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 		if ok {
 			ev.Held = heldAt.Sub(since)
 			ev.Reconciled = now.Sub(since)
+			ev.MovedToOther = r.movedSince(holdersBefore, now)
 			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
@@ -160,6 +174,7 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 			if !heldAt.IsZero() {
 				ev.Held = heldAt.Sub(since)
 			}
+			ev.MovedToOther = r.movedSince(holdersBefore, now)
 			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			return ev
@@ -169,6 +184,15 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 			return ev
 		}
 	}
+}
+
+// movedSince counts the shards held by another replica now than before;
+// -1 when no shard had a running holder before.
+func (r *run) movedSince(before map[int32]string, now time.Time) int {
+	if len(before) == 0 {
+		return -1
+	}
+	return movedToOther(before, r.ring.holdersNow(now))
 }
 
 // countEventWrites counts an event's object writes from before until now,

@@ -49,11 +49,13 @@ func TestSmoke(t *testing.T) {
 		Replicas:   3,
 		Duration:   15 * time.Second,
 		UpdateRate: 0.05,
-		Kubeconfig: kubeconfig,
-		Out:        out,
-		WorkDir:    filepath.Join(dir, "work"),
-		Command:    "go test -run TestSmoke ./loadtest/",
-		Progress:   testWriter{t},
+		// Short: the calibration is exercised, not measured well.
+		CalibrateFor: 2 * time.Second,
+		Kubeconfig:   kubeconfig,
+		Out:          out,
+		WorkDir:      filepath.Join(dir, "work"),
+		Command:      "go test -run TestSmoke ./loadtest/",
+		Progress:     testWriter{t},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +95,15 @@ func TestSmoke(t *testing.T) {
 	}
 	if held != 300 {
 		t.Errorf("the replicas held %v ConfigBindings at the end, want all 300 exactly once", held)
+	}
+	if !rep.Machine.Calibration.measured() {
+		t.Errorf("no write ceiling: %+v", rep.Machine.Calibration)
+	}
+	if s := f.Storm; s.Kind != stormCreates || !s.Settled || s.Objects != 300 || !s.WritesCounted || s.Writes <= 0 {
+		t.Errorf("the create storm: %+v", s)
+	}
+	if !strings.Contains(string(md), "| create storm: controller writes per second ÷ ceiling writes per second |") {
+		t.Error("the report lacks the create storm's ceiling row")
 	}
 	if f.HeapPeakMax <= 0 || f.Syncs < 64 {
 		t.Errorf("heap %v, initial syncs %v: the replicas' and the API server's metrics were not read", f.HeapPeakMax, f.Syncs)

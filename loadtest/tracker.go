@@ -49,9 +49,9 @@ type tracker struct {
 	objects map[string]*objectState
 	samples []latencySample
 	writes  []pendingWrite
-	// labeled are the times from a create to the watch showing the shard
-	// label the elected leader stamps.
-	labeled []time.Duration
+	// labeled are the moments the watch showed an object's first shard
+	// label, which the elected leader stamps.
+	labeled []labelSample
 	// flaps are the moments an object's Ready condition went from True to
 	// not True while its generation stayed the same: a status change no
 	// spec change explains (a handover, an outage).
@@ -72,8 +72,20 @@ type objectState struct {
 	createdAt  time.Time // when the load tester sent its create, if it tracks it
 	readyGen   int64     // latest generation seen Ready
 	readyAt    time.Time
-	reason     string // the Ready condition's reason
-	pending    []pendingWrite
+	// seenUnlabeled says the watch showed the object without a valid
+	// shard label, so its first label is a labeling the run saw happen
+	// (not one it found at the watch's start).
+	seenUnlabeled bool
+	reason        string // the Ready condition's reason
+	pending       []pendingWrite
+}
+
+// labelSample is one object's first shard label seen by the watch.
+type labelSample struct {
+	At time.Time
+	// Created is when the load tester sent the object's create, zero when it
+	// did not track it (objects created before any fleet ran).
+	Created time.Time
 }
 
 type pendingWrite struct {
@@ -210,8 +222,11 @@ func (t *tracker) observe(obj any) {
 	if n, ok := sharding.ParseShardLabel(cb.Labels, sharding.DefaultShards); ok {
 		s.shard = n
 	}
-	if was < 0 && s.shard >= 0 && !s.createdAt.IsZero() {
-		t.labeled = append(t.labeled, max(now.Sub(s.createdAt), 0))
+	if was < 0 && s.shard >= 0 && (!s.createdAt.IsZero() || s.seenUnlabeled) {
+		t.labeled = append(t.labeled, labelSample{At: now, Created: s.createdAt})
+	}
+	if s.shard < 0 {
+		s.seenUnlabeled = true
 	}
 	s.reason = ""
 	cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
@@ -306,13 +321,37 @@ func (t *tracker) writesBetween(from, to time.Time, kind writeKind) int {
 	return n
 }
 
-// labelLatencies returns the create-to-labeled times so far.
+// labelLatencies returns the create-to-labeled times so far, of the
+// objects whose create the tracker timed.
 func (t *tracker) labelLatencies() *histogram {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := &histogram{}
-	for _, d := range t.labeled {
-		h.Observe(d)
+	for _, l := range t.labeled {
+		if !l.Created.IsZero() {
+			h.Observe(l.At.Sub(l.Created))
+		}
+	}
+	return h
+}
+
+// labelLatenciesBetween returns the times to label of the objects first
+// labeled within [from, to): from their create, or from `from` (a fleet's
+// start) for an object created before it, which waited for a labeler to
+// exist rather than for one to keep up.
+func (t *tracker) labelLatenciesBetween(from, to time.Time) *histogram {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	h := &histogram{}
+	for _, l := range t.labeled {
+		if l.At.Before(from) || !l.At.Before(to) {
+			continue
+		}
+		start := l.Created
+		if start.Before(from) {
+			start = from
+		}
+		h.Observe(l.At.Sub(start))
 	}
 	return h
 }

@@ -149,8 +149,8 @@ func TestRenderWriteRows(t *testing.T) {
 				ControllerWritesPerUpdate: -1},
 		},
 		Events: []EventResult{
-			{Name: "graceful scale-down 3 → 2", Moved: 21, Objects: 3300, WritesCounted: true, WritesPerMoved: 0},
-			{Name: "crash of kshard-1", Moved: 22, Objects: 3400, WritesPerMoved: -1},
+			{Name: "graceful scale-down 3 → 2", Moved: 21, MovedToOther: 21, Objects: 3300, WritesCounted: true, WritesPerMoved: 0},
+			{Name: "crash of kshard-1", Moved: 22, MovedToOther: -1, Objects: 3400, WritesPerMoved: -1},
 		},
 	}
 	md := renderMarkdown(rep)
@@ -160,8 +160,8 @@ func TestRenderWriteRows(t *testing.T) {
 		"| … ConfigBinding and ConfigMap writes in the phase, the load tester's own subtracted / spec updates | 1200 / 600 | n/a / 0 |",
 		"| initial syncs of ConfigBindings: LISTs + watch-lists (API server) | 1 | 128 |",
 		"| object writes per moved object |",
-		"| graceful scale-down 3 → 2 | 0 | 21 | 3300 | - | 0 | 0.00 |",
-		"| crash of kshard-1 | 0 | 22 | 3400 | - | 0 | — |",
+		"| graceful scale-down 3 → 2 | 0 | 21 | 21 | 3300 | - | 0 | 0.00 |",
+		"| crash of kshard-1 | 0 | 22 | — | 3400 | - | 0 | — |",
 		"The load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (1 of 2 events)",
 	} {
 		if !strings.Contains(md, want) {

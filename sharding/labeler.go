@@ -27,6 +27,7 @@ import (
 type labeler struct {
 	r         *Replica
 	unlabeled atomic.Int64
+	refused   atomic.Bool // logged that the shard counts disagree
 }
 
 // NeedLeaderElection is true: one labeler per ring is enough.
@@ -109,6 +110,15 @@ func (l *labeler) reconcile(ctx context.Context, c client.Reader, req reconcile.
 		}
 		return reconcile.Result{}, err
 	}
+	if err := l.r.agreesWithRing(); err != nil {
+		// Labeling by another shard count would put objects in shards
+		// nobody runs, or fight the replicas that correct labels.
+		if l.refused.CompareAndSwap(false, true) {
+			l.r.log.Error(err, "NOT LABELING objects as the elected leader until the shard counts agree")
+		}
+		return reconcile.Result{RequeueAfter: l.r.opts.RetryPeriod}, nil
+	}
+	l.refused.Store(false)
 	domain := l.r.opts.Domain(obj)
 	return reconcile.Result{}, l.r.stampLabels(ctx, obj, domain, ShardOf(domain, l.r.opts.Shards))
 }

@@ -366,22 +366,33 @@ func (r *Replica) HeldShards() []int32 {
 	return out
 }
 
-// Ready is a readiness check: ready once this replica runs every shard the
-// ring gives it, with synced informers, and its shard count agrees.
-func (r *Replica) Ready() error {
+// agreesWithRing reports why this replica may not act for the ring: it has
+// not seen the ring's members yet, or its shard count differs from theirs.
+func (r *Replica) agreesWithRing() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mismatch {
 		return fmt.Errorf("shard count %d differs from the ring's", r.opts.Shards)
 	}
+	if len(r.ring.Members()) == 0 {
+		return fmt.Errorf("not a ring member yet")
+	}
+	return nil
+}
+
+// Ready is a readiness check: ready once this replica runs every shard the
+// ring gives it, with synced informers, and its shard count agrees.
+func (r *Replica) Ready() error {
+	if err := r.agreesWithRing(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var missing []int32
 	for _, n := range r.ring.ShardsOf(r.opts.Identity) {
 		if s, ok := r.shards[n]; !ok || !s.synced() {
 			missing = append(missing, n)
 		}
-	}
-	if len(r.ring.Members()) == 0 {
-		return fmt.Errorf("not a ring member yet")
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%d desired shards not running yet: %v", len(missing), missing)

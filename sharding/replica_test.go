@@ -741,3 +741,74 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 		}
 	}
 }
+
+// TestMismatchedLeaderDoesNotLabel: the elected labeler whose shard count
+// differs from the ring's labels nothing (it would put objects into shards
+// nobody runs); once it is gone, the next leader labels them right.
+func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "oddleader"
+	odd := ringConfig(ns, ring, "r-odd")
+	odd.shards = 32
+	m := startReplica(t, odd)
+	// Alone, it is the ring (of 32) and the elected labeler.
+	controlplane.Eventually(t, time.Minute, "the odd replica elected", func() error {
+		var l coordinationv1.Lease
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: ring + "-labeler"}, &l); err != nil {
+			return err
+		}
+		if holderOf(l) == "" {
+			return fmt.Errorf("no labeler elected")
+		}
+		return m.rep.Ready()
+	})
+	startReplica(t, ringConfig(ns, ring, "r-0"))
+	startReplica(t, ringConfig(ns, ring, "r-1"))
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1"})
+	controlplane.Eventually(t, time.Minute, "the odd replica sees the mismatch", func() error {
+		if m.rep.Ready() == nil {
+			return fmt.Errorf("still ready")
+		}
+		return nil
+	})
+
+	keys := createBindings(t, c, ns, 40, 40)
+	labels := func() (right, wrong int, example string) {
+		for _, k := range keys {
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(context.Background(), k, &cb); err != nil {
+				t.Fatal(err)
+			}
+			v, ok := cb.Labels[sharding.LabelShard]
+			if !ok {
+				continue
+			}
+			if v == fmt.Sprint(sharding.ShardOf(cb.Spec.Domain, shards)) {
+				right++
+			} else {
+				wrong++
+				example = fmt.Sprintf("%s (domain %s) labeled %s", cb.Name, cb.Spec.Domain, v)
+			}
+		}
+		return right, wrong, example
+	}
+	// The odd leader's labeler sees them at once; give it time to misbehave.
+	for range 3 {
+		time.Sleep(fastTiming.retry)
+		if right, wrong, example := labels(); right+wrong > 0 {
+			t.Fatalf("the mismatched leader labeled %d objects (%d wrongly, e.g. %s)", right+wrong, wrong, example)
+		}
+	}
+	m.stop(t)
+	controlplane.Eventually(t, 2*time.Minute, "every object labeled by the next leader", func() error {
+		right, wrong, example := labels()
+		if wrong > 0 {
+			return fmt.Errorf("%d wrongly labeled, e.g. %s", wrong, example)
+		}
+		if right != len(keys) {
+			return fmt.Errorf("%d of %d labeled", right, len(keys))
+		}
+		return nil
+	})
+}

@@ -37,7 +37,9 @@ func run() int {
 		o    loadtest.Options
 		list bool
 		seed uint64
-		zo   = zap.Options{}
+		// calibrateFor defaults to the real default, so that 0 can mean off.
+		calibrateFor time.Duration
+		zo           = zap.Options{}
 	)
 	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
 	fs.StringVar(&o.Scenario, "scenario", "", "scenario to run (--list-scenarios shows them)")
@@ -66,6 +68,7 @@ func run() int {
 	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between crashes (default 30s)")
 	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a crashed replica stays down (default 5s)")
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
+	fs.DurationVar(&calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling (status patches from 64 workers on throwaway ConfigBindings) before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
 	fs.StringVar(&o.HPAFile, "hpa-file", "", "autoscale: the HorizontalPodAutoscaler to follow (default deploy/autoscaling/hpa.yaml)")
 	fs.Float64Var(&o.HPATimeScale, "hpa-time-scale", 0, "autoscale: multiply the HPA's windows, policy periods and sync period by this, in (0, 1] (default 1)")
@@ -97,6 +100,10 @@ func run() int {
 		return 2
 	}
 	o.Seed = seed
+	o.CalibrateFor = calibrateFor
+	if calibrateFor == 0 {
+		o.CalibrateFor = -1 // Options' zero means the default
+	}
 	o.Command = command(os.Args[1:])
 	log := zap.New(zap.UseFlagOptions(&zo))
 	ctrl.SetLogger(log)

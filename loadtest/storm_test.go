@@ -1,0 +1,248 @@
+package loadtest
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+)
+
+func TestCeilingRate(t *testing.T) {
+	// The patches in flight at the end of the calibration count, and so
+	// does the time they took: 6,170 patches answered 5 s after the first.
+	if got := ceilingRate(6170, 5*time.Second); got != 1234 {
+		t.Errorf("ceiling = %v, want 1234 writes/s", got)
+	}
+	if got := ceilingRate(10, 0); got != 0 {
+		t.Errorf("ceiling over no time = %v, want 0 (not measured)", got)
+	}
+	var off *Calibration
+	if off.measured() || (&Calibration{WritesPerSec: 1000, Error: "boom"}).measured() || !(&Calibration{WritesPerSec: 1}).measured() {
+		t.Error("measured(): a nil or failed calibration has no ceiling; one with a rate has")
+	}
+}
+
+func TestCreateStormFigures(t *testing.T) {
+	// basic: 1,000 creates Ready 5 s after the first; the replicas and the
+	// labeler wrote 3,000 times (label, ConfigMap, status per object).
+	s := CreateStorm{Kind: stormCreates, Objects: 1000, CreateRate: 200, Duration: 5 * time.Second, Settled: true,
+		WritesCounted: true, Writes: 3000, Own: 1000}
+	f := s.figures(1200)
+	if f.ReadyPerSec != 200 || f.WritesPerObject != 3 || f.WritesPerSec != 600 || f.OfCeiling != 0.5 {
+		t.Errorf("figures = %+v, want 200 Ready/s, 3 writes per object, 600 writes/s, 0.5 of a 1200 writes/s ceiling", f)
+	}
+	if got := ceilingRatioText(f, 1200); got != "600 ÷ 1200 = 0.50" {
+		t.Errorf("ratio cell %q", got)
+	}
+	// Without a ceiling the write rate still shows, the ratio does not.
+	f = s.figures(0)
+	if f.WritesPerSec != 600 || f.OfCeiling != -1 {
+		t.Errorf("figures without a ceiling = %+v", f)
+	}
+	if got := ceilingRatioText(f, 0); got != "600 ÷ n/a (not calibrated)" {
+		t.Errorf("ratio cell without a ceiling %q", got)
+	}
+
+	// A ramp is not awaited: no Ready rate, but its writes per second are
+	// over the ramp's time.
+	ramp := CreateStorm{Kind: stormRamp, Objects: 3000, CreateRate: 25, Duration: 2 * time.Minute, WritesCounted: true, Writes: 6000}
+	if f := ramp.figures(1000); f.ReadyPerSec != -1 || f.WritesPerSec != 50 || f.OfCeiling != 0.05 || f.WritesPerObject != 2 {
+		t.Errorf("ramp figures = %+v, want no Ready rate, 50 writes/s, 0.05 of the ceiling, 2 per object", f)
+	}
+	// Writes not counted (a scrape failed): only the Ready rate.
+	s.WritesCounted = false
+	if f := s.figures(1200); f.ReadyPerSec != 200 || f.WritesPerSec != -1 || f.WritesPerObject != -1 || f.OfCeiling != -1 {
+		t.Errorf("figures without write counts = %+v", f)
+	}
+	if got := ceilingRatioText(s.figures(1200), 1200); got != "—" {
+		t.Errorf("ratio cell without write counts %q", got)
+	}
+	// No storm at all.
+	if f := (CreateStorm{}).figures(1200); f != (stormFigures{-1, -1, -1, -1}) {
+		t.Errorf("figures of no storm = %+v", f)
+	}
+}
+
+func TestStormOfStart(t *testing.T) {
+	ev := EventResult{Reconciled: 40 * time.Second, WritesCounted: true, ObjectWrites: 15000, OwnWrites: 0}
+	s := stormOfStart(ev, 5000)
+	if s.Kind != stormStart || s.Objects != 5000 || s.Duration != 40*time.Second || !s.Settled || !s.WritesCounted || s.Writes != 15000 {
+		t.Fatalf("storm of a start = %+v", s)
+	}
+	if f := s.figures(750); f.ReadyPerSec != 125 || f.WritesPerSec != 375 || f.OfCeiling != 0.5 {
+		t.Errorf("figures = %+v, want 125 Ready/s, 375 writes/s, half the ceiling", f)
+	}
+	ev.Error = "not settled after 5m"
+	if s := stormOfStart(ev, 5000); s.Settled {
+		t.Error("a start that did not settle is not a settled storm")
+	}
+	// A fleet that started on no objects has its storm from the creates.
+	if s := stormOfStart(ev, 0); s.Kind != "" {
+		t.Errorf("storm of a start on no objects = %+v, want none", s)
+	}
+}
+
+func TestMovedToOther(t *testing.T) {
+	before := map[int32]string{0: "kshard-2", 1: "kshard-2", 2: "kshard-1", 3: "kshard-0"}
+	// A rolling restart done right: kshard-2 took its shards back.
+	if n := movedToOther(before, map[int32]string{0: "kshard-2", 1: "kshard-2", 2: "kshard-1", 3: "kshard-0"}); n != 0 {
+		t.Errorf("restart that kept every shard: %d moved, want 0", n)
+	}
+	// Shard 1 went to kshard-0 meanwhile; shard 3 is unowned when the
+	// settle gave up, which is not a move to another replica.
+	if n := movedToOther(before, map[int32]string{0: "kshard-2", 1: "kshard-0", 2: "kshard-1"}); n != 1 {
+		t.Errorf("%d moved, want 1 (shard 1)", n)
+	}
+	// Nothing was held before (a fleet's start): nothing moved away.
+	if n := movedToOther(map[int32]string{}, map[int32]string{0: "kshard-0"}); n != 0 {
+		t.Errorf("%d moved from nobody, want 0", n)
+	}
+}
+
+func TestHoldersAt(t *testing.T) {
+	t0 := time.Now()
+	w := &ringWatch{holderHistory: map[int32][]holderChange{
+		0: {{t0, "kshard-0"}, {t0.Add(2 * time.Second), ""}, {t0.Add(3 * time.Second), "kshard-0"}},
+		1: {{t0, ""}, {t0.Add(time.Second), "kshard-1"}},
+	}}
+	at := func(d time.Duration) map[int32]string { return w.holdersAt(t0.Add(d)) }
+	if h := at(-time.Millisecond); len(h) != 0 {
+		t.Errorf("before any tick: %v, want none", h)
+	}
+	// A change at exactly t counts: the tick saw it by then.
+	if h := at(time.Second); h[0] != "kshard-0" || h[1] != "kshard-1" {
+		t.Errorf("at 1s: %v", h)
+	}
+	// Right before a SIGTERM the holder still held; during the restart the
+	// shard is absent (unowned), after it held again.
+	if h := at(2500 * time.Millisecond); h[0] != "" || len(h) != 1 {
+		t.Errorf("at 2.5s: %v, want only shard 1", h)
+	}
+	if h := at(time.Hour); h[0] != "kshard-0" {
+		t.Errorf("at the end: %v", h)
+	}
+}
+
+func TestLabelLatenciesPerFleet(t *testing.T) {
+	tr := &tracker{objects: map[string]*objectState{}}
+	t0 := time.Now()
+	unlabeled := func(name string) *configv1alpha1.ConfigBinding {
+		cb := binding(1, 0, false, "")
+		cb.Name, cb.Labels = name, nil
+		return cb
+	}
+	labeled := func(name string) *configv1alpha1.ConfigBinding {
+		cb := binding(1, 0, false, "")
+		cb.Name = name
+		return cb
+	}
+	// a: created by the load tester (timed), labeled by the fleet.
+	tr.wrote("ns/a", 1, t0.Add(-time.Hour), writeCreate)
+	tr.observe(unlabeled("a"))
+	// b: created before any fleet ran (not timed), seen unlabeled.
+	tr.observe(unlabeled("b"))
+	// c: found already labeled at the watch's start: no labeling seen.
+	tr.observe(labeled("c"))
+	tr.observe(labeled("a"))
+	tr.observe(labeled("b"))
+	now := time.Now()
+
+	if h := tr.labelLatencies(); h.Count() != 1 || h.Max() < time.Hour {
+		t.Errorf("create → labeled over the run: %d samples, max %s; want only a's, about an hour", h.Count(), h.Max())
+	}
+	// For a fleet that started 10 s before the labels showed, the clock of
+	// b (and of a, created earlier still) starts at the fleet's start.
+	from := now.Add(-10 * time.Second)
+	h := tr.labelLatenciesBetween(from, now.Add(time.Second))
+	if h.Count() != 2 {
+		t.Fatalf("%d samples in the fleet, want a and b (not c)", h.Count())
+	}
+	if q := h.Quantile(1); q < 9*time.Second || q > 10*time.Second {
+		t.Errorf("fleet start → labeled = %s, want just under 10s (the labels showed right before now)", q)
+	}
+	// Outside the fleet's life: none.
+	if h := tr.labelLatenciesBetween(now.Add(time.Second), now.Add(time.Minute)); h.Count() != 0 {
+		t.Errorf("%d samples after the labels showed", h.Count())
+	}
+}
+
+func TestCalibrationStatus(t *testing.T) {
+	a, err := calibrationStatus(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := calibrationStatus(2)
+	if string(a) == string(b) {
+		t.Fatal("two calibration patches are equal: the API server would skip the second without writing")
+	}
+	var got struct {
+		Status configv1alpha1.ConfigBindingStatus `json:"status"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	c := got.Status.Conditions
+	// The CRD requires every field of a condition.
+	if got.Status.ResolvedRevision != 2 || len(c) != 1 || c[0].Type != "Ready" || c[0].Reason == "" || c[0].Message == "" || c[0].LastTransitionTime == (metav1.Time{}) {
+		t.Errorf("status patch %s", b)
+	}
+}
+
+func TestCeilingText(t *testing.T) {
+	cal := &Calibration{Duration: 5 * time.Second, Elapsed: 5 * time.Second, Workers: 64, Objects: 256, Patches: 6000, WritesPerSec: 1200,
+		P50: 40 * time.Millisecond, P99: 120 * time.Millisecond}
+	txt := ceilingText(cal)
+	for _, want := range []string{"1200 writes/s", "64 workers", "6000 patches in 5s", "p99 120 ms", "400 created objects/s"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("%q lacks %q", txt, want)
+		}
+	}
+	if txt := ceilingText(nil); !strings.Contains(txt, "--calibrate-for 0") {
+		t.Errorf("off: %q", txt)
+	}
+	if txt := ceilingText(&Calibration{Error: "no status patch succeeded"}); !strings.Contains(txt, "not measured: no status patch succeeded") {
+		t.Errorf("failed: %q", txt)
+	}
+}
+
+func TestRenderStormAndLabelRows(t *testing.T) {
+	rep := &Report{
+		Scenario: "compare-sharding",
+		Machine:  Machine{Calibration: &Calibration{WritesPerSec: 1000}},
+		Fleets: []*FleetResult{
+			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, UnlabeledPeak: -1,
+				Storm: CreateStorm{Kind: stormStart, Objects: 5000, Duration: 25 * time.Second, Settled: true, WritesCounted: true, Writes: 10000}},
+			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, UnlabeledPeak: 4873,
+				Labeled: LatencySummary{Count: 5000, P50: 2 * time.Second, P99: 4500 * time.Millisecond},
+				Storm:   CreateStorm{Kind: stormStart, Objects: 5000, Duration: 10 * time.Second, Settled: true, WritesCounted: true, Writes: 5000}},
+			{Fleet: "sharded ×4", Mode: ModeSharded.Name, Args: ModeSharded.Args, UnlabeledPeak: 0,
+				Storm: CreateStorm{Kind: stormCreates, Objects: 1000, CreateRate: 200, Duration: 20 * time.Second}},
+		},
+	}
+	md := renderMarkdown(rep)
+	for _, want := range []string{
+		"| create storm | fleet start on 5000 existing objects | fleet start on 5000 existing objects | 1000 creates at 200/s |",
+		"| create storm: until every object Ready | 25.00 s | 10.00 s | not settled |",
+		"| create storm: objects Ready per second | 200.00 | 500.00 | — |",
+		"| create storm: controller writes per object | 2.00 | 1.00 | — |",
+		"| create storm: controller writes per second ÷ ceiling writes per second | 400 ÷ 1000 = 0.40 | 500 ÷ 1000 = 0.50 | — |",
+		"| create → labeled p50 / p99 | — | 2.00 s / 4.50 s | — |",
+		"| objects waiting for a label, peak | n/a (no labeler) | 4873 | 0 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	// No fleet met a storm: no storm rows, the labeler rows stay.
+	for _, f := range rep.Fleets {
+		f.Storm = CreateStorm{}
+	}
+	md = renderMarkdown(rep)
+	if strings.Contains(md, "create storm") || !strings.Contains(md, "| objects waiting for a label, peak |") {
+		t.Error("storm rows without a storm, or labeler rows missing")
+	}
+}
