@@ -2,6 +2,7 @@ package configbinding
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -175,11 +176,41 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	if !r.Shards.Holds(shard) {
 		return nil, nil
 	}
-	if err := r.Client.Apply(ctx, renderConfigMap(cb, shard, res.data), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	ac := renderConfigMap(cb, shard, res.data)
+	if err := r.Client.Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
+	}
+	if err := r.removeForeignKeys(ctx, target, ac.Data, res.data); err != nil {
+		return nil, err
 	}
 	r.writes.wrote(key, current.ResourceVersion, want)
 	return nil, nil
+}
+
+// removeForeignKeys deletes the data keys the ConfigMap has (as the apply
+// answered) and the binding does not want. An apply removes only fields
+// that no other field manager owns: a key that an earlier controller or a
+// person (kubectl edit) wrote stays after it, and the ConfigMap would never
+// match its binding. A merge patch removes them whoever owns them.
+func (r *Reconciler) removeForeignKeys(ctx context.Context, target types.NamespacedName, got, want map[string]string) error {
+	remove := map[string]any{}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			remove[k] = nil
+		}
+	}
+	if len(remove) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"data": remove})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: target.Namespace, Name: target.Name}}
+	if err := r.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldManager)); err != nil {
+		return fmt.Errorf("removing keys of other writers from ConfigMap %s: %w", target.Name, err)
+	}
+	return nil
 }
 
 // controllerUID is the UID of an object's controller owner, if any.
