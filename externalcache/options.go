@@ -46,13 +46,16 @@ type Options struct {
 	// checks. Default 64 KiB.
 	MaxEntryBytes int
 	// InternalShards is the number of bigcache shards (lock stripes) per kshard shard, a power of
-	// two. Default 16.
+	// two. Default 4: kshard shards already stripe the locks, and each internal shard costs an
+	// initial allocation (ExpectedEntryBytes times at least 10 entries): 16 of them in 64 shards
+	// were 5 MiB of an empty replica's heap.
 	InternalShards int
 	// ExpectedEntriesPerShard and ExpectedEntryBytes size bigcache's initial allocation; it
-	// doubles on demand up to the byte bound. Defaults 160 and 512: bigcache's floor of 10 entries
-	// per internal shard, so an empty shard costs about 80 KiB and a replica holding all 64 shards
-	// 5 MiB before any value arrives (1024 entries, the previous default, cost 512 KiB per shard:
-	// 32 MiB of a singleton's heap for the two dozen keys a shard of the load tests holds).
+	// doubles on demand up to the byte bound. Defaults 40 and 512: bigcache's floor of 10 entries
+	// per internal shard, so an empty shard costs about 20 KiB and a replica holding all 64 shards
+	// 1.3 MiB before any value arrives (1024 entries in 16 internal shards, the first defaults,
+	// cost 512 KiB per shard: 32 MiB of a singleton's heap for the two dozen keys a shard of the
+	// load tests holds).
 	ExpectedEntriesPerShard int
 	ExpectedEntryBytes      int
 	// CleanWindow is how often bigcache drops entries older than the hard TTL. Default 1m.
@@ -144,8 +147,8 @@ func (o *Options) setDefaults() {
 	setDefault(&o.MaxBytes, 256*mib)
 	setDefault(&o.MaxShards, 64)
 	setDefault(&o.MaxEntryBytes, 64<<10)
-	setDefault(&o.InternalShards, 16)
-	setDefault(&o.ExpectedEntriesPerShard, 160)
+	setDefault(&o.InternalShards, 4)
+	setDefault(&o.ExpectedEntriesPerShard, 40)
 	setDefault(&o.ExpectedEntryBytes, 512)
 	setDefault(&o.CleanWindow, time.Minute)
 	setDefault(&o.HardTTL, time.Hour)

@@ -66,7 +66,8 @@ type Reconciler struct {
 	APIReader client.Reader
 	Shards    Shards
 	Values    Values
-	// Events records condition transitions; nil records none.
+	// Events records changes of the Ready condition's reason, and a first
+	// condition that is not Ready; nil records none.
 	Events events.EventRecorder
 	// RetryAfter is the safety requeue of objects waiting on external data;
 	// the cache's notification normally requeues them much sooner.
@@ -372,7 +373,11 @@ func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigB
 		return fmt.Errorf("patching status: %w", err)
 	}
 	r.writes.wrote(key, cb.ResourceVersion, want)
-	if r.Events != nil && (before == nil || before.Reason != cond.Reason) {
+	// An Event for a change of reason only: a binding's first Ready is
+	// what a create asks for, and an Event for it would cost a write per
+	// create and the recorder's memory per object (its series cache).
+	// A first condition that is a failure is worth one.
+	if r.Events != nil && ((before == nil && cond.Status != metav1.ConditionTrue) || (before != nil && before.Reason != cond.Reason)) {
 		kind := corev1.EventTypeNormal
 		if cond.Status != metav1.ConditionTrue {
 			kind = corev1.EventTypeWarning

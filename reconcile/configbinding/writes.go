@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -30,7 +31,13 @@ type writeKey struct {
 type unseenWrite struct {
 	basedOn string // resourceVersion the cache showed when we wrote; "" for absent
 	digest  string // what we wrote
+	at      time.Time
 }
+
+// unseenFor is how long an entry is kept: an informer shows a write back
+// within moments, so an older entry is one whose object was not reconciled
+// again since (the common case after a create) and only costs memory.
+const unseenFor = time.Minute
 
 // unseenWrites remembers this replica's writes that its informers do not
 // show yet. Our own ConfigMap apply requeues its binding at once (the
@@ -39,21 +46,29 @@ type unseenWrite struct {
 // patch it again and fail on resourceVersion, one wasted request per spec
 // update. A cache that still shows the version a write was based on is
 // behind, not changed by someone else: the write needs no repeat. An entry
-// lives until the cache shows any other version of the object, or the
-// binding is gone; so it holds only writes in flight, not one per object.
+// lives until the cache shows any other version of the object, the binding
+// is gone, or unseenFor passed; so it holds writes in flight, not one per
+// object.
 type unseenWrites struct {
-	mu sync.Mutex
-	m  map[writeKey]unseenWrite
+	mu        sync.Mutex
+	m         map[writeKey]unseenWrite
+	lastSweep time.Time
 }
 
-// wrote records a successful write of digest over the version basedOn.
+// wrote records a successful write of digest over the version basedOn, and
+// sweeps out old entries at most once per unseenFor.
 func (w *unseenWrites) wrote(k writeKey, basedOn, digest string) {
+	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.m == nil {
 		w.m = map[writeKey]unseenWrite{}
 	}
-	w.m[k] = unseenWrite{basedOn: basedOn, digest: digest}
+	if now.Sub(w.lastSweep) > unseenFor {
+		maps.DeleteFunc(w.m, func(_ writeKey, e unseenWrite) bool { return now.Sub(e.at) > unseenFor })
+		w.lastSweep = now
+	}
+	w.m[k] = unseenWrite{basedOn: basedOn, digest: digest, at: now}
 }
 
 // pending returns the digest of our last write when the cache, at cachedRV,
