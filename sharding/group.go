@@ -57,6 +57,19 @@ func selectorFor(shards []int32) (labels.Selector, error) {
 	return labels.NewSelector().Add(*req), nil
 }
 
+// stripThen strips managed fields, then runs a kind's own transform: a
+// kind's transform replaces the cache's default one.
+func stripThen(t toolscache.TransformFunc) toolscache.TransformFunc {
+	strip := cache.TransformStripManagedFields()
+	return func(obj any) (any, error) {
+		obj, err := strip(obj)
+		if err != nil {
+			return nil, err
+		}
+		return t(obj)
+	}
+}
+
 // newGroup creates (but does not start) the cache of a set of shards: the
 // primary and owned kinds, without managed fields, with the ring's indexes
 // and event handlers that hand each event to the shard it belongs to.
@@ -71,7 +84,14 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (*group, error) 
 	if r.opts.SyncPeriod > 0 {
 		syncPeriod = &r.opts.SyncPeriod
 	}
+	byObject := map[client.Object]cache.ByObject{}
+	for _, k := range append([]Kind{r.opts.For}, r.opts.Owns...) {
+		if k.Transform != nil {
+			byObject[k.Object] = cache.ByObject{Transform: stripThen(k.Transform)}
+		}
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		ByObject:                    byObject,
 		SyncPeriod:                  syncPeriod,
 		DefaultNamespaces:           r.namespaces(),
 		HTTPClient:                  mgr.GetHTTPClient(),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 )
@@ -35,6 +36,11 @@ type Kind struct {
 	Object client.Object
 	// Predicates filter its events before they become requests.
 	Predicates []predicate.Predicate
+	// Transform, when set, runs on each object of the kind before the shard
+	// caches store it, after managed fields are stripped: drop what the
+	// reconciler never reads, as memory per object held. Objects read
+	// through Replica.Reader are the transformed ones.
+	Transform toolscache.TransformFunc
 	// Requests, for an owned kind, maps an event to the primary objects it
 	// concerns, instead of the controller owner reference: for objects many
 	// primaries read, such as a per-domain mirror. oldObj is nil on create

@@ -205,6 +205,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			DefaultNamespaces: namespaces(opts.Namespaces),
 			DefaultTransform:  cache.TransformStripManagedFields(),
 			SyncPeriod:        ptr.To(opts.SyncPeriod),
+			ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Transform: func(obj any) (any, error) {
+				obj, err := cache.TransformStripManagedFields()(obj)
+				if err != nil {
+					return nil, err
+				}
+				return configbinding.CacheTransform(obj)
+			}}},
 		},
 		Controller:    controllerConfig(),
 		WebhookServer: webhookServer(opts),
@@ -253,7 +260,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 
 	if opts.Sharding {
-		owns := []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}}
+		owns := []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
+			Transform: configbinding.CacheTransform}}
 		if opts.ExternalSource == SourceMirror {
 			owns = append(owns, sharding.Kind{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests})
 		}

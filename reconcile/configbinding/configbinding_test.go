@@ -251,10 +251,14 @@ func TestConfigCenterChangeReachesConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitData(t, "app-config", map[string]string{"key-1": "changed"})
-	after := e.waitReason(t, "app", configbinding.ReasonSynced)
-	if after.Generation != before.Generation || after.Status.ResolvedRevision <= before.Status.ResolvedRevision {
-		t.Fatalf("generation %d→%d, revision %d→%d", before.Generation, after.Generation, before.Status.ResolvedRevision, after.Status.ResolvedRevision)
-	}
+	// The status patch follows the ConfigMap apply.
+	controlplane.Eventually(t, time.Minute, "status names the new revision", func() error {
+		after := e.waitReason(t, "app", configbinding.ReasonSynced)
+		if after.Generation != before.Generation || after.Status.ResolvedRevision <= before.Status.ResolvedRevision {
+			return fmt.Errorf("generation %d→%d, revision %d→%d", before.Generation, after.Generation, before.Status.ResolvedRevision, after.Status.ResolvedRevision)
+		}
+		return nil
+	})
 }
 
 // TestMissingKeyNoHotLoop: a missing key is a KeyNotFound condition naming

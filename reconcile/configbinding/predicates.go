@@ -25,7 +25,8 @@ func BindingPredicate() predicate.Predicate {
 }
 
 // ConfigMapPredicate passes deletions and drift of owned ConfigMaps (data,
-// labels or owner references changed by someone), so they are restored.
+// labels or owner references changed by someone), so they are restored. It
+// compares data by digest: the caches keep no data (CacheTransform).
 func ConfigMapPredicate() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -34,7 +35,7 @@ func ConfigMapPredicate() predicate.Predicate {
 			if !ok1 || !ok2 {
 				return true
 			}
-			return !maps.Equal(oldCM.Data, newCM.Data) || !maps.Equal(oldCM.Labels, newCM.Labels) ||
+			return cachedDigest(oldCM) != cachedDigest(newCM) || !maps.Equal(oldCM.Labels, newCM.Labels) ||
 				!slices.EqualFunc(oldCM.OwnerReferences, newCM.OwnerReferences, func(a, b metav1.OwnerReference) bool { return a.UID == b.UID })
 		},
 	}

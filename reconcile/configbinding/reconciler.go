@@ -156,7 +156,7 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	}
 	exists := err == nil
 	want := configMapDigest(res.data, strconv.Itoa(int(shard)), cb.Spec.Domain, cb.UID)
-	if exists && configMapDigest(current.Data, current.Labels[sharding.LabelShard], current.Labels[sharding.LabelDomain], controllerUID(&current)) == want {
+	if exists && cachedDigest(&current) == want {
 		return nil, nil
 	}
 	key := writeKey{writeConfigMap, client.ObjectKeyFromObject(cb)}

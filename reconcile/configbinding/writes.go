@@ -1,17 +1,22 @@
 package configbinding
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/sharding"
 )
 
 // writeKind tells a binding's two writes apart.
@@ -27,17 +32,21 @@ type writeKey struct {
 	binding types.NamespacedName
 }
 
+// digest identifies what a write said (a SHA-256): compared, never shown.
+type digest [sha256.Size]byte
+
 // unseenWrite is a write the informer has not shown back yet.
 type unseenWrite struct {
 	basedOn string // resourceVersion the cache showed when we wrote; "" for absent
-	digest  string // what we wrote
+	digest  digest // what we wrote
 	at      time.Time
 }
 
 // unseenFor is how long an entry is kept: an informer shows a write back
 // within moments, so an older entry is one whose object was not reconciled
-// again since (the common case after a create) and only costs memory.
-const unseenFor = time.Minute
+// again since (the common case after a create) and only costs memory. One
+// dropped too early costs at most the write it would have saved.
+const unseenFor = 10 * time.Second
 
 // unseenWrites remembers this replica's writes that its informers do not
 // show yet. Our own ConfigMap apply requeues its binding at once (the
@@ -57,7 +66,7 @@ type unseenWrites struct {
 
 // wrote records a successful write of digest over the version basedOn, and
 // sweeps out old entries at most once per unseenFor.
-func (w *unseenWrites) wrote(k writeKey, basedOn, digest string) {
+func (w *unseenWrites) wrote(k writeKey, basedOn string, d digest) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -68,21 +77,21 @@ func (w *unseenWrites) wrote(k writeKey, basedOn, digest string) {
 		maps.DeleteFunc(w.m, func(_ writeKey, e unseenWrite) bool { return now.Sub(e.at) > unseenFor })
 		w.lastSweep = now
 	}
-	w.m[k] = unseenWrite{basedOn: basedOn, digest: digest, at: now}
+	w.m[k] = unseenWrite{basedOn: basedOn, digest: d, at: now}
 }
 
 // pending returns the digest of our last write when the cache, at cachedRV,
 // does not show it yet; once the cache moved on, the entry is forgotten.
-func (w *unseenWrites) pending(k writeKey, cachedRV string) (string, bool) {
+func (w *unseenWrites) pending(k writeKey, cachedRV string) (digest, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	e, ok := w.m[k]
 	if !ok {
-		return "", false
+		return digest{}, false
 	}
 	if e.basedOn != cachedRV {
 		delete(w.m, k)
-		return "", false
+		return digest{}, false
 	}
 	return e.digest, true
 }
@@ -97,25 +106,84 @@ func (w *unseenWrites) forget(binding types.NamespacedName) {
 
 // statusDigest is what a status says, without timestamps: two statuses with
 // the same digest need no write between them.
-func statusDigest(st *configv1alpha1.ConfigBindingStatus) string {
-	shard := int32(-1)
-	if st.Shard != nil {
-		shard = *st.Shard
-	}
-	s := fmt.Sprintf("%d/%d/%d", st.ObservedGeneration, shard, st.ResolvedRevision)
+func statusDigest(st *configv1alpha1.ConfigBindingStatus) digest {
+	h := sha256.New()
+	fmt.Fprintf(h, "%d/%d/%d", st.ObservedGeneration, ptr.Deref(st.Shard, -1), st.ResolvedRevision)
 	for _, c := range st.Conditions {
-		s += fmt.Sprintf("|%s/%s/%s/%d/%q", c.Type, c.Status, c.Reason, c.ObservedGeneration, c.Message)
+		fmt.Fprintf(h, "|%s/%s/%s/%d/%q", c.Type, c.Status, c.Reason, c.ObservedGeneration, c.Message)
 	}
-	return s
+	return digest(h.Sum(nil))
 }
 
 // configMapDigest is what the reconciler compares of a ConfigMap: its data,
 // shard and domain labels, and controller owner.
-func configMapDigest(data map[string]string, shard, domain string, owner types.UID) string {
+func configMapDigest(data map[string]string, shard, domain string, owner types.UID) digest {
 	h := sha256.New()
 	for _, k := range slices.Sorted(maps.Keys(data)) {
 		fmt.Fprintf(h, "%q=%q\n", k, data[k])
 	}
 	fmt.Fprintf(h, "shard=%s domain=%q owner=%s", shard, domain, owner)
-	return hex.EncodeToString(h.Sum(nil))
+	return digest(h.Sum(nil))
+}
+
+// annotationCachedDigest holds, on the ConfigMaps in a replica's caches only,
+// the configMapDigest of the ConfigMap as the API server has it; its data is
+// dropped (CacheTransform). It is never written to the API server. Its value
+// ends in cacheNonce, which no one outside this process can know: a
+// ConfigMap that arrives with such an annotation was transformed here
+// already (client-go may hand a transform its own output), one that merely
+// carries the annotation name was not.
+const annotationCachedDigest = "kshard.dev/cached-digest"
+
+var cacheNonce = func() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("reading random bytes: %v", err))
+	}
+	return "/" + hex.EncodeToString(b)
+}()
+
+// CacheTransform keeps ConfigMaps in the informer caches without their
+// data: the reconciler only compares a ConfigMap with what its binding
+// wants, and a digest of the data, labels and owner does that in 64 bytes
+// instead of a copy of every value. Pass it as the ConfigMap kind's
+// transform (sharding.Kind.Transform, or the manager cache's ByObject). It
+// is idempotent, as client-go asks of transforms.
+func CacheTransform(obj any) (any, error) {
+	cm, ok := obj.(*corev1.ConfigMap)
+	if !ok {
+		return obj, nil
+	}
+	if _, done := transformedDigest(cm); done {
+		return cm, nil
+	}
+	digest := configMapDigest(cm.Data, cm.Labels[sharding.LabelShard], cm.Labels[sharding.LabelDomain], controllerUID(cm))
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[annotationCachedDigest] = hex.EncodeToString(digest[:]) + cacheNonce
+	cm.Data, cm.BinaryData = nil, nil
+	return cm, nil
+}
+
+// transformedDigest returns the digest CacheTransform left on a ConfigMap.
+func transformedDigest(cm *corev1.ConfigMap) (digest, bool) {
+	var d digest
+	v, ok := strings.CutSuffix(cm.Annotations[annotationCachedDigest], cacheNonce)
+	if !ok {
+		return d, false
+	}
+	if n, err := hex.Decode(d[:], []byte(v)); err != nil || n != len(d) {
+		return d, false
+	}
+	return d, true
+}
+
+// cachedDigest is the configMapDigest of a ConfigMap read from a cache:
+// the transform's, or computed when the cache keeps data.
+func cachedDigest(cm *corev1.ConfigMap) digest {
+	if d, ok := transformedDigest(cm); ok {
+		return d
+	}
+	return configMapDigest(cm.Data, cm.Labels[sharding.LabelShard], cm.Labels[sharding.LabelDomain], controllerUID(cm))
 }
