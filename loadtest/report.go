@@ -366,7 +366,12 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		}
 		p("\n")
 	}
+	// Heap is compared with the plain controller-runtime fleet, the floor,
+	// where the run has one; else with the first fleet.
 	base := fl[0]
+	if plain := plainFleet(fl); plain != nil {
+		base = plain
+	}
 	row("controller flags", func(f *FleetResult) string {
 		switch {
 		case f.Plain && len(f.Args) == 0:

@@ -244,6 +244,15 @@ func (r *run) settledSharded(f *fleet, since, now, heldAt time.Time, ev EventRes
 	if behind > 0 {
 		return false, fmt.Sprintf("%d of %d objects of moved shards not yet reconciled by their new holder, e.g. %s", behind, ev.Objects, example), heldAt, ev
 	}
+	if since.Equal(f.started) {
+		// A new fleet's first reconciles find cold external caches and
+		// wait; the values' arrival requeues the objects. The fleet has
+		// settled when that second wave is done too, or its measured phase
+		// would count the fleet's own warm-up.
+		if depth := f.queueDepth(now); depth > 0 {
+			return false, fmt.Sprintf("%.0f requests queued in the replicas", depth), heldAt, ev
+		}
+	}
 	return true, "", heldAt, ev
 }
 
@@ -264,16 +273,13 @@ func (r *run) settledSingle(ctx context.Context, hc *http.Client, f *fleet, sinc
 	if !since.Equal(f.started) {
 		return true, "", heldAt
 	}
-	var reconciles, depth float64
+	var reconciles float64
 	f.mu.Lock()
 	for _, s := range slots {
-		in := s.current()
-		reconciles += in.delta(since, now, func(x replicaSample) float64 { return x.Reconciles })
-		if last, ok := in.at(now); ok {
-			depth += last.QueueDepth
-		}
+		reconciles += s.current().delta(since, now, func(x replicaSample) float64 { return x.Reconciles })
 	}
 	f.mu.Unlock()
+	depth := f.queueDepth(now)
 	objects := r.tracker.count()
 	if reconciles < float64(objects) || depth > 0 {
 		return false, fmt.Sprintf("%.0f reconciles of %d objects since the event, %.0f queued", reconciles, objects, depth), heldAt
@@ -297,4 +303,19 @@ func (r *run) addEvent(ev EventResult) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.report.Events = append(r.report.Events, ev)
+}
+
+// queueDepth is the sum of the running replicas' work-queue depths in their
+// latest samples.
+func (f *fleet) queueDepth(now time.Time) float64 {
+	slots := f.runningSlots()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var depth float64
+	for _, s := range slots {
+		if last, ok := s.current().at(now); ok {
+			depth += last.QueueDepth
+		}
+	}
+	return depth
 }
