@@ -198,6 +198,9 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 		queueRejected.Inc()
 		l.Err = fmt.Errorf("fetching %s: %w", key, ErrQueueFull)
 	}
+	if l.Err == nil && l.State == StatePending {
+		l.Err = c.hold.err()
+	}
 	countLookup(l)
 	return l
 }

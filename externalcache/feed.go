@@ -82,7 +82,7 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 		}
 		if err != nil {
 			failures++
-			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), retryAfterHint(err))
+			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), retryAfterHint(err, c.opts.MaxRetryAfter))
 			if failures == 1 {
 				log.Info("Change feed failed; backing off", "error", err.Error(), "retryIn", d)
 			} else {

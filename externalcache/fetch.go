@@ -243,7 +243,7 @@ func (c *Cache) complete(f *flight, v Value, err error) {
 	case classPermanent:
 		c.fail(f, err, spread(c.opts.Retry.FailureRetryInterval, 0.2), false)
 	case classRetryable:
-		hint := retryAfterHint(err)
+		hint := retryAfterHint(err, c.opts.MaxRetryAfter)
 		if hint > 0 {
 			c.hold.extend(hint)
 		}

@@ -33,6 +33,10 @@ var (
 		Name: "kshard_external_fetch_queue_rejected_total",
 		Help: "Fetches not enqueued by Get because the fetch queue was full (the next Get tries again).",
 	})
+	retryAfterCapped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kshard_externalcache_retry_after_capped_total",
+		Help: "Retry-After answers longer than MaxRetryAfter (--cache-max-retry-after), honoured only up to it.",
+	})
 
 	hitCounter      = requestsTotal.WithLabelValues("hit")
 	staleCounter    = requestsTotal.WithLabelValues("stale")
@@ -63,7 +67,9 @@ func sum(acc, v float64) float64 { return acc + v }
 func maxOf(acc, v float64) float64 { return max(acc, v) }
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected,
+	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected, retryAfterCapped,
+		gaugeOverLive("kshard_externalcache_retry_after_hold_seconds", "How long no call is made to the source yet, because it answered with a Retry-After (capped at MaxRetryAfter).",
+			func(c *Cache) float64 { return max(0, c.hold.remaining().Seconds()) }, maxOf),
 		gaugeOverLive("kshard_externalcache_entries", "Entries held by the cache, all shards.",
 			func(c *Cache) float64 { return float64(c.Stats().Entries) }, sum),
 		gaugeOverLive("kshard_externalcache_bytes", "Bytes allocated for entries, all shards; bounded by MaxBytes.",

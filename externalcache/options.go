@@ -71,6 +71,10 @@ type Options struct {
 	HardTTL time.Duration
 	// NegativeTTL is how long a not-found answer is cached. Default 30s.
 	NegativeTTL time.Duration
+	// MaxRetryAfter caps a Retry-After the source sends: while it lasts no call is made, for any
+	// key or feed, and waiting lookups carry ErrRetryAfterHold. A proxy's maintenance page may ask
+	// for a day. Default 60s.
+	MaxRetryAfter time.Duration
 
 	// Workers is the number of fetch workers, which bounds concurrent calls to the source.
 	// Default 8.
@@ -155,6 +159,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.SoftTTL, min(5*time.Minute, o.HardTTL/2))
 	setDefault(&o.TTLJitter, 0.1)
 	setDefault(&o.NegativeTTL, 30*time.Second)
+	setDefault(&o.MaxRetryAfter, time.Minute)
 	setDefault(&o.Workers, 8)
 	setDefault(&o.QueueSize, 4096)
 	setDefault(&o.RateLimit, 500)

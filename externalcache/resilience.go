@@ -74,11 +74,17 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// retryAfterHint is the wait the source asked for, if any.
-func retryAfterHint(err error) time.Duration {
+// retryAfterHint is the wait the source asked for, if any, capped at most: a proxy's
+// maintenance page saying "Retry-After: 86400" must not stop every fetch and feed for a day.
+func retryAfterHint(err error, most time.Duration) time.Duration {
 	var h RetryAfterHinter
 	if errors.As(err, &h) {
-		return max(0, h.RetryAfterHint())
+		d := max(0, h.RetryAfterHint())
+		if d > most {
+			retryAfterCapped.Inc()
+			d = most
+		}
+		return d
 	}
 	return 0
 }
@@ -140,7 +146,10 @@ func (h *hold) extend(d time.Duration) {
 	t := time.Now().Add(d).UnixNano()
 	for {
 		cur := h.until.Load()
-		if cur >= t || h.until.CompareAndSwap(cur, t) {
+		if cur >= t {
+			return
+		}
+		if h.until.CompareAndSwap(cur, t) {
 			return
 		}
 	}
@@ -148,6 +157,15 @@ func (h *hold) extend(d time.Duration) {
 
 func (h *hold) remaining() time.Duration {
 	return time.Until(time.Unix(0, h.until.Load()))
+}
+
+// err says, while the hold lasts, until when, for the lookups that wait on it.
+func (h *hold) err() error {
+	until := time.Unix(0, h.until.Load())
+	if !time.Now().Before(until) {
+		return nil
+	}
+	return fmt.Errorf("%w: no call until %s", ErrRetryAfterHold, until.UTC().Format(time.RFC3339))
 }
 
 // circuitOpen wraps a breaker rejection so callers can test errors.Is(err, ErrCircuitOpen).

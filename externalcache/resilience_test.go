@@ -53,8 +53,12 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 			t.Errorf("%s: classify = %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	if got := retryAfterHint(fmt.Errorf("w: %w", statusErr{code: 429, ra: 3 * time.Second})); got != 3*time.Second {
+	if got := retryAfterHint(fmt.Errorf("w: %w", statusErr{code: 429, ra: 3 * time.Second}), time.Minute); got != 3*time.Second {
 		t.Errorf("retryAfterHint = %s, want 3s", got)
+	}
+	// A maintenance page's day is honoured only up to the cap.
+	if got := retryAfterHint(statusErr{code: 503, ra: 24 * time.Hour}, time.Minute); got != time.Minute {
+		t.Errorf("retryAfterHint of a day, capped at a minute = %s", got)
 	}
 	if got := callCode(statusErr{code: 503}, classRetryable); got != "503" {
 		t.Errorf("callCode(503) = %q", got)

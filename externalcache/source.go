@@ -99,6 +99,9 @@ var (
 	// ErrCircuitOpen is wrapped by fetch errors while the circuit breaker rejects calls; the key
 	// is retried after the breaker's timeout.
 	ErrCircuitOpen = errors.New("circuit breaker open")
+	// ErrRetryAfterHold is carried by lookups of keys waiting while the source's Retry-After
+	// (capped at Options.MaxRetryAfter) holds every call: the wait is visible, not silent.
+	ErrRetryAfterHold = errors.New("the config center asked to wait (Retry-After)")
 	// ErrQueueFull is reported by Get when the fetch queue is full; the next Get tries again.
 	ErrQueueFull = errors.New("fetch queue full")
 	// ErrShardDropped releases waiters of a shard that DropShard dropped.
