@@ -380,7 +380,7 @@ func TestRBACSufficient(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range leases.Items {
-		if l.Name == sharding.MemberLeaseName("kshard-0") {
+		if l.Name == sharding.MemberLeaseName("kshard", "kshard-0") {
 			t.Errorf("the replica left the ring but its member Lease %s is still there", l.Name)
 		}
 		if h := ptr.Deref(l.Spec.HolderIdentity, ""); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -153,15 +152,18 @@ func (w *ringWatch) observe(obj any, deleted bool) {
 	defer w.mu.Unlock()
 	switch l.Labels[sharding.LabelLeaseKind] {
 	case sharding.LeaseKindMember:
-		name := strings.TrimPrefix(l.Name, "kshard-member-")
+		name, ok := sharding.ParseMemberLeaseName(Ring, l.Name)
+		if !ok {
+			return
+		}
 		if deleted {
 			delete(w.members, name)
 		} else {
 			w.members[name] = st
 		}
 	case sharding.LeaseKindShard:
-		var n int32
-		if _, err := fmt.Sscanf(l.Name, "kshard-shard-%d", &n); err != nil || n < 0 || n >= sharding.DefaultShards {
+		n, ok := sharding.ParseShardLeaseName(Ring, l.Name, sharding.DefaultShards)
+		if !ok {
 			return
 		}
 		w.shards[n] = st

@@ -1,18 +1,8 @@
 package sharding
 
 import (
-	"strings"
 	"time"
 )
-
-// parseShardLeaseName is the inverse of ShardLeaseName.
-func parseShardLeaseName(name string, shards int32) (int32, bool) {
-	v, ok := strings.CutPrefix(name, "kshard-shard-")
-	if !ok {
-		return 0, false
-	}
-	return parseShard(v, shards)
-}
 
 // acquirable says whether this replica may try to take a shard Lease now,
 // and why: it does not exist yet, it was released, it expired, or it is

@@ -5,8 +5,8 @@
 // An object's shard is a pure function of its domain (ShardOf), stamped once
 // as the label kshard.dev/shard and never rewritten: scaling, rolling updates
 // and crashes move shard ownership, not objects. Ownership is a Lease per
-// shard (kshard-shard-<n>). Every replica renews a member Lease
-// (kshard-member-<replica>), builds the same consistent-hash Ring from the
+// shard (<ring>-shard-<n>). Every replica renews a member Lease
+// (<ring>-member-<replica>), builds the same consistent-hash Ring from the
 // live members, and acquires the shards the ring gives it when their Lease is
 // free, released or expired. Shards acquired together share one cache whose
 // informers select their labels (kshard.dev/shard in (…)): the API server

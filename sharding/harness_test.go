@@ -350,8 +350,7 @@ func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coor
 	}
 	out := map[int32]coordinationv1.Lease{}
 	for _, l := range list.Items {
-		var n int32
-		if _, err := fmt.Sscanf(l.Name, "kshard-shard-%d", &n); err == nil {
+		if n, ok := sharding.ParseShardLeaseName(ring, l.Name, shards); ok {
 			out[n] = l
 		}
 	}

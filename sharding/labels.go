@@ -3,6 +3,7 @@ package sharding
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // The label and annotation keys of kshard. Shard labels live on the objects;
@@ -29,12 +30,30 @@ const (
 	LeaseKindShard  = "shard"
 )
 
-// MemberLeaseName is the name of a replica's member Lease.
-func MemberLeaseName(replica string) string { return "kshard-member-" + replica }
+// MemberLeaseName is the name of a replica's member Lease in a ring. Names
+// carry the ring, so rings can share a namespace: with the default ring
+// "kshard" they are kshard-member-<replica> and kshard-shard-<n>.
+func MemberLeaseName(ring, replica string) string { return ring + "-member-" + replica }
 
 // ShardLeaseName is the name of the Lease that one replica must hold to run
-// a shard.
-func ShardLeaseName(shard int32) string { return fmt.Sprintf("kshard-shard-%d", shard) }
+// a shard of a ring.
+func ShardLeaseName(ring string, shard int32) string { return fmt.Sprintf("%s-shard-%d", ring, shard) }
+
+// ParseShardLeaseName is the inverse of ShardLeaseName: the shard, in
+// [0, shards), that a Lease of the ring is for.
+func ParseShardLeaseName(ring, name string, shards int32) (int32, bool) {
+	v, ok := strings.CutPrefix(name, ring+"-shard-")
+	if !ok {
+		return 0, false
+	}
+	return parseShard(v, shards)
+}
+
+// ParseMemberLeaseName is the inverse of MemberLeaseName.
+func ParseMemberLeaseName(ring, name string) (string, bool) {
+	replica, ok := strings.CutPrefix(name, ring+"-member-")
+	return replica, ok && replica != ""
+}
 
 // ParseShardLabel returns the shard an object's label names, and whether it
 // names one in [0, shards).

@@ -44,12 +44,12 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 	for attempt := 0; attempt < 3; attempt++ {
 		now := metav1.NewMicroTime(time.Now())
 		if m.lease == nil {
-			got, err := leases.Get(ctx, MemberLeaseName(opts.Identity), metav1.GetOptions{})
+			got, err := leases.Get(ctx, MemberLeaseName(opts.Ring, opts.Identity), metav1.GetOptions{})
 			switch {
 			case apierrors.IsNotFound(err):
 				created, err := leases.Create(ctx, &coordinationv1.Lease{
 					ObjectMeta: metav1.ObjectMeta{
-						Name:        MemberLeaseName(opts.Identity),
+						Name:        MemberLeaseName(opts.Ring, opts.Identity),
 						Namespace:   opts.LeaseNamespace,
 						Labels:      map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindMember},
 						Annotations: map[string]string{AnnotationShards: strconv.Itoa(int(opts.Shards))},
@@ -107,7 +107,7 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 
 // delete removes the member Lease: the replica leaves the ring.
 func (m *memberLease) delete(ctx context.Context) {
-	err := m.r.leases.CoordinationV1().Leases(m.r.opts.LeaseNamespace).Delete(ctx, MemberLeaseName(m.r.opts.Identity), metav1.DeleteOptions{})
+	err := m.r.leases.CoordinationV1().Leases(m.r.opts.LeaseNamespace).Delete(ctx, MemberLeaseName(m.r.opts.Ring, m.r.opts.Identity), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		m.r.log.Error(err, "Deleting member Lease; the ring drops this replica when it expires")
 	}
@@ -155,7 +155,7 @@ func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
 // readLeases builds the view from the Leases of a ring. Liveness compares the
 // renew time with the local clock: replicas' clocks must agree to well within
 // lease duration − renew deadline, as they must for client-go leader election.
-func readLeases(items []coordinationv1.Lease, shards int32, now time.Time) *leaseView {
+func readLeases(ring string, items []coordinationv1.Lease, shards int32, now time.Time) *leaseView {
 	v := &leaseView{shards: map[int32]*shardLease{}, total: shards}
 	type live struct {
 		name    string
@@ -181,7 +181,7 @@ func readLeases(items []coordinationv1.Lease, shards int32, now time.Time) *leas
 			}
 			members = append(members, live{name: holder, shards: int32(n), created: l.CreationTimestamp.Time})
 		case LeaseKindShard:
-			n, ok := parseShardLeaseName(l.Name, shards)
+			n, ok := ParseShardLeaseName(ring, l.Name, shards)
 			if !ok {
 				continue
 			}

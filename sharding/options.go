@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -61,7 +63,9 @@ type Index struct {
 
 // Options configure a Replica.
 type Options struct {
-	// Ring names the ring; replicas of one controller share it. Required.
+	// Ring names the ring; replicas of one controller share it. Required, a
+	// DNS label: it prefixes the ring's Lease names (<ring>-shard-<n>,
+	// <ring>-member-<replica>), so several rings can share a namespace.
 	Ring string
 	// Identity is this replica's unique name in the ring. Defaults to
 	// $POD_NAME, else the hostname.
@@ -174,6 +178,9 @@ func (o *Options) validate() error {
 	var errs []error
 	if o.Ring == "" {
 		errs = append(errs, errors.New("ring is required"))
+	} else if msgs := validation.IsDNS1123Label(o.Ring); len(msgs) > 0 {
+		// It prefixes the ring's Lease names.
+		errs = append(errs, fmt.Errorf("ring %q: %s", o.Ring, strings.Join(msgs, "; ")))
 	}
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))

@@ -52,6 +52,7 @@ type Replica struct {
 	acquires chan struct{} // bounds concurrent Lease acquisitions
 	open     *batch        // the acquisition batch shards join, if any
 	groups   map[*group]bool
+	backoff  map[int32]acquireBackoff
 
 	// expected are the StatefulSet's desired members, read at start; they
 	// count as ring members until StartupGrace after started, so a replica
@@ -114,6 +115,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		shards:     map[int32]*shard{},
 		acquires:   make(chan struct{}, 16),
 		groups:     map[*group]bool{},
+		backoff:    map[int32]acquireBackoff{},
 	}
 	if err := mgr.Add(r); err != nil {
 		return nil, err
@@ -242,7 +244,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 	}
 	now := time.Now()
 	next := now.Add(r.opts.RetryPeriod)
-	view := readLeases(list.Items, r.opts.Shards, now)
+	view := readLeases(r.opts.Ring, list.Items, r.opts.Shards, now)
 	for _, t := range view.expiries {
 		if t.After(now) && t.Before(next) {
 			next = t
@@ -286,6 +288,10 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 		s, have := r.shards[n]
 		switch {
 		case desired && !have:
+			if b, ok := r.backoff[n]; ok && now.Before(b.notBefore) {
+				next = minTime(next, b.notBefore)
+				continue
+			}
 			lease := view.shards[n]
 			if reason, ok := acquirable(lease, r.opts.Identity, now); ok {
 				r.startShard(ctx, n, reason)
@@ -308,9 +314,35 @@ func (r *Replica) startShard(ctx context.Context, n int32, reason string) {
 		if r.shards[n] == s {
 			delete(r.shards, n)
 		}
+		r.noteAcquisitionLocked(n, s.acquireErr)
 		r.mu.Unlock()
 		r.wake()
 	}()
+}
+
+// acquireBackoff spaces out attempts at a shard Lease that could not be
+// taken, so a Lease that stays out of reach (a live holder the ring does not
+// know of, a failing API server) is not retried in a hot loop.
+type acquireBackoff struct {
+	failures  int
+	notBefore time.Time
+}
+
+// noteAcquisitionLocked records how an attempt at shard n ended: a failure
+// backs off (100 ms, doubling, at most RetryPeriod), a success forgets the
+// failures. Caller holds r.mu.
+func (r *Replica) noteAcquisitionLocked(n int32, err error) {
+	if err == nil {
+		delete(r.backoff, n)
+		return
+	}
+	b := r.backoff[n]
+	b.failures++
+	b.notBefore = time.Now().Add(min(r.opts.RetryPeriod, 100*time.Millisecond<<min(b.failures-1, 16)))
+	r.backoff[n] = b
+	if b.failures == 3 {
+		r.log.Info("Cannot acquire a shard Lease; backing off", "shard", n, "attempts", b.failures, "reason", err.Error())
+	}
 }
 
 // releaseAll drains and releases every shard and waits for them.
@@ -406,4 +438,11 @@ func (r *Replica) setQueue(q workqueue.TypedRateLimitingInterface[Request]) {
 		r.queue = q
 		close(r.queueReady)
 	})
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -470,7 +470,7 @@ func TestShardCountMismatch(t *testing.T) {
 	// The odd replica announces itself (its member Lease exists) ...
 	controlplane.Eventually(t, time.Minute, "odd member Lease", func() error {
 		var l coordinationv1.Lease
-		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("r-odd")}, &l)
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "r-odd")}, &l)
 	})
 	// ... and is not ready, holds nothing, and the others keep the ring.
 	controlplane.Eventually(t, time.Minute, "odd replica reports the mismatch", func() error {
@@ -554,7 +554,7 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 		}
 	}
 	var member coordinationv1.Lease
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("kshard-1")}, &member); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "kshard-1")}, &member); err != nil {
 		t.Fatalf("restarting replica's member Lease: %v", err)
 	}
 	r1 = startReplica(t, cfg("kshard-1"))
@@ -567,7 +567,7 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 	}
 	r1.stop(t)
 	expectRingHeld(t, c, ns, ring, []string{"kshard-0"})
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName("kshard-1")}, &member); err == nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "kshard-1")}, &member); err == nil {
 		t.Fatal("the leaving replica's member Lease still exists")
 	}
 }
@@ -811,4 +811,23 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestTwoRingsShareANamespace: two controllers' rings in one Lease
+// namespace each hold all their shards, under Lease names of their own
+// (they took each other's Leases when names named no ring).
+func TestTwoRingsShareANamespace(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	startReplica(t, ringConfig(ns, "alpha", "a-0"))
+	startReplica(t, ringConfig(ns, "beta", "b-0"))
+	expectRingHeld(t, c, ns, "alpha", []string{"a-0"})
+	expectRingHeld(t, c, ns, "beta", []string{"b-0"})
+	for _, ring := range []string{"alpha", "beta"} {
+		for n, l := range shardHolders(t, c, ns, ring) {
+			if l.Name != sharding.ShardLeaseName(ring, n) || !strings.HasPrefix(l.Name, ring+"-") {
+				t.Errorf("ring %s: shard %d's Lease is named %s", ring, n, l.Name)
+			}
+		}
+	}
 }

@@ -59,6 +59,8 @@ type shard struct {
 	record    resourcelock.LeaderElectionRecord
 	lastRenew time.Time // local time taken before the last successful write
 	started   time.Time
+	// acquireErr is why the Lease could not be taken, read after run.
+	acquireErr error
 
 	// ctx is cancelled when the shard stops: in-flight reconciles see it.
 	ctx    context.Context
@@ -201,6 +203,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	}
 	err := s.acquire(ctx)
 	<-s.r.acquires
+	s.acquireErr = err
 	if err != nil {
 		if !apierrors.IsConflict(err) && !errors.Is(err, errNotAcquirable) {
 			s.log.Error(err, "Acquiring shard Lease")
@@ -267,7 +270,7 @@ func (s *shard) newRecord(now time.Time) resourcelock.LeaderElectionRecord {
 func (s *shard) acquire(ctx context.Context) error {
 	opts := s.r.opts
 	s.lock = &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaseNamespace, Name: ShardLeaseName(s.id)},
+		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaseNamespace, Name: ShardLeaseName(opts.Ring, s.id)},
 		Client:     s.r.leases.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: opts.Identity},
 		Labels:     map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindShard},
@@ -285,7 +288,7 @@ func (s *shard) acquire(ctx context.Context) error {
 	default:
 		expiry := old.RenewTime.Add(time.Duration(old.LeaseDurationSeconds) * time.Second)
 		if _, ok := acquirable(&shardLease{holder: old.HolderIdentity, expiry: expiry}, opts.Identity, now); !ok {
-			return errNotAcquirable
+			return fmt.Errorf("%w: held by %q until %s", errNotAcquirable, old.HolderIdentity, expiry.UTC().Format(time.RFC3339))
 		}
 		rec.LeaderTransitions = old.LeaderTransitions
 		if old.HolderIdentity != opts.Identity {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -57,7 +56,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
 	}
 	now := time.Now()
-	view := readLeases(leases.Items, 1<<12, now)
+	view := readLeases(ring, leases.Items, 1<<12, now)
 	st := &RingStatus{Ring: ring, ShardCount: view.shardCount}
 	if st.ShardCount == 0 {
 		// No live member: take the largest shard Lease number seen.
@@ -85,11 +84,12 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 	for _, l := range leases.Items {
 		switch l.Labels[LabelLeaseKind] {
 		case LeaseKindShard:
-			if n, ok := parseShardLeaseName(l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
+			if n, ok := ParseShardLeaseName(ring, l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
 				st.Shards[n].LeaseAge = now.Sub(l.Spec.AcquireTime.Time)
 			}
 		case LeaseKindMember:
-			name := ptr.Deref(l.Spec.HolderIdentity, strings.TrimPrefix(l.Name, "kshard-member-"))
+			replica, _ := ParseMemberLeaseName(ring, l.Name)
+			name := ptr.Deref(l.Spec.HolderIdentity, replica)
 			var count int32
 			_, _ = fmt.Sscan(l.Annotations[AnnotationShards], &count)
 			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}

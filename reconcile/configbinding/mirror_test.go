@@ -162,7 +162,7 @@ func TestMirrorMovesWithShard(t *testing.T) {
 	ctx := context.Background()
 	holder := func(d string) (string, error) {
 		var l coordinationv1.Lease
-		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(sharding.ShardOf(d, sharding.DefaultShards))}, &l); err != nil {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(e.opts.Ring, sharding.ShardOf(d, sharding.DefaultShards))}, &l); err != nil {
 			return "", err
 		}
 		return ptr.Deref(l.Spec.HolderIdentity, ""), nil
