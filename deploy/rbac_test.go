@@ -206,12 +206,16 @@ func scrape(addr, token string) (int, string, error) {
 	}
 	// The replica serves a self-signed certificate, as in the cluster
 	// (the ServiceMonitor skips verification too); the token is what is checked.
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	// The client offers HTTP/2; the replica must answer in HTTP/1.1.
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, "", err
 	}
 	defer resp.Body.Close()
+	if resp.ProtoMajor != 1 {
+		return 0, "", fmt.Errorf("metrics served over %s: HTTP/2 must be off unless --enable-http2", resp.Proto)
+	}
 	body, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body), err
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -102,8 +103,21 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return nil, fmt.Errorf("config center URL %q must be http(s)://host[:port] without path or query", opts.BaseURL)
 	}
+	if opts.Token != "" && u.Scheme == "http" && !loopback(u.Hostname()) {
+		return nil, fmt.Errorf("refusing to send the config center token over plain http to %s: anyone on the path could read it; use https://", u.Host)
+	}
 	u.Path = ""
 	return &Client{opts: opts, base: u}, nil
+}
+
+// loopback reports whether a URL's host is this machine, where plain http
+// exposes a token to no one else.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Get reads a key. It returns an error wrapping ErrNotFound when the domain or key does not

@@ -471,6 +471,17 @@ func TestClientRejectsBadBaseURLs(t *testing.T) {
 			t.Errorf("NewClient(%q) succeeded", u)
 		}
 	}
+	// A token goes over plain http only to this machine.
+	for _, u := range []string{"http://configcenter.example:8080", "http://10.0.0.1"} {
+		if _, err := NewClient(ClientOptions{BaseURL: u, Token: "secret"}); err == nil || !strings.Contains(err.Error(), "https") {
+			t.Errorf("NewClient(%q) with a token: %v, want a refusal", u, err)
+		}
+	}
+	for _, u := range []string{"http://127.0.0.1:8080", "http://localhost", "http://[::1]:1", "https://configcenter.example"} {
+		if _, err := NewClient(ClientOptions{BaseURL: u, Token: "secret"}); err != nil {
+			t.Errorf("NewClient(%q) with a token: %v", u, err)
+		}
+	}
 	c, err := NewClient(ClientOptions{BaseURL: "http://127.0.0.1:1/"})
 	if err != nil {
 		t.Fatal(err)

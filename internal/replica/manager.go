@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"crypto/tls"
 	"net/http"
 
 	"k8s.io/client-go/rest"
@@ -35,7 +36,18 @@ func controllerConfig() config.Controller {
 // webhookServer serves the admission pre-check when a port is set; with
 // none it is never started (nothing registers on it).
 func webhookServer(opts Options) webhook.Server {
-	return webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir})
+	return webhook.NewServer(webhook.Options{Host: opts.WebhookHost, Port: opts.WebhookPort, CertDir: opts.WebhookCertDir,
+		TLSOpts: tlsOpts(opts.EnableHTTP2)})
+}
+
+// tlsOpts turns HTTP/2 off on the webhook and metrics servers unless asked
+// for: its stream handling had denial-of-service flaws (HTTP/2 Rapid Reset,
+// CVE-2023-44487; CVE-2023-39325), and neither server needs it.
+func tlsOpts(http2 bool) []func(*tls.Config) {
+	if http2 {
+		return nil
+	}
+	return []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 }
 
 // registerWebhook serves the ConfigBinding pre-check, answered from what

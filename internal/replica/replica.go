@@ -83,6 +83,9 @@ type Options struct {
 	// MetricsSecure serves metrics over HTTPS with Kubernetes authentication
 	// and authorization, as in a cluster.
 	MetricsSecure bool
+	// EnableHTTP2 serves the webhook and secure metrics over HTTP/2 too;
+	// off by default (see tlsOpts).
+	EnableHTTP2 bool
 
 	MaxConcurrentReconciles int
 	// RequeueBaseDelay and RequeueMaxDelay bound the per-object exponential
@@ -190,6 +193,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			BindAddress:    opts.MetricsBindAddress,
 			SecureServing:  opts.MetricsSecure,
 			FilterProvider: filterProvider(opts.MetricsSecure),
+			TLSOpts:        tlsOpts(opts.EnableHTTP2),
 		},
 		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
 		PprofBindAddress:              opts.PprofBindAddress,
