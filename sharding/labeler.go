@@ -79,7 +79,7 @@ func (l *labeler) Start(ctx context.Context) error {
 		Reconciler: reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 			return l.reconcile(ctx, c, req)
 		}),
-		MaxConcurrentReconciles: 4,
+		MaxConcurrentReconciles: r.opts.LabelerWorkers,
 		SkipNameValidation:      ptr.To(true),
 		Logger:                  r.log.WithName("labeler"),
 	})

@@ -42,7 +42,7 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 	opts := m.r.opts
 	leases := m.r.leases.CoordinationV1().Leases(opts.LeaseNamespace)
 	for attempt := 0; attempt < 3; attempt++ {
-		now := metav1.NewMicroTime(time.Now())
+		now := metav1.NewMicroTime(m.r.opts.Clock.Now())
 		if m.lease == nil {
 			got, err := leases.Get(ctx, MemberLeaseName(opts.Ring, opts.Identity), metav1.GetOptions{})
 			switch {
@@ -152,10 +152,10 @@ func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
 	return spec.RenewTime.Add(time.Duration(*spec.LeaseDurationSeconds) * time.Second)
 }
 
-// readLeases builds the view from the Leases of a ring. Liveness compares the
-// renew time with the local clock: replicas' clocks must agree to well within
-// lease duration − renew deadline, as they must for client-go leader election.
-func readLeases(ring string, items []coordinationv1.Lease, shards int32, now time.Time) *leaseView {
+// readLeases builds the view from the Leases of a ring; expiryOf says when
+// each Lease expires (a replica: from its own observations; kshard status:
+// from the written renew time).
+func readLeases(ring string, items []coordinationv1.Lease, shards int32, now time.Time, expiryOf func(*coordinationv1.Lease) time.Time) *leaseView {
 	v := &leaseView{shards: map[int32]*shardLease{}, total: shards}
 	type live struct {
 		name    string
@@ -165,7 +165,7 @@ func readLeases(ring string, items []coordinationv1.Lease, shards int32, now tim
 	var members []live
 	for i := range items {
 		l := &items[i]
-		expiry := leaseExpiry(l.Spec)
+		expiry := expiryOf(l)
 		holder := ptr.Deref(l.Spec.HolderIdentity, "")
 		if expiry.After(now) && holder != "" {
 			v.expiries = append(v.expiries, expiry)

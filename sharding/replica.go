@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -53,6 +54,7 @@ type Replica struct {
 	open     *batch        // the acquisition batch shards join, if any
 	groups   map[*group]bool
 	backoff  map[int32]acquireBackoff
+	observed observations
 
 	// expected are the StatefulSet's desired members, read at start; they
 	// count as ring members until StartupGrace after started, so a replica
@@ -244,7 +246,13 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 	}
 	now := time.Now()
 	next := now.Add(r.opts.RetryPeriod)
-	view := readLeases(r.opts.Ring, list.Items, r.opts.Shards, now)
+	view := readLeases(r.opts.Ring, list.Items, r.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+		renew := time.Time{}
+		if l.Spec.RenewTime != nil {
+			renew = l.Spec.RenewTime.Time
+		}
+		return r.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
+	})
 	for _, t := range view.expiries {
 		if t.After(now) && t.Before(next) {
 			next = t

@@ -831,3 +831,47 @@ func TestTwoRingsShareANamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestClockSkewTakesNoLiveLease: replicas whose clocks are 30 s ahead and 30 s
+// behind (five lease durations) join a ring; nobody takes a Lease from a
+// live holder (every move goes through a release), and the slow replica is
+// not taken for dead. Expiry was judged from the renew times the holders
+// wrote: the fast replica found every live Lease expired, and the others
+// found the slow replica's member Lease expired.
+func TestClockSkewTakesNoLiveLease(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "skew"
+	history := watchLeases(t, ns, ring)
+	startReplica(t, ringConfig(ns, ring, "r-0"))
+	startReplica(t, ringConfig(ns, ring, "r-1"))
+	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1"})
+	fast := ringConfig(ns, ring, "r-fast")
+	fast.clockSkew = 30 * time.Second
+	startReplica(t, fast)
+	slow := ringConfig(ns, ring, "r-slow")
+	slow.clockSkew = -30 * time.Second
+	startReplica(t, slow)
+	members := []string{"r-0", "r-1", "r-fast", "r-slow"}
+	holders := func() error {
+		want := sharding.NewRing(shards, members)
+		for n, l := range shardHolders(t, c, ns, ring) {
+			if holderOf(l) != want.Owner(n) {
+				return fmt.Errorf("shard %d held by %q, ring owner %q", n, holderOf(l), want.Owner(n))
+			}
+		}
+		return nil
+	}
+	controlplane.Eventually(t, 2*time.Minute, "every shard held by its owner in the ring of four", holders)
+	// Two lease durations more: long enough for skewed renew times to be
+	// misread as expired.
+	time.Sleep(2 * fastTiming.lease)
+	if err := holders(); err != nil {
+		t.Errorf("after two lease durations: %v", err)
+	}
+	history.mu.Lock()
+	defer history.mu.Unlock()
+	if history.changes > 0 {
+		t.Errorf("%d shard Leases went straight from one live holder to another (no release between)", history.changes)
+	}
+}

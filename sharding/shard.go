@@ -278,7 +278,7 @@ func (s *shard) acquire(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()
-	rec := s.newRecord(now)
+	rec := s.newRecord(opts.Clock.Now())
 	old, _, err := s.lock.Get(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -286,9 +286,11 @@ func (s *shard) acquire(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("reading shard Lease: %w", err)
 	default:
-		expiry := old.RenewTime.Add(time.Duration(old.LeaseDurationSeconds) * time.Second)
+		expiry := s.r.observed.expiry(s.lock.LeaseMeta.Name, old.HolderIdentity, old.RenewTime.Time,
+			time.Duration(old.LeaseDurationSeconds)*time.Second, now)
 		if _, ok := acquirable(&shardLease{holder: old.HolderIdentity, expiry: expiry}, opts.Identity, now); !ok {
-			return fmt.Errorf("%w: held by %q until %s", errNotAcquirable, old.HolderIdentity, expiry.UTC().Format(time.RFC3339))
+			return fmt.Errorf("%w: held by %q, not seen renewed for %s of its %ds", errNotAcquirable, old.HolderIdentity,
+				now.Sub(expiry.Add(-time.Duration(old.LeaseDurationSeconds)*time.Second)).Round(time.Millisecond), old.LeaseDurationSeconds)
 		}
 		rec.LeaderTransitions = old.LeaderTransitions
 		if old.HolderIdentity != opts.Identity {
@@ -313,7 +315,7 @@ func (s *shard) renew(ctx context.Context) error {
 	for time.Now().Before(deadline) {
 		now := time.Now()
 		rec := s.record
-		rec.RenewTime = metav1.NewTime(now)
+		rec.RenewTime = metav1.NewTime(s.r.opts.Clock.Now())
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		err := s.lock.Update(rctx, rec)
 		if apierrors.IsConflict(err) {
@@ -404,7 +406,7 @@ func (s *shard) drain() {
 func (s *shard) releaseLease(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.r.opts.RenewDeadline)
 	defer cancel()
-	now := time.Now()
+	now := s.r.opts.Clock.Now()
 	rec := resourcelock.LeaderElectionRecord{
 		LeaseDurationSeconds: 1,
 		AcquireTime:          metav1.NewTime(now),

@@ -56,7 +56,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
 	}
 	now := time.Now()
-	view := readLeases(ring, leases.Items, 1<<12, now)
+	view := readLeases(ring, leases.Items, 1<<12, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
 	st := &RingStatus{Ring: ring, ShardCount: view.shardCount}
 	if st.ShardCount == 0 {
 		// No live member: take the largest shard Lease number seen.

@@ -409,3 +409,44 @@ func TestTargetConflict(t *testing.T) {
 	}
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 }
+
+// TestTwoBindingsOneTarget: a second binding naming a ConfigMap the first
+// one owns gets TargetConflict and leaves it alone (both force-applied it
+// and took it from each other while both said Synced); it takes the name
+// over once the first binding and its ConfigMap are gone.
+func TestTwoBindingsOneTarget(t *testing.T) {
+	e := startEnv(t, "twotargets", externalcache.Options{})
+	first := e.create(t, "first", "domain-0", "key-0")
+	e.waitReason(t, "first", configbinding.ReasonSynced)
+	second := &configv1alpha1.ConfigBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "second"},
+		Spec: configv1alpha1.ConfigBindingSpec{Domain: "domain-0", Keys: []configv1alpha1.ConfigKey{"key-1"},
+			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: "first-config"}},
+	}
+	if err := e.c.Create(context.Background(), second); err != nil {
+		t.Fatal(err)
+	}
+	cb := e.waitReason(t, "second", configbinding.ReasonTargetConflict)
+	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "ConfigBinding first") {
+		t.Errorf("the message does not name the owner: %q", c.Message)
+	}
+	// Two reconciles' worth of time for a flip to show.
+	time.Sleep(3 * time.Second)
+	if cm := e.configMap(t, "first-config"); metav1.GetControllerOf(cm).UID != first.UID || cm.Data["key-1"] != "" {
+		t.Fatalf("the first binding's ConfigMap was taken: owner %v, data %v", metav1.GetControllerOf(cm), cm.Data)
+	}
+	e.waitReason(t, "first", configbinding.ReasonSynced)
+
+	// No garbage collector runs here: delete the ConfigMap as it would.
+	if err := e.c.Delete(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.Delete(context.Background(), e.configMap(t, "first-config")); err != nil {
+		t.Fatal(err)
+	}
+	// Within a RetryAfter (a minute) of the conflict's last look.
+	e.waitReason(t, "second", configbinding.ReasonSynced)
+	if cm := e.configMap(t, "first-config"); metav1.GetControllerOf(cm).UID != second.UID {
+		t.Fatalf("owner %v, want the second binding", metav1.GetControllerOf(cm))
+	}
+}

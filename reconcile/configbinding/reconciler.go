@@ -38,8 +38,9 @@ const (
 	// the last values, and recovers by itself.
 	ReasonExternalUnavailable = "ExternalUnavailable"
 	// ReasonTargetConflict: a ConfigMap of the target's name exists and is
-	// not this binding's; it is left untouched. Delete it or pick another
-	// name.
+	// not this binding's (someone else's, or another binding's: one binding
+	// owns a target); it is left untouched. Delete it or pick another name;
+	// the binding looks again every RetryAfter.
 	ReasonTargetConflict = "TargetConflict"
 	// ReasonDomainTooLarge: with --external-source=mirror, the domain does
 	// not fit in its ExternalDomain mirror; see the mirror's Synced
@@ -121,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 			return reconcile.Result{}, err
 		}
 		if conflict != nil {
-			return reconcile.Result{}, r.patchStatus(ctx, &cb, req.Shard, 0, *conflict)
+			return reconcile.Result{RequeueAfter: r.retryAfter()}, r.patchStatus(ctx, &cb, req.Shard, 0, *conflict)
 		}
 		log.V(1).Info("ConfigMap holds the binding's values", "configMap", cb.Spec.Target.ConfigMapName, "revision", res.revision)
 	}
@@ -155,6 +156,14 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 		return nil, fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
 	}
 	exists := err == nil
+	if exists {
+		// In this shard's cache, yet not this binding's: another binding
+		// names the same target, or someone copied the shard label onto
+		// their own ConfigMap. Exactly one binding owns a target.
+		if ref := metav1.GetControllerOf(&current); ref == nil || ref.UID != cb.UID {
+			return targetConflict(target.Name, ownerOf(ref)), nil
+		}
+	}
 	want := configMapDigest(res.data, strconv.Itoa(int(shard)), cb.Spec.Domain, cb.UID)
 	if exists && cachedDigest(&current) == want {
 		return nil, nil
@@ -170,8 +179,7 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 			return nil, err
 		}
 		if owner != "" {
-			return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
-				Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", target.Name, owner)}, nil
+			return targetConflict(target.Name, owner), nil
 		}
 	}
 	if !r.Shards.Holds(shard) {
@@ -243,14 +251,26 @@ func (r *Reconciler) foreignOwner(ctx context.Context, target types.NamespacedNa
 		}
 		return "", fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
 	}
-	ref := metav1.GetControllerOf(&cm)
-	switch {
-	case ref == nil:
-		return "nobody (no controller owner reference)", nil
-	case ref.UID != cb.UID:
-		return fmt.Sprintf("%s %s", ref.Kind, ref.Name), nil
+	if ref := metav1.GetControllerOf(&cm); ref == nil || ref.UID != cb.UID {
+		return ownerOf(ref), nil
 	}
 	return "", nil
+}
+
+// ownerOf names a ConfigMap's controller owner for a person.
+func ownerOf(ref *metav1.OwnerReference) string {
+	if ref == nil {
+		return "nobody (no controller owner reference)"
+	}
+	return fmt.Sprintf("%s %s", ref.Kind, ref.Name)
+}
+
+// targetConflict is the condition of a binding whose target ConfigMap is
+// someone else's: it is left untouched, and the binding looks again every
+// RetryAfter, so it heals once the other owner lets go.
+func targetConflict(name, owner string) *metav1.Condition {
+	return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
+		Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", name, owner)}
 }
 
 func (r *Reconciler) retryAfter() time.Duration {
