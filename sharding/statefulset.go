@@ -2,10 +2,12 @@ package sharding
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -44,6 +46,16 @@ func TerminationIntent(identity, statefulSet string, desiredReplicas int32, dele
 	return IntentLeave
 }
 
+// statefulSet reads the configured StatefulSet and its desired replicas
+// (1 when unset, as the API defaults it).
+func (r *Replica) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, error) {
+	var sts appsv1.StatefulSet
+	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
+		return nil, 0, fmt.Errorf("reading StatefulSet %s: %w", r.opts.StatefulSet, err)
+	}
+	return &sts, ptr.Deref(sts.Spec.Replicas, 1), nil
+}
+
 // terminationIntent reads the StatefulSet. Any doubt (no StatefulSet
 // configured, an API error) means leave: handing over costs a move, while a
 // wrong restart leaves shards unowned until the member Lease expires.
@@ -51,14 +63,10 @@ func (r *Replica) terminationIntent(ctx context.Context) Intent {
 	if r.opts.StatefulSet == "" {
 		return IntentLeave
 	}
-	var sts appsv1.StatefulSet
-	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
-		r.log.Error(err, "Reading the StatefulSet to decide between restart and leave; leaving")
+	sts, desired, err := r.statefulSet(ctx)
+	if err != nil {
+		r.log.Error(err, "Deciding between restart and leave; leaving")
 		return IntentLeave
-	}
-	desired := int32(1)
-	if sts.Spec.Replicas != nil {
-		desired = *sts.Spec.Replicas
 	}
 	return TerminationIntent(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
 }
@@ -72,14 +80,10 @@ func (r *Replica) expectedMembers(ctx context.Context) []string {
 	if r.opts.StatefulSet == "" || r.opts.StartupGrace < 0 {
 		return nil
 	}
-	var sts appsv1.StatefulSet
-	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
-		r.log.Error(err, "Reading the StatefulSet for its desired replicas; building the ring from live members only")
+	sts, desired, err := r.statefulSet(ctx)
+	if err != nil {
+		r.log.Error(err, "Building the ring from live members only")
 		return nil
-	}
-	desired := int32(1)
-	if sts.Spec.Replicas != nil {
-		desired = *sts.Spec.Replicas
 	}
 	out := make([]string, desired)
 	for i := range out {
