@@ -352,7 +352,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			return err
 		}
 	} else {
-		single := configbinding.NewSingleReplica(mgr.GetCache(), opts.Identity, mgr.Elected())
+		single := configbinding.NewSingleReplica(mgr.GetCache(), mgr.Elected())
 		rec.Shards, enqueuer = single, single
 		if err := setupSingle(ctx, mgr, rec, single, opts); err != nil {
 			return err

@@ -17,7 +17,6 @@ import (
 // compare against. Every shard is "held" by the elected leader.
 type SingleReplica struct {
 	Cache   client.Reader
-	Name    string
 	mu      sync.Mutex
 	queue   workqueue.TypedRateLimitingInterface[sharding.Request]
 	elected <-chan struct{}
@@ -25,8 +24,8 @@ type SingleReplica struct {
 
 // NewSingleReplica returns the adapter; elected closes when this replica
 // becomes the leader (manager.Elected()).
-func NewSingleReplica(c client.Reader, name string, elected <-chan struct{}) *SingleReplica {
-	return &SingleReplica{Cache: c, Name: name, elected: elected}
+func NewSingleReplica(c client.Reader, elected <-chan struct{}) *SingleReplica {
+	return &SingleReplica{Cache: c, elected: elected}
 }
 
 // Reader implements Shards.
@@ -42,8 +41,6 @@ func (s *SingleReplica) Holds(int32) bool {
 	}
 }
 
-// Identity implements Shards.
-func (s *SingleReplica) Identity() string { return s.Name }
 
 // Enqueue implements Enqueuer.
 func (s *SingleReplica) Enqueue(req sharding.Request) {
