@@ -41,7 +41,6 @@ func (s *SingleReplica) Holds(int32) bool {
 	}
 }
 
-
 // Enqueue implements Enqueuer.
 func (s *SingleReplica) Enqueue(req sharding.Request) {
 	s.mu.Lock()
