@@ -179,14 +179,14 @@ func (r *run) charts() []namedChart {
 	if r.sc.name == "external-outage" {
 		counts := map[string][]chart.Point{}
 		for _, rs := range reasons {
-			for _, reason := range []string{"Synced", "Fetching", "ExternalUnavailable"} {
+			for _, reason := range []string{"Synced", "ExternalUnavailable"} {
 				counts[reason] = append(counts[reason], chart.Point{X: secs(rs.At), Y: float64(rs.Reasons[reason])})
 			}
 		}
 		out = append(out, namedChart{"reasons", &chart.Chart{
 			Title:  r.opts.Scenario + ": ConfigBindings by Ready reason",
 			XLabel: xl, YLabel: "objects",
-			Series:  []chart.Series{{Name: "Synced", Points: counts["Synced"]}, {Name: "Fetching", Points: counts["Fetching"]}, {Name: "ExternalUnavailable", Points: counts["ExternalUnavailable"]}},
+			Series:  []chart.Series{{Name: "Synced", Points: counts["Synced"]}, {Name: "ExternalUnavailable", Points: counts["ExternalUnavailable"]}},
 			Markers: markers,
 		}})
 	}

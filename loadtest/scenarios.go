@@ -287,7 +287,7 @@ func init() {
 		splitKeys: true,
 		doc: "Under continuous spec updates, the config center answers 503 to every data request for a while, then " +
 			"recovers. During the outage updates switch to keys no object read before, so they cannot be served from " +
-			"the cache: those objects must say ExternalUnavailable (or Fetching) while every ConfigMap keeps its last " +
+			"the cache: those objects must say ExternalUnavailable while every ConfigMap keeps its last " +
 			"data, and all must become Ready by themselves after recovery.",
 		defaults: func(o *Options) {
 			defaultDuration(o, 90*time.Second)
@@ -617,7 +617,7 @@ func runOutage(ctx context.Context, r *run) error {
 
 // outageObservation is what the outage did to objects and ConfigMaps.
 type outageObservation struct {
-	maxUnavailable, maxFetching int
+	maxUnavailable              int
 	samples                     int
 	configMaps, emptyConfigMaps int
 }
@@ -625,7 +625,6 @@ type outageObservation struct {
 func (o *outageObservation) observe(ctx context.Context, r *run) error {
 	reasons := r.tracker.reasons()
 	o.maxUnavailable = max(o.maxUnavailable, reasons["ExternalUnavailable"])
-	o.maxFetching = max(o.maxFetching, reasons["Fetching"])
 	o.samples++
 	var cms corev1.ConfigMapList
 	if err := r.c.List(ctx, &cms, client.InNamespace(Namespace)); err != nil {
@@ -646,7 +645,7 @@ func (o *outageObservation) findings() []string {
 		return nil
 	}
 	return []string{
-		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable and %d Fetching at once (sampled %d times)", o.maxUnavailable, o.maxFetching, o.samples),
+		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable at once (sampled %d times)", o.maxUnavailable, o.samples),
 		fmt.Sprintf("during the outage, every ConfigMap kept its data: %d of %d ConfigMaps empty at worst", o.emptyConfigMaps, o.configMaps),
 	}
 }
