@@ -46,6 +46,8 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 		{"breaker open", live, gobreaker.ErrOpenState, classCircuitOpen},
 		{"half-open full", live, circuitOpen(gobreaker.ErrTooManyRequests), classCircuitOpen},
 		{"our shutdown", stopped, context.Canceled, classCanceled},
+		// One key's unreadable answer fails that key; the breaker counts it as the service answering.
+		{"invalid value", live, fmt.Errorf("%w: garbage", ErrInvalidValue), classPermanent},
 		{"someone else's cancel", live, context.Canceled, classRetryable},
 	}
 	for _, tc := range cases {

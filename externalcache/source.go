@@ -99,6 +99,10 @@ var (
 	// ErrCircuitOpen is wrapped by fetch errors while the circuit breaker rejects calls; the key
 	// is retried after the breaker's timeout.
 	ErrCircuitOpen = errors.New("circuit breaker open")
+	// ErrInvalidValue is wrapped by a Source's error when the service answered for the key with
+	// something unreadable: that key fails (retried after FailureRetryInterval) but the service
+	// is not counted as failing, so one bad key cannot open the breaker for every key.
+	ErrInvalidValue = errors.New("invalid value")
 	// ErrRetryAfterHold is carried by lookups of keys waiting while the source's Retry-After
 	// (capped at Options.MaxRetryAfter) holds every call: the wait is visible, not silent.
 	ErrRetryAfterHold = errors.New("the config center asked to wait (Retry-After)")

@@ -15,8 +15,13 @@ import (
 	"time"
 )
 
-// ErrNotFound is returned by Client.Get and Client.Delete when the domain or key does not exist.
+// ErrNotFound is returned by Client.Get and Client.Delete when the config center itself says
+// the domain or key does not exist.
 var ErrNotFound = errors.New("not found")
+
+// ErrInvalidAnswer is wrapped by errors of a 2xx answer that cannot be read as what was asked
+// for: the fault of that answer (that key), not of the connection or the service as a whole.
+var ErrInvalidAnswer = errors.New("invalid answer")
 
 // StatusError is an answer other than success or not-found. Callers use Code to tell
 // throttling (429) and server failures (5xx), which are worth retrying, from their own mistakes
@@ -285,36 +290,42 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		_ = resp.Body.Close()
 	}()
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		if err := decode(resp.Body); err != nil {
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		// Read first, so that a broken connection (retry) is told from an
+		// answer that arrived and is wrong (this key's fault).
+		data, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
+		if err != nil {
 			return fmt.Errorf("reading answer: %w", err)
 		}
-		return nil
-	case resp.StatusCode == http.StatusNotFound && notFound:
-		return fmt.Errorf("%w: %s", ErrNotFound, errorMessage(resp.Body))
-	default:
-		return &StatusError{
-			Code:       resp.StatusCode,
-			RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
-			Message:    errorMessage(resp.Body),
+		if err := decode(bytes.NewReader(data)); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidAnswer, err)
 		}
+		return nil
+	}
+	msg, reason := errorMessage(resp.Body)
+	if resp.StatusCode == http.StatusNotFound && notFound && reason == reasonNotFound {
+		return fmt.Errorf("%w: %s", ErrNotFound, msg)
+	}
+	return &StatusError{
+		Code:       resp.StatusCode,
+		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
+		Message:    msg,
 	}
 }
 
 // errorMessage extracts the server's message from an error body, bounded, tolerating bodies
 // that are not the expected JSON (a proxy's HTML page, for example).
-func errorMessage(r io.Reader) string {
+func errorMessage(r io.Reader) (msg, reason string) {
 	data, _ := io.ReadAll(io.LimitReader(r, 4<<10))
 	var b errorBody
 	if json.Unmarshal(data, &b) == nil && b.Error != "" {
-		return b.Error
+		return b.Error, b.Reason
 	}
 	s := strings.TrimSpace(strings.ToValidUTF8(string(data), "?"))
 	if len(s) > 200 {
 		s = s[:200] + "..."
 	}
-	return s
+	return s, ""
 }
 
 // parseRetryAfter reads a Retry-After header: delay seconds or an HTTP date.

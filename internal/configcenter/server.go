@@ -391,7 +391,7 @@ func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		v, err := s.store.get(domain, key)
 		if err != nil {
-			writeError(w, http.StatusNotFound, err.Error())
+			writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error(), Reason: reasonNotFound})
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -400,7 +400,7 @@ func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 	case http.MethodDelete:
 		rev, err := s.store.delete(domain, key)
 		if err != nil {
-			writeError(w, http.StatusNotFound, err.Error())
+			writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error(), Reason: reasonNotFound})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]int64{"revision": rev})

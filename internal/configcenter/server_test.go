@@ -7,10 +7,15 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/externalcache"
 )
 
 // startServer runs a server on a loopback port for the duration of the test.
@@ -514,7 +519,7 @@ func TestStatusErrorCarriesTheServerMessage(t *testing.T) {
 		!strings.Contains(e.Error(), "429") || !strings.Contains(e.Error(), "slow down") {
 		t.Errorf("StatusError = %q", e.Error())
 	}
-	if got := errorMessage(strings.NewReader("<html>" + strings.Repeat("x", 10000))); len(got) > 210 {
+	if got, _ := errorMessage(strings.NewReader("<html>" + strings.Repeat("x", 10000))); len(got) > 210 {
 		t.Errorf("errorMessage of a large non-JSON body is %d bytes long", len(got))
 	}
 }
@@ -571,5 +576,47 @@ func TestDurationJSON(t *testing.T) {
 	out, _ := json.Marshal(f)
 	if !strings.Contains(string(out), `"latency":"1.5s"`) {
 		t.Errorf("encoded %s", out)
+	}
+}
+
+// TestOnlyTheServersNotFoundIsNotFound: a 404 from something in front of the
+// config center (a misrouted proxy's page) is an error, never "this key does
+// not exist", which the cache would remember; the server's own answer is.
+// A 200 whose body is not a value is this key's fault (ErrInvalidAnswer).
+func TestOnlyTheServersNotFoundIsNotFound(t *testing.T) {
+	srv := startServer(t, Options{})
+	c := newClient(t, srv, nil)
+	if _, err := c.Get(context.Background(), "no-such-domain", "k"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the server's own not-found: %v, want ErrNotFound", err)
+	}
+	var answer atomic.Value
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		a := answer.Load().([2]string)
+		code, _ := strconv.Atoi(a[0])
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, a[1])
+	}))
+	t.Cleanup(proxy.Close)
+	pc, err := NewClient(ClientOptions{BaseURL: proxy.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer.Store([2]string{"404", "<html>Not Found</html>"})
+	_, err = pc.Get(context.Background(), "d", "k")
+	var se *StatusError
+	if errors.Is(err, ErrNotFound) || !errors.As(err, &se) || se.Code != http.StatusNotFound {
+		t.Errorf("a proxy's 404: %v, want a StatusError 404 that is not ErrNotFound", err)
+	}
+	answer.Store([2]string{"404", `{"error":"no route"}`})
+	if _, err := pc.Get(context.Background(), "d", "k"); errors.Is(err, ErrNotFound) {
+		t.Errorf("a 404 without the not-found reason: %v, want not ErrNotFound", err)
+	}
+	answer.Store([2]string{"200", "garbage"})
+	if _, err := pc.Get(context.Background(), "d", "k"); !errors.Is(err, ErrInvalidAnswer) {
+		t.Errorf("an unreadable 200: %v, want ErrInvalidAnswer", err)
+	}
+	src := NewCacheSource(pc)
+	if _, err := src.Fetch(context.Background(), externalcache.Key{Domain: "d", Name: "k"}); !errors.Is(err, externalcache.ErrInvalidValue) {
+		t.Errorf("an unreadable 200 through the cache source: %v, want externalcache.ErrInvalidValue", err)
 	}
 }

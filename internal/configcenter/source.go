@@ -30,6 +30,9 @@ func (s *CacheSource) Fetch(ctx context.Context, key externalcache.Key) (externa
 	if errors.Is(err, ErrNotFound) {
 		return externalcache.Value{}, fmt.Errorf("%w: %w", externalcache.ErrNotFound, err)
 	}
+	if errors.Is(err, ErrInvalidAnswer) {
+		return externalcache.Value{}, fmt.Errorf("%w: %w", externalcache.ErrInvalidValue, err)
+	}
 	if err != nil {
 		return externalcache.Value{}, err
 	}

@@ -65,7 +65,14 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // errorBody is the JSON body of every 4xx and 5xx answer.
 type errorBody struct {
 	Error string `json:"error"`
+	// Reason is reasonNotFound on the server's own answer that a domain or
+	// key does not exist: a 404 without it (a misrouted proxy's page) is
+	// not one, and must not be cached as "this key does not exist".
+	Reason string `json:"reason,omitempty"`
 }
+
+// reasonNotFound marks the config center's authoritative not-found answer.
+const reasonNotFound = "NotFound"
 
 // putBody is the JSON body of a PUT to a key.
 type putBody struct {
