@@ -417,6 +417,12 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		}
 		return fmt.Sprintf("%.0f", f.UnlabeledPeak)
 	})
+	row("fleet start: peak objects held ÷ final share (largest replica)", func(f *FleetResult) string {
+		if f.StartOverClaim < 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", f.StartOverClaim)
+	})
 	row("ConfigBindings held per replica, peak (largest)", func(f *FleetResult) string {
 		if f.HeldMax < 0 {
 			return "all (one cache of every object)"

@@ -191,6 +191,12 @@ type FleetResult struct {
 	// most objects waiting for a label at once. -1 without a sample, and
 	// for a fleet without a labeler (sharding off, the plain controller).
 	UnlabeledPeak float64
+	// StartOverClaim is, over the replicas that started with the fleet, the
+	// largest ratio of the ConfigBindings a replica held while the fleet
+	// started to what it held once the start settled (its final share):
+	// 1.0 when no replica claimed more than its share on the way. -1 when
+	// not measured (sharding off, no objects at the start, or no settle).
+	StartOverClaim float64
 
 	PerReplica []ReplicaResult
 }
@@ -214,7 +220,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	label := f.label()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, UnlabeledPeak: -1}
+	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, UnlabeledPeak: -1, StartOverClaim: -1}
 	res.Storm = f.storm
 	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
@@ -238,6 +244,11 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			continue
 		}
 		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: f.mode.Sharded()}
+		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.started.After(f.started.Add(time.Second)) {
+			if r, ok := overClaim(in.samples, f.started, f.started.Add(f.startEvent.Reconciled)); ok {
+				res.StartOverClaim = math.Max(res.StartOverClaim, r)
+			}
+		}
 		var slotHits, slotLookups float64
 		for _, in := range s.instances {
 			res.Processes++
@@ -614,4 +625,22 @@ func (r *run) finish(runErr error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
 	}
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
+}
+
+// overClaim is the most objects a replica held between from and to (its
+// samples in that window) divided by what it held at to; false when it held
+// nothing at to.
+func overClaim(samples []replicaSample, from, to time.Time) (float64, bool) {
+	var peak, end float64
+	for _, x := range samples {
+		if x.At.Before(from) || x.At.After(to) {
+			continue
+		}
+		peak = math.Max(peak, x.Objects)
+		end = x.Objects
+	}
+	if end <= 0 {
+		return 0, false
+	}
+	return peak / end, true
 }

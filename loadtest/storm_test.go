@@ -246,3 +246,22 @@ func TestRenderStormAndLabelRows(t *testing.T) {
 		t.Error("storm rows without a storm, or labeler rows missing")
 	}
 }
+
+// TestOverClaim: a replica that held every object before settling on its
+// share shows the ratio; samples outside the start window do not count.
+func TestOverClaim(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int, objects float64) replicaSample {
+		return replicaSample{At: t0.Add(time.Duration(s) * time.Second), Objects: objects}
+	}
+	samples := []replicaSample{at(-5, 900), at(1, 300), at(2, 900), at(3, 300), at(4, 300), at(20, 5000)}
+	if r, ok := overClaim(samples, t0, t0.Add(4*time.Second)); !ok || r != 3 {
+		t.Errorf("overClaim = %v, %v; want 3 (900 held on the way to a share of 300)", r, ok)
+	}
+	if r, ok := overClaim(samples[1:2], t0, t0.Add(4*time.Second)); !ok || r != 1 {
+		t.Errorf("overClaim of a steady replica = %v, %v; want 1", r, ok)
+	}
+	if _, ok := overClaim([]replicaSample{at(1, 0)}, t0, t0.Add(4*time.Second)); ok {
+		t.Error("a replica holding nothing at the end has no share to compare with")
+	}
+}
