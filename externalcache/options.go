@@ -53,9 +53,9 @@ type Options struct {
 	// ExpectedEntriesPerShard and ExpectedEntryBytes size bigcache's initial allocation; it
 	// doubles on demand up to the byte bound. Defaults 40 and 512: bigcache's floor of 10 entries
 	// per internal shard, so an empty shard costs about 20 KiB and a replica holding all 64 shards
-	// 1.3 MiB before any value arrives (1024 entries in 16 internal shards, the first defaults,
-	// cost 512 KiB per shard: 32 MiB of a singleton's heap for the two dozen keys a shard of the
-	// load tests holds).
+	// 1.3 MiB before any value arrives, by bigcache's sizing (entries × entry bytes). The first
+	// defaults, 1024 entries in 16 internal shards, sized 512 KiB per shard, 32 MiB for 64, for
+	// the two dozen keys a shard of the load tests holds.
 	ExpectedEntriesPerShard int
 	ExpectedEntryBytes      int
 	// CleanWindow is how often bigcache drops entries older than the hard TTL. Default 1m.

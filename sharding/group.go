@@ -73,7 +73,7 @@ func stripThen(t toolscache.TransformFunc) toolscache.TransformFunc {
 // newGroup creates (but does not start) the cache of a set of shards: the
 // primary and owned kinds, without managed fields, with the ring's indexes
 // and event handlers that hand each event to the shard it belongs to.
-func (r *Replica) newGroup(ctx context.Context, shards []int32) (*group, error) {
+func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err error) {
 	slices.Sort(shards)
 	sel, err := selectorFor(shards)
 	if err != nil {
@@ -106,6 +106,11 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (*group, error) 
 	}
 	g := &group{r: r, shards: shards, cache: c, done: make(chan struct{}), synced: make(chan struct{}), counts: map[int32]int64{}}
 	g.ctx, g.stop = context.WithCancel(ctx)
+	defer func() {
+		if err != nil {
+			g.stop()
+		}
+	}()
 	ctx = g.ctx
 	for _, ix := range r.opts.Indexes {
 		if err := c.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
@@ -186,6 +191,13 @@ func (g *group) leave() {
 	g.r.mu.Lock()
 	delete(g.r.groups, g)
 	g.r.mu.Unlock()
+}
+
+// endCompaction lets a failed compaction be tried again.
+func (g *group) endCompaction() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.compacting = false
 }
 
 // beginCompaction claims the group's one compaction.
@@ -418,7 +430,8 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 	}
 	g, err := r.newGroup(ctx, ids)
 	if err != nil {
-		r.log.Error(err, "Compacting a shard cache", "shards", ids)
+		r.log.Error(err, "Compacting a shard cache; trying again later", "shards", ids)
+		old.endCompaction()
 		return
 	}
 	g.members = 1 // the compaction itself, until the switch
@@ -426,6 +439,7 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 	select {
 	case <-g.synced:
 	case <-g.done:
+		old.endCompaction()
 		return
 	}
 	r.mu.Lock()
