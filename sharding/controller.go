@@ -3,7 +3,6 @@ package sharding
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -86,17 +85,13 @@ func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, e
 	if g.audit == nil {
 		return g.inner.Reconcile(ctx, req)
 	}
-	rec := AuditRecord{Replica: g.r.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}
+	a := &auditedReconcile{log: g.audit, rec: AuditRecord{Replica: g.r.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}}
 	if reader, ok := s.currentReader(); ok {
 		if obj, ok := g.r.opts.For.Object.DeepCopyObject().(client.Object); ok && reader.Get(ctx, req.NamespacedName, obj) == nil {
-			rec.Generation = obj.GetGeneration()
+			a.rec.Generation = obj.GetGeneration()
 		}
 	}
-	rec.Event, rec.Time = "start", time.Now()
-	g.audit.write(rec)
-	defer func() {
-		rec.Event, rec.Time = "end", time.Now()
-		g.audit.write(rec)
-	}()
-	return g.inner.Reconcile(ctx, req)
+	a.record("start", nil)
+	defer a.record("end", nil)
+	return g.inner.Reconcile(context.WithValue(ctx, auditKey{}, a), req)
 }

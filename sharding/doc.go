@@ -36,5 +36,7 @@
 //	_, err = rep.NewController("configbinding", reconciler, controller.TypedOptions[sharding.Request]{})
 //
 // The reconciler receives a Request with its shard, reads through
-// rep.Reader(req.Shard) and checks rep.Holds(req.Shard) before it writes.
+// rep.Reader(req.Shard) and asks rep.WriteContext(ctx, req.Shard) before
+// each write: the hold is a time, not a flag, so a replica thawed from a
+// pause longer than its renew deadline writes nothing.
 package sharding

@@ -238,15 +238,18 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 	if cb.Status.ObservedGeneration == cb.Generation && ptr.Deref(cb.Status.Shard, -1) == req.Shard && reconciledBy(&cb) == r.rep.Identity() {
 		return reconcile.Result{}, nil
 	}
-	if !r.rep.Holds(req.Shard) {
-		return reconcile.Result{}, nil
-	}
 	patch := client.MergeFromWithOptions(cb.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	cb.Status.ObservedGeneration = cb.Generation
 	cb.Status.Shard = ptr.To(req.Shard)
 	meta.SetStatusCondition(&cb.Status.Conditions, metav1.Condition{Type: conditionReconciledBy, Status: metav1.ConditionTrue,
 		Reason: "Reconciled", Message: r.rep.Identity(), ObservedGeneration: cb.Generation})
-	if err := r.client.Status().Patch(ctx, &cb, patch); err != nil {
+	wctx, done, ok := r.rep.WriteContext(ctx, req.Shard)
+	if !ok {
+		return reconcile.Result{}, nil
+	}
+	err := r.client.Status().Patch(wctx, &cb, patch)
+	done()
+	if err != nil {
 		if apierrors.IsConflict(err) {
 			// Our cache is behind: look again when it has caught up.
 			return reconcile.Result{RequeueAfter: 250 * time.Millisecond}, nil

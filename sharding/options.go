@@ -82,7 +82,11 @@ type Options struct {
 	LeaseDuration time.Duration
 	RenewDeadline time.Duration
 	RetryPeriod   time.Duration
-	// DrainTimeout bounds how long a release waits for in-flight reconciles.
+	// DrainTimeout bounds how long a release waits for in-flight reconciles;
+	// then they are cancelled and waited for once more as long. A reconcile
+	// still running after that keeps the Lease from being released: it is
+	// left to expire, which the reconcile's writes cannot outlive (see
+	// Replica.WriteContext). Defaults to 10 s.
 	DrainTimeout time.Duration
 	// LabelerWorkers is how many label patches the elected labeler sends at
 	// once. A new object waits for its label before any replica sees it, so

@@ -376,12 +376,44 @@ func (r *Replica) shard(n int32) *shard {
 	return r.shards[n]
 }
 
-// Holds reports whether this replica holds a shard and may reconcile its
-// objects. A reconciler checks it before writing: a shard can be lost at
-// any time.
+// Holds reports whether this replica holds a shard now: it runs it, and
+// renewed its Lease within the renew deadline. A shard can be lost at any
+// time; a write asks WriteContext instead.
 func (r *Replica) Holds(n int32) bool {
 	s := r.shard(n)
-	return s != nil && s.active()
+	if s == nil {
+		return false
+	}
+	_, ok := s.holdUntil(time.Now())
+	return ok
+}
+
+// WriteContext answers "may I write?" for one write of shard n's objects,
+// and must be asked before each: ok is false unless this replica holds the
+// shard now (running or draining, its Lease renewed within the renew
+// deadline on this process's monotonic clock). The returned context ends
+// with the hold, so a write that a pause (GC, CPU throttling, SIGSTOP, a
+// frozen VM) delays past it is cancelled rather than sent; a write already
+// sent reaches the API server LeaseDuration − RenewDeadline before anyone
+// else may take the shard. Call cancel when the write returned.
+//
+// Asked from a reconcile of the sharded controller with an audit log, the
+// write is recorded ("write", at cancel).
+func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, context.CancelFunc, bool) {
+	s := r.shard(n)
+	if s == nil {
+		return ctx, func() {}, false
+	}
+	until, ok := s.holdUntil(time.Now())
+	if !ok {
+		return ctx, func() {}, false
+	}
+	wctx, cancel := context.WithDeadline(ctx, until)
+	audit, _ := ctx.Value(auditKey{}).(*auditedReconcile)
+	if audit == nil {
+		return wctx, cancel, true
+	}
+	return wctx, func() { cancel(); audit.wrote(until) }, true
 }
 
 // Reader reads a held shard's objects from its informer cache.

@@ -58,8 +58,16 @@ func expectRingHeld(t *testing.T, c client.Client, ns, ring string, members []st
 type leaseHistory struct {
 	mu        sync.Mutex
 	last      map[string]coordinationv1.Lease
+	tenures   map[string][]tenure // per Lease, in order
 	violation []string
 	changes   int
+}
+
+// tenure is one holder's time with a Lease, from its acquire time ("" for
+// released) until the next tenure's.
+type tenure struct {
+	holder string
+	from   time.Time
 }
 
 func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
@@ -71,7 +79,7 @@ func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &leaseHistory{last: map[string]coordinationv1.Lease{}}
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}}
 	go func() {
 		for ev := range w.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
@@ -90,6 +98,9 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 	defer h.mu.Unlock()
 	prev, seen := h.last[l.Name]
 	h.last[l.Name] = l
+	if (!seen || holderOf(prev) != holderOf(l)) && l.Spec.AcquireTime != nil {
+		h.tenures[l.Name] = append(h.tenures[l.Name], tenure{holder: holderOf(l), from: l.Spec.AcquireTime.Time})
+	}
 	if !seen || holderOf(l) == "" || holderOf(prev) == "" || holderOf(prev) == holderOf(l) {
 		return
 	}
@@ -100,6 +111,20 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 		h.violation = append(h.violation, fmt.Sprintf("%s taken by %s at %v while %s held it until %v",
 			l.Name, holderOf(l), l.Spec.AcquireTime, holderOf(prev), leaseExpiry(prev)))
 	}
+}
+
+// holderAt returns who held a Lease at time at, by the tenures seen.
+func (h *leaseHistory) holderAt(lease string, at time.Time) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	holder := ""
+	for _, tn := range h.tenures[lease] {
+		if tn.from.After(at) {
+			break
+		}
+		holder = tn.holder
+	}
+	return holder
 }
 
 func (h *leaseHistory) check(t *testing.T) {

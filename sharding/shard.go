@@ -55,10 +55,9 @@ type shard struct {
 	releaseCh chan string   // the release reason; buffered, sent once
 	relOnce   sync.Once
 
-	lock      *resourcelock.LeaseLock
-	record    resourcelock.LeaderElectionRecord
-	lastRenew time.Time // local time taken before the last successful write
-	started   time.Time
+	lock    *resourcelock.LeaseLock
+	record  resourcelock.LeaderElectionRecord
+	started time.Time
 	// acquireErr is why the Lease could not be taken, read after run.
 	acquireErr error
 
@@ -71,6 +70,11 @@ type shard struct {
 	group    *group
 	inflight int
 	idle     chan struct{} // closed when inflight reaches 0 while draining
+	// lastRenew is the local time, monotonic, taken before the last
+	// successful Lease write: never later than the renew time others
+	// observe, so lastRenew + RenewDeadline ends this replica's writes
+	// LeaseDuration − RenewDeadline before anyone may take the shard.
+	lastRenew time.Time
 }
 
 func newShard(r *Replica, n int32) *shard {
@@ -222,7 +226,7 @@ func (s *shard) run(parent context.Context, reason string) {
 
 	ticker := time.NewTicker(s.r.opts.RetryPeriod)
 	defer ticker.Stop()
-	var drained chan struct{}
+	var drained chan bool
 	releaseCh := s.releaseCh
 	for {
 		select {
@@ -234,9 +238,18 @@ func (s *shard) run(parent context.Context, reason string) {
 			}
 		case reason = <-releaseCh:
 			releaseCh = nil
-			drained = make(chan struct{})
-			go func() { defer close(drained); s.drain() }()
-		case <-drained:
+			drained = make(chan bool, 1)
+			go func() { drained <- s.drain() }()
+		case idle := <-drained:
+			if !idle {
+				// A reconcile outlived its cancellation: clearing the
+				// holder would let the next owner start beside it. Stop
+				// renewing instead; its writes end at the renew deadline,
+				// before the Lease expires for anyone else.
+				shardHandovers.WithLabelValues("release", "expired").Inc()
+				s.log.Error(nil, "Reconciles still running after drain; leaving the shard Lease to expire", "reason", reason)
+				return
+			}
 			s.releaseLease(ctx)
 			shardHandovers.WithLabelValues("release", reason).Inc()
 			s.log.V(1).Info("Released shard", "reason", reason)
@@ -301,8 +314,31 @@ func (s *shard) acquire(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("writing shard Lease: %w", err)
 	}
-	s.record, s.lastRenew = rec, now
+	s.record = rec
+	s.renewed(now)
 	return nil
+}
+
+// renewed records a successful Lease write begun at now.
+func (s *shard) renewed(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastRenew = now
+}
+
+// holdUntil returns when this replica's hold of the shard ends: RenewDeadline
+// after its last renewal, on the monotonic clock. ok is false when the shard
+// may not be written now: it is not active or draining, or a pause (GC,
+// CPU throttling, SIGSTOP, a frozen VM) outlasted the renew deadline before
+// the renewal loop could notice and fence.
+func (s *shard) holdUntil(now time.Time) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateActive && s.state != stateDraining {
+		return time.Time{}, false
+	}
+	until := s.lastRenew.Add(s.r.opts.RenewDeadline)
+	return until, now.Before(until)
 }
 
 // renew extends the Lease. It gives up at the renew deadline, measured from
@@ -310,7 +346,9 @@ func (s *shard) acquire(ctx context.Context) error {
 // than the renew time others read: so this replica has stopped the shard
 // lease duration − renew deadline before any other may take it.
 func (s *shard) renew(ctx context.Context) error {
+	s.mu.Lock()
 	deadline := s.lastRenew.Add(s.r.opts.RenewDeadline)
+	s.mu.Unlock()
 	var lastErr error
 	for time.Now().Before(deadline) {
 		now := time.Now()
@@ -332,7 +370,8 @@ func (s *shard) renew(ctx context.Context) error {
 		}
 		cancel()
 		if err == nil {
-			s.record, s.lastRenew = rec, now
+			s.record = rec
+			s.renewed(now)
 			return nil
 		}
 		lastErr = err
@@ -372,8 +411,8 @@ func (s *shard) stop() {
 // drain stops new work, waits (bounded) for in-flight reconciles, leaves
 // the group and runs the release hook. The Lease is still renewed
 // meanwhile, so nobody else starts the shard before the last reconcile here
-// ended.
-func (s *shard) drain() {
+// ended. It reports whether every reconcile ended.
+func (s *shard) drain() bool {
 	timeout := s.r.opts.DrainTimeout
 	s.mu.Lock()
 	s.setState(stateDraining)
@@ -383,6 +422,7 @@ func (s *shard) drain() {
 		idle = s.idle
 	}
 	s.mu.Unlock()
+	ended := true
 	if idle != nil {
 		select {
 		case <-idle:
@@ -392,7 +432,7 @@ func (s *shard) drain() {
 			select {
 			case <-idle:
 			case <-time.After(timeout):
-				s.log.Error(nil, "Reconciles still running after cancellation; releasing anyway")
+				ended = false
 			}
 		}
 	}
@@ -400,6 +440,7 @@ func (s *shard) drain() {
 	if s.r.opts.OnRelease != nil {
 		s.r.opts.OnRelease(s.id)
 	}
+	return ended
 }
 
 // releaseLease clears the holder so the next owner need not wait for expiry.

@@ -52,10 +52,12 @@ const (
 const FieldManager = "kshard"
 
 // Shards is what Reconcile needs from the sharding runtime: the shard's
-// cache, and whether the shard is still held.
+// cache, and leave to write while the shard is held.
 type Shards interface {
 	Reader(shard int32) (client.Reader, bool)
-	Holds(shard int32) bool
+	// WriteContext grants one write of the shard's objects: ok is false
+	// when the shard is not held now, and the context ends with the hold.
+	WriteContext(ctx context.Context, shard int32) (context.Context, context.CancelFunc, bool)
 }
 
 // Reconciler reconciles one ConfigBinding per request.
@@ -182,14 +184,16 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 			return targetConflict(target.Name, owner), nil
 		}
 	}
-	if !r.Shards.Holds(shard) {
+	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
+	if !ok {
 		return nil, nil
 	}
+	defer done()
 	ac := renderConfigMap(cb, shard, res.data)
-	if err := r.Client.Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	if err := r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
 	}
-	if err := r.removeForeignKeys(ctx, target, ac.Data, res.data); err != nil {
+	if err := r.removeForeignKeys(wctx, target, ac.Data, res.data); err != nil {
 		return nil, err
 	}
 	r.writes.wrote(key, current.ResourceVersion, want)
@@ -380,10 +384,13 @@ func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigB
 		// Patched over this version already: another patch would fail.
 		return errStale
 	}
-	if !r.Shards.Holds(shard) {
+	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
+	if !ok {
 		return nil
 	}
-	if err := r.Client.Status().Patch(ctx, updated, client.MergeFromWithOptions(cb, client.MergeFromWithOptimisticLock{})); err != nil {
+	err := r.Client.Status().Patch(wctx, updated, client.MergeFromWithOptions(cb, client.MergeFromWithOptimisticLock{}))
+	done()
+	if err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
 			return nil

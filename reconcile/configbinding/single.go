@@ -31,13 +31,14 @@ func NewSingleReplica(c client.Reader, elected <-chan struct{}) *SingleReplica {
 // Reader implements Shards.
 func (s *SingleReplica) Reader(int32) (client.Reader, bool) { return s.Cache, true }
 
-// Holds implements Shards: true while elected.
-func (s *SingleReplica) Holds(int32) bool {
+// WriteContext implements Shards: writes are granted while elected. The
+// manager exits when it loses the election.
+func (s *SingleReplica) WriteContext(ctx context.Context, _ int32) (context.Context, context.CancelFunc, bool) {
 	select {
 	case <-s.elected:
-		return true
+		return ctx, func() {}, true
 	default:
-		return false
+		return ctx, func() {}, false
 	}
 }
 

@@ -39,7 +39,11 @@ type Source interface {
 type Shards interface {
 	// Reader is the shard's cache, holding the shard's ExternalDomains.
 	Reader(shard int32) (client.Reader, bool)
+	// Holds reports whether the shard is held now.
 	Holds(shard int32) bool
+	// WriteContext grants one write of the shard's mirrors: ok is false
+	// when the shard is not held now, and the context ends with the hold.
+	WriteContext(ctx context.Context, shard int32) (context.Context, context.CancelFunc, bool)
 	Identity() string
 }
 

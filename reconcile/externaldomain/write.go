@@ -47,9 +47,6 @@ func (s *syncer) write(ctx context.Context, failure error) error {
 }
 
 func (s *syncer) tryWrite(ctx context.Context, failure error) error {
-	if !s.m.opts.Shards.Holds(s.shard) {
-		return errLost
-	}
 	c := s.m.opts.Client
 	if s.obj == nil {
 		obj := &configv1alpha1.ExternalDomain{
@@ -62,7 +59,13 @@ func (s *syncer) tryWrite(ctx context.Context, failure error) error {
 			},
 			Spec: configv1alpha1.ExternalDomainSpec{Domain: s.domain},
 		}
-		if err := c.Create(ctx, obj); err != nil {
+		wctx, done, ok := s.m.opts.Shards.WriteContext(ctx, s.shard)
+		if !ok {
+			return errLost
+		}
+		err := c.Create(wctx, obj)
+		done()
+		if err != nil {
 			if apierrors.IsAlreadyExists(err) {
 				mirrorWrites.WithLabelValues("conflict").Inc()
 				return apierrors.NewConflict(configv1alpha1.GroupVersion.WithResource("externaldomains").GroupResource(), s.domain, err)
@@ -78,10 +81,13 @@ func (s *syncer) tryWrite(ctx context.Context, failure error) error {
 	if statusEqual(&s.obj.Status, &updated.Status) {
 		return nil
 	}
-	if !s.m.opts.Shards.Holds(s.shard) {
+	wctx, done, ok := s.m.opts.Shards.WriteContext(ctx, s.shard)
+	if !ok {
 		return errLost
 	}
-	if err := c.Status().Update(ctx, updated); err != nil {
+	err := c.Status().Update(wctx, updated)
+	done()
+	if err != nil {
 		if isGone(err) {
 			mirrorWrites.WithLabelValues("conflict").Inc()
 			return err

@@ -1,6 +1,7 @@
 package externaldomain
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -15,7 +16,10 @@ type holder struct{}
 
 func (holder) Reader(int32) (client.Reader, bool) { return nil, false }
 func (holder) Holds(int32) bool                   { return true }
-func (holder) Identity() string                   { return "r-0" }
+func (holder) WriteContext(ctx context.Context, _ int32) (context.Context, context.CancelFunc, bool) {
+	return ctx, func() {}, true
+}
+func (holder) Identity() string { return "r-0" }
 
 // TestDesiredStatus: the status a syncer writes, by case: synced and
 // sorted, too large (no keys, a condition naming the limit), and
