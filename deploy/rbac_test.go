@@ -387,7 +387,7 @@ func TestRBACSufficient(t *testing.T) {
 		if l.Name == sharding.MemberLeaseName("kshard", "kshard-0") {
 			t.Errorf("the replica left the ring but its member Lease %s is still there", l.Name)
 		}
-		if h := ptr.Deref(l.Spec.HolderIdentity, ""); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {
+		if h := sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {
 			t.Errorf("shard Lease %s is still held by %q after the replica left", l.Name, h)
 		}
 	}

@@ -137,7 +137,7 @@ func (w *ringWatch) observe(obj any, deleted bool) {
 	if !ok || l.Labels[sharding.LabelRing] != Ring {
 		return
 	}
-	st := shardLease{holder: ptr.Deref(l.Spec.HolderIdentity, "")}
+	st := shardLease{holder: sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, ""))}
 	if l.Spec.AcquireTime != nil {
 		st.acquire = l.Spec.AcquireTime.Time
 	}

@@ -372,7 +372,11 @@ func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coor
 	return out
 }
 
-func holderOf(l coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
+// holderOf is the replica holding a Lease.
+func holderOf(l coordinationv1.Lease) string { return sharding.HolderReplica(holderIdentity(l)) }
+
+// holderIdentity is a Lease's holder as written: "<replica>_<incarnation>".
+func holderIdentity(l coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
 
 func leaseExpiry(l coordinationv1.Lease) time.Time {
 	if l.Spec.RenewTime == nil {

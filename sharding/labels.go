@@ -1,6 +1,8 @@
 package sharding
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -29,6 +31,25 @@ const (
 	LeaseKindMember = "member"
 	LeaseKindShard  = "shard"
 )
+
+// HolderReplica returns the replica a Lease's holder identity names. A
+// replica holds Leases as "<replica>_<incarnation>", with an incarnation
+// drawn once per process, so two processes started with one identity (a
+// duplicated --replica-id, a pod force-deleted during a partition) never
+// take each other's Leases for their own. A holder without an incarnation
+// is the replica itself: a member Lease kept, by a replica restarting in a
+// StatefulSet, for its next incarnation.
+func HolderReplica(holder string) string {
+	replica, _, _ := strings.Cut(holder, "_")
+	return replica
+}
+
+// newIncarnation draws the incarnation of this process's Replica.
+func newIncarnation() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // MemberLeaseName is the name of a replica's member Lease in a ring. Names
 // carry the ring, so rings can share a namespace: with the default ring

@@ -2,8 +2,11 @@ package sharding
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -12,11 +15,34 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// memberState is where this process is with its identity's member Lease.
+type memberState int
+
+const (
+	// memberJoining: the member Lease has not been read or written yet.
+	memberJoining memberState = iota
+	// memberHeld: this incarnation holds the member Lease; the replica is
+	// in the ring and may claim shards.
+	memberHeld
+	// memberWaiting: another process (another incarnation of this
+	// identity) renews the member Lease; this one claims nothing and is not
+	// ready until that Lease expires or is handed over.
+	memberWaiting
+)
+
+func (st memberState) String() string { return [...]string{"Joining", "Held", "Waiting"}[st] }
+
 // memberLease keeps this replica's member Lease fresh. Its presence, not any
-// shard Lease, is what puts a replica in the ring.
+// shard Lease, is what puts a replica in the ring; its holder,
+// "<replica>_<incarnation>", is what keeps a second process with the same
+// identity out.
 type memberLease struct {
 	r     *Replica
-	lease *coordinationv1.Lease
+	lease *coordinationv1.Lease // as last read or written; nil to re-read
+
+	mu     sync.Mutex
+	state  memberState
+	holder string // the other incarnation, while waiting
 }
 
 func newMemberLease(r *Replica) *memberLease { return &memberLease{r: r} }
@@ -35,34 +61,82 @@ func (m *memberLease) run(ctx context.Context) {
 	}
 }
 
-// renewOnce creates or renews the member Lease. Conflicts re-read it.
+// setState moves to a state, logs the change and wakes the coordinator.
+func (m *memberLease) setState(st memberState, other string) {
+	m.mu.Lock()
+	from := m.state
+	m.state, m.holder = st, other
+	m.mu.Unlock()
+	if from == st {
+		return
+	}
+	switch st {
+	case memberWaiting:
+		m.r.log.Info("REPLICA IDENTITY IN USE: another process renews this replica's member Lease; claiming nothing until it stops",
+			"holder", other, "mine", m.r.holder)
+	default:
+		m.r.log.Info("Member Lease", "state", st, "holder", m.r.holder)
+	}
+	m.r.wake()
+}
+
+// held reports whether this incarnation holds the member Lease.
+func (m *memberLease) held() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state == memberHeld
+}
+
+// notHeldReason says why this incarnation does not hold the member Lease,
+// nil when it does.
+func (m *memberLease) notHeldReason() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch m.state {
+	case memberHeld:
+		return nil
+	case memberWaiting:
+		return fmt.Errorf("replica identity %q is in use by another process (member Lease holder %q, this process %q): waiting for it to stop renewing",
+			m.r.opts.Identity, m.holder, m.r.holder)
+	}
+	return errors.New("member Lease not written yet")
+}
+
+// renewOnce creates, takes or renews the member Lease. It takes a Lease
+// that is free, this incarnation's, kept for the next incarnation (holder
+// without incarnation), or another incarnation's that this replica has not
+// seen renewed for its duration; it waits on one that another incarnation
+// still renews. Conflicts re-read it.
 func (m *memberLease) renewOnce(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
 	defer cancel()
 	opts := m.r.opts
+	name := MemberLeaseName(opts.Ring, opts.Identity)
 	leases := m.r.leases.CoordinationV1().Leases(opts.LeaseNamespace)
 	for attempt := 0; attempt < 3; attempt++ {
-		now := metav1.NewMicroTime(m.r.opts.Clock.Now())
+		now := time.Now()
+		stamp := metav1.NewMicroTime(opts.Clock.Now())
 		if m.lease == nil {
-			got, err := leases.Get(ctx, MemberLeaseName(opts.Ring, opts.Identity), metav1.GetOptions{})
+			got, err := leases.Get(ctx, name, metav1.GetOptions{})
 			switch {
 			case apierrors.IsNotFound(err):
 				created, err := leases.Create(ctx, &coordinationv1.Lease{
 					ObjectMeta: metav1.ObjectMeta{
-						Name:        MemberLeaseName(opts.Ring, opts.Identity),
+						Name:        name,
 						Namespace:   opts.LeaseNamespace,
 						Labels:      map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindMember},
 						Annotations: map[string]string{AnnotationShards: strconv.Itoa(int(opts.Shards))},
 					},
 					Spec: coordinationv1.LeaseSpec{
-						HolderIdentity:       ptr.To(opts.Identity),
+						HolderIdentity:       ptr.To(m.r.holder),
 						LeaseDurationSeconds: ptr.To(int32(opts.LeaseDuration / time.Second)),
-						AcquireTime:          &now,
-						RenewTime:            &now,
+						AcquireTime:          &stamp,
+						RenewTime:            &stamp,
 					},
 				}, metav1.CreateOptions{})
 				if err == nil {
 					m.lease = created
+					m.setState(memberHeld, "")
 					return
 				}
 				if !apierrors.IsAlreadyExists(err) {
@@ -76,6 +150,20 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 			}
 			m.lease = got
 		}
+		holder := ptr.Deref(m.lease.Spec.HolderIdentity, "")
+		if holder != "" && holder != m.r.holder && holder != opts.Identity {
+			renew := time.Time{}
+			if m.lease.Spec.RenewTime != nil {
+				renew = m.lease.Spec.RenewTime.Time
+			}
+			expiry := m.r.observed.expiry(name, holder, renew, time.Duration(ptr.Deref(m.lease.Spec.LeaseDurationSeconds, 0))*time.Second, now)
+			if now.Before(expiry) {
+				m.lease = nil // look again next time
+				m.setState(memberWaiting, holder)
+				return
+			}
+			m.r.log.Info("Taking over this replica's member Lease from a process that stopped renewing it", "holder", holder)
+		}
 		l := m.lease.DeepCopy()
 		if l.Labels == nil {
 			l.Labels = map[string]string{}
@@ -86,15 +174,16 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 			l.Annotations = map[string]string{}
 		}
 		l.Annotations[AnnotationShards] = strconv.Itoa(int(opts.Shards))
-		if ptr.Deref(l.Spec.HolderIdentity, "") != opts.Identity {
-			l.Spec.AcquireTime = &now
+		if holder != m.r.holder {
+			l.Spec.AcquireTime = &stamp
 		}
-		l.Spec.HolderIdentity = ptr.To(opts.Identity)
+		l.Spec.HolderIdentity = ptr.To(m.r.holder)
 		l.Spec.LeaseDurationSeconds = ptr.To(int32(opts.LeaseDuration / time.Second))
-		l.Spec.RenewTime = &now
+		l.Spec.RenewTime = &stamp
 		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
 		if err == nil {
 			m.lease = updated
+			m.setState(memberHeld, "")
 			return
 		}
 		m.lease = nil
@@ -105,9 +194,32 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 	}
 }
 
-// delete removes the member Lease: the replica leaves the ring.
+// handOver renews the member Lease once more in the name of the replica,
+// without this process's incarnation: the ring keeps the replica while it
+// restarts, and its next incarnation takes the Lease at once.
+func (m *memberLease) handOver(ctx context.Context) {
+	if !m.held() || m.lease == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
+	defer cancel()
+	l := m.lease.DeepCopy()
+	stamp := metav1.NewMicroTime(m.r.opts.Clock.Now())
+	l.Spec.HolderIdentity = ptr.To(m.r.opts.Identity)
+	l.Spec.RenewTime = &stamp
+	if _, err := m.r.leases.CoordinationV1().Leases(l.Namespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		m.r.log.Error(err, "Handing the member Lease over to the next incarnation; it waits for the Lease to expire")
+	}
+}
+
+// delete removes the member Lease, if this incarnation still holds it: the
+// replica leaves the ring.
 func (m *memberLease) delete(ctx context.Context) {
-	err := m.r.leases.CoordinationV1().Leases(m.r.opts.LeaseNamespace).Delete(ctx, MemberLeaseName(m.r.opts.Ring, m.r.opts.Identity), metav1.DeleteOptions{})
+	if !m.held() || m.lease == nil {
+		return
+	}
+	err := m.r.leases.CoordinationV1().Leases(m.r.opts.LeaseNamespace).Delete(ctx, m.lease.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &m.lease.UID, ResourceVersion: &m.lease.ResourceVersion}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		m.r.log.Error(err, "Deleting member Lease; the ring drops this replica when it expires")
 	}
@@ -179,7 +291,7 @@ func readLeases(ring string, items []coordinationv1.Lease, shards int32, now tim
 			if err != nil {
 				continue
 			}
-			members = append(members, live{name: holder, shards: int32(n), created: l.CreationTimestamp.Time})
+			members = append(members, live{name: HolderReplica(holder), shards: int32(n), created: l.CreationTimestamp.Time})
 		case LeaseKindShard:
 			n, ok := ParseShardLeaseName(ring, l.Name, shards)
 			if !ok {

@@ -69,8 +69,10 @@ type Options struct {
 	// DNS label: it prefixes the ring's Lease names (<ring>-shard-<n>,
 	// <ring>-member-<replica>), so several rings can share a namespace.
 	Ring string
-	// Identity is this replica's unique name in the ring. Defaults to
-	// $POD_NAME, else the hostname.
+	// Identity is this replica's unique name in the ring, part of a Lease
+	// name (a DNS subdomain). Defaults to $POD_NAME, else the hostname. A
+	// second process started with an identity in use waits, not ready,
+	// until the first stops renewing it.
 	Identity string
 	// LeaseNamespace holds the ring's Leases. Required.
 	LeaseNamespace string
@@ -206,6 +208,11 @@ func (o *Options) validate() error {
 	} else if msgs := validation.IsDNS1123Label(o.Ring); len(msgs) > 0 {
 		// It prefixes the ring's Lease names.
 		errs = append(errs, fmt.Errorf("ring %q: %s", o.Ring, strings.Join(msgs, "; ")))
+	}
+	if msgs := validation.IsDNS1123Subdomain(MemberLeaseName(o.Ring, o.Identity)); len(msgs) > 0 {
+		// It names the member Lease, and may not contain the "_" of holder
+		// identities.
+		errs = append(errs, fmt.Errorf("identity %q: %s", o.Identity, strings.Join(msgs, "; ")))
 	}
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))

@@ -99,7 +99,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 			if rec.Until != nil && rec.Until.Before(at) {
 				at = *rec.Until
 			}
-			if h := history.holderAt(sharding.ShardLeaseName(ring, rec.Shard), at); h != rec.Replica {
+			if h := history.holderAt(sharding.ShardLeaseName(ring, rec.Shard), at); sharding.HolderReplica(h) != rec.Replica {
 				t.Errorf("%s wrote %s/%s of shard %d at %s while %q held the shard", rec.Replica, rec.Namespace, rec.Name,
 					rec.Shard, at.Format(time.StampMicro), h)
 			}

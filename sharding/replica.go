@@ -31,7 +31,11 @@ import (
 // A Replica is a manager.Runnable that runs on every replica (it does not
 // need leader election), and the controller's event source.
 type Replica struct {
-	opts      Options
+	opts Options
+	// holder is this process's name in the Leases it holds:
+	// "<identity>_<incarnation>".
+	holder    string
+	member    *memberLease
 	log       logr.Logger
 	mgr       manager.Manager
 	leases    kubernetes.Interface
@@ -102,9 +106,11 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)
 	}
+	holder := opts.Identity + "_" + newIncarnation()
 	r := &Replica{
 		opts:       opts,
-		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity),
+		holder:     holder,
+		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
 		mgr:        mgr,
 		leases:     cs,
 		apiReader:  mgr.GetAPIReader(),
@@ -119,6 +125,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		groups:     map[*group]bool{},
 		backoff:    map[int32]acquireBackoff{},
 	}
+	r.member = newMemberLease(r)
 	if err := mgr.Add(r); err != nil {
 		return nil, err
 	}
@@ -175,7 +182,7 @@ func (r *Replica) Start(ctx context.Context) error {
 
 	r.started = time.Now()
 	r.expected = r.expectedMembers(ctx)
-	member := newMemberLease(r)
+	member := r.member
 	memberDone := make(chan struct{})
 	memberCtx, stopMember := context.WithCancel(ctx)
 	go func() { defer close(memberDone); member.run(memberCtx) }()
@@ -194,7 +201,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		// are ready to acquire each shard the moment it is released.
 		member.delete(shutdownCtx)
 	} else {
-		member.renewOnce(shutdownCtx)
+		member.handOver(shutdownCtx)
 	}
 	reason := "shutdown"
 	if intent == IntentRestart {
@@ -281,6 +288,14 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 		}
 		return time.Until(next)
 	}
+	if !r.member.held() {
+		// Not in the ring as this process (yet, or another process runs
+		// this identity): claim nothing.
+		for _, s := range r.shards {
+			s.release("identity")
+		}
+		return time.Until(next)
+	}
 
 	members := view.members
 	if graceEnd := r.started.Add(r.opts.StartupGrace); len(r.expected) > 0 && now.Before(graceEnd) {
@@ -301,7 +316,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 				continue
 			}
 			lease := view.shards[n]
-			if reason, ok := acquirable(lease, r.opts.Identity, now); ok {
+			if reason, ok := acquirable(lease, r.holder, now); ok {
 				r.startShard(ctx, n, reason)
 			}
 		case !desired && have:
@@ -455,6 +470,9 @@ func (r *Replica) agreesWithRing() error {
 // Ready is a readiness check: ready once this replica runs every shard the
 // ring gives it, with synced informers, and its shard count agrees.
 func (r *Replica) Ready() error {
+	if err := r.member.notHeldReason(); err != nil {
+		return err
+	}
 	if err := r.agreesWithRing(); err != nil {
 		return err
 	}

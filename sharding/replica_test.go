@@ -98,10 +98,10 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 	defer h.mu.Unlock()
 	prev, seen := h.last[l.Name]
 	h.last[l.Name] = l
-	if (!seen || holderOf(prev) != holderOf(l)) && l.Spec.AcquireTime != nil {
-		h.tenures[l.Name] = append(h.tenures[l.Name], tenure{holder: holderOf(l), from: l.Spec.AcquireTime.Time})
+	if (!seen || holderIdentity(prev) != holderIdentity(l)) && l.Spec.AcquireTime != nil {
+		h.tenures[l.Name] = append(h.tenures[l.Name], tenure{holder: holderIdentity(l), from: l.Spec.AcquireTime.Time})
 	}
-	if !seen || holderOf(l) == "" || holderOf(prev) == "" || holderOf(prev) == holderOf(l) {
+	if !seen || holderIdentity(l) == "" || holderIdentity(prev) == "" || holderIdentity(prev) == holderIdentity(l) {
 		return
 	}
 	h.changes++
@@ -109,11 +109,12 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 	// Lease had expired.
 	if l.Spec.AcquireTime == nil || l.Spec.AcquireTime.Time.Before(leaseExpiry(prev)) {
 		h.violation = append(h.violation, fmt.Sprintf("%s taken by %s at %v while %s held it until %v",
-			l.Name, holderOf(l), l.Spec.AcquireTime, holderOf(prev), leaseExpiry(prev)))
+			l.Name, holderIdentity(l), l.Spec.AcquireTime, holderIdentity(prev), leaseExpiry(prev)))
 	}
 }
 
-// holderAt returns who held a Lease at time at, by the tenures seen.
+// holderAt returns who held a Lease at time at, by the tenures seen, as
+// written ("<replica>_<incarnation>").
 func (h *leaseHistory) holderAt(lease string, at time.Time) string {
 	h.mu.Lock()
 	defer h.mu.Unlock()

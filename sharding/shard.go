@@ -271,7 +271,7 @@ var errNotAcquirable = errors.New("shard Lease is held by another live replica")
 
 func (s *shard) newRecord(now time.Time) resourcelock.LeaderElectionRecord {
 	return resourcelock.LeaderElectionRecord{
-		HolderIdentity:       s.r.opts.Identity,
+		HolderIdentity:       s.r.holder,
 		LeaseDurationSeconds: int(s.r.opts.LeaseDuration / time.Second),
 		AcquireTime:          metav1.NewTime(now),
 		RenewTime:            metav1.NewTime(now),
@@ -285,7 +285,7 @@ func (s *shard) acquire(ctx context.Context) error {
 	s.lock = &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaseNamespace, Name: ShardLeaseName(opts.Ring, s.id)},
 		Client:     s.r.leases.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: opts.Identity},
+		LockConfig: resourcelock.ResourceLockConfig{Identity: s.r.holder},
 		Labels:     map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindShard},
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
@@ -301,12 +301,12 @@ func (s *shard) acquire(ctx context.Context) error {
 	default:
 		expiry := s.r.observed.expiry(s.lock.LeaseMeta.Name, old.HolderIdentity, old.RenewTime.Time,
 			time.Duration(old.LeaseDurationSeconds)*time.Second, now)
-		if _, ok := acquirable(&shardLease{holder: old.HolderIdentity, expiry: expiry}, opts.Identity, now); !ok {
+		if _, ok := acquirable(&shardLease{holder: old.HolderIdentity, expiry: expiry}, s.r.holder, now); !ok {
 			return fmt.Errorf("%w: held by %q, not seen renewed for %s of its %ds", errNotAcquirable, old.HolderIdentity,
 				now.Sub(expiry.Add(-time.Duration(old.LeaseDurationSeconds)*time.Second)).Round(time.Millisecond), old.LeaseDurationSeconds)
 		}
 		rec.LeaderTransitions = old.LeaderTransitions
-		if old.HolderIdentity != opts.Identity {
+		if old.HolderIdentity != s.r.holder {
 			rec.LeaderTransitions++
 		}
 		err = s.lock.Update(ctx, rec)
@@ -361,7 +361,7 @@ func (s *shard) renew(ctx context.Context) error {
 			// still ours.
 			var cur *resourcelock.LeaderElectionRecord
 			if cur, _, err = s.lock.Get(rctx); err == nil {
-				if cur.HolderIdentity != s.r.opts.Identity {
+				if cur.HolderIdentity != s.r.holder {
 					cancel()
 					return fmt.Errorf("shard Lease taken by %q", cur.HolderIdentity)
 				}

@@ -74,8 +74,8 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 	for n := range st.ShardCount {
 		s := ShardStatus{Shard: n, Desired: r.Owner(n), Objects: counts[n]}
 		if l, ok := view.shards[n]; ok && l.live(now) {
-			s.Holder = l.holder
-			held[l.holder]++
+			s.Holder = HolderReplica(l.holder)
+			held[s.Holder]++
 		} else {
 			st.Unowned = append(st.Unowned, n)
 		}
@@ -89,7 +89,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 			}
 		case LeaseKindMember:
 			replica, _ := ParseMemberLeaseName(ring, l.Name)
-			name := ptr.Deref(l.Spec.HolderIdentity, replica)
+			name := HolderReplica(ptr.Deref(l.Spec.HolderIdentity, replica))
 			var count int32
 			_, _ = fmt.Sscan(l.Annotations[AnnotationShards], &count)
 			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}

@@ -165,7 +165,7 @@ func TestMirrorMovesWithShard(t *testing.T) {
 		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(e.opts.Ring, sharding.ShardOf(d, sharding.DefaultShards))}, &l); err != nil {
 			return "", err
 		}
-		return ptr.Deref(l.Spec.HolderIdentity, ""), nil
+		return sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")), nil
 	}
 	// Wait for a stable ring where each mirror is written by its holder and
 	// both replicas write some.
