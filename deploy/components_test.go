@@ -41,6 +41,8 @@ func TestComponentsApply(t *testing.T) {
 	}{
 		{name: "webhook-cert-manager", folder: "base", components: []string{"webhook", "webhook/cert-manager"},
 			wantArgs: []string{"--webhook-port=9443", "--webhook-cert-dir=/certs"}, wantKinds: []string{"ValidatingWebhookConfiguration", "Certificate", "Issuer"}},
+		{name: "metrics-cert", folder: "base", components: []string{"metrics-cert"},
+			wantArgs: []string{"--metrics-cert-dir=/metrics-certs"}, wantKinds: []string{"Certificate", "Issuer"}},
 		{name: "mirror", folder: "base", components: []string{"mirror"},
 			wantArgs: []string{"--external-source=mirror"}, wantKinds: []string{"ClusterRole"}},
 		{name: "kind-webhook", folder: "kind-webhook", generate: true,
@@ -120,12 +122,23 @@ func checkWebhookConfiguration(t *testing.T, objs []*unstructured.Unstructured, 
 // does and returns its files, by path relative to deploy/.
 func generateWebhookCert(t *testing.T) map[string][]byte {
 	t.Helper()
+	files := map[string][]byte{}
+	for f, b := range generateCert(t) {
+		files[filepath.Join("kind-webhook", "generated", f)] = b
+	}
+	return files
+}
+
+// generateCert runs hack/webhookcert with args and returns its files
+// (secret.yaml, cabundle-patch.yaml) by name.
+func generateCert(t *testing.T, args ...string) map[string][]byte {
+	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	cmd := exec.Command("go", "run", "./hack/webhookcert", "-out", out)
+	cmd := exec.Command("go", append([]string{"run", "./hack/webhookcert", "-out", out}, args...)...)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("hack/webhookcert: %v\n%s", err, b)
@@ -136,7 +149,7 @@ func generateWebhookCert(t *testing.T) map[string][]byte {
 		if err != nil {
 			t.Fatal(err)
 		}
-		files[filepath.Join("kind-webhook", "generated", f)] = b
+		files[f] = b
 	}
 	return files
 }
@@ -160,7 +173,7 @@ func TestMirrorRBACSufficient(t *testing.T) {
 	kshard, _ := runReplica(ctx, t, ns, cc.URL(), "--external-source=mirror")
 
 	app := uniqueName("app")
-	createNamespace(ctx, t, c, app, nil)
+	createNamespace(ctx, t, c, app, targets)
 	cb := &configv1alpha1.ConfigBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "checkout"},
 		Spec: configv1alpha1.ConfigBindingSpec{

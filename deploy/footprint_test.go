@@ -48,14 +48,14 @@ func TestMeasureFootprint(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cc.Close() })
 	pprofAddr := freeAddr(t)
-	kshard, metricsAddr := runReplica(ctx, t, ns, cc.URL(), "--pprof-bind-address", pprofAddr)
+	kshard, metrics := runReplica(ctx, t, ns, cc.URL(), "--pprof-bind-address", pprofAddr)
 	scraper := bindMetricsReader(ctx, t, c, ns)
 
 	sample := func() map[string]float64 {
 		t.Helper()
 		var out map[string]float64
 		controlplane.Eventually(t, time.Minute, "metrics", func() error {
-			code, body, err := scrape(metricsAddr, scraper)
+			code, body, err := metrics.scrape(scraper)
 			if err != nil {
 				return err
 			}
@@ -80,7 +80,7 @@ func TestMeasureFootprint(t *testing.T) {
 	liveBefore := liveHeap(t, pprofAddr, "")
 
 	app := uniqueName("footprint")
-	createNamespace(ctx, t, c, app, nil)
+	createNamespace(ctx, t, c, app, targets)
 	start := time.Now()
 	for i := range n {
 		cb := &configv1alpha1.ConfigBinding{

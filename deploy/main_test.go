@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -168,6 +169,24 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 			o.SetName(o.GetName() + "-" + namespace)
 			ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
 			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "roleRef", "name"); err != nil {
+				t.Fatal(err)
+			}
+		case "ValidatingAdmissionPolicy":
+			// Kustomize does not rewrite the ServiceAccount's namespace in
+			// the CEL expression: the test does, as a user renaming it must.
+			o.SetName(o.GetName() + "-" + namespace)
+			conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
+			for _, c := range conds {
+				m := c.(map[string]any)
+				m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+namespace+":")
+			}
+			if err := unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions"); err != nil {
+				t.Fatal(err)
+			}
+		case "ValidatingAdmissionPolicyBinding":
+			o.SetName(o.GetName() + "-" + namespace)
+			ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "spec", "policyName"); err != nil {
 				t.Fatal(err)
 			}
 		}

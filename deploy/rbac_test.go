@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -32,6 +33,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
@@ -51,7 +53,8 @@ func installBase(ctx context.Context, t *testing.T, c client.Client, components 
 	var objs []*unstructured.Unstructured
 	for _, o := range buildInNamespace(t, "base", ns, components...) {
 		switch o.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet":
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			objs = append(objs, o)
 		}
 	}
@@ -195,19 +198,26 @@ func (p *process) stop(t *testing.T, within time.Duration) {
 	}
 }
 
-// scrape GETs the secure metrics endpoint with a bearer token ("" for none).
-func scrape(addr, token string) (int, string, error) {
-	req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
+// metricsEndpoint is a replica's secure metrics, and the TLS a scraper
+// configured as the shipped ServiceMonitor uses: the CA of the metrics
+// certificate Secret and the ServiceMonitor's server name.
+type metricsEndpoint struct {
+	addr string
+	tls  *tls.Config
+}
+
+// scrape GETs the secure metrics with a bearer token ("" for none),
+// verifying the server. The client offers HTTP/2; the replica must answer
+// in HTTP/1.1.
+func (m metricsEndpoint) scrape(token string) (int, string, error) {
+	req, err := http.NewRequest(http.MethodGet, "https://"+m.addr+"/metrics", nil)
 	if err != nil {
 		return 0, "", err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	// The replica serves a self-signed certificate, as in the cluster
-	// (the ServiceMonitor skips verification too); the token is what is checked.
-	// The client offers HTTP/2; the replica must answer in HTTP/1.1.
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: m.tls}}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, "", err
@@ -220,12 +230,65 @@ func scrape(addr, token string) (int, string, error) {
 	return resp.StatusCode, string(body), err
 }
 
+// serviceMonitorTLS reads the shipped ServiceMonitor's TLS settings: the
+// server name it verifies and the Secret whose ca.crt it trusts. It fails
+// the test on insecureSkipVerify.
+func serviceMonitorTLS(t *testing.T) (serverName, secret string) {
+	t.Helper()
+	mons := byKind(build(t, "monitoring"), "ServiceMonitor")
+	if len(mons) != 1 {
+		t.Fatalf("%d ServiceMonitors in deploy/monitoring", len(mons))
+	}
+	endpoints, _, _ := unstructured.NestedSlice(mons[0].Object, "spec", "endpoints")
+	if len(endpoints) != 1 {
+		t.Fatalf("ServiceMonitor has %d endpoints", len(endpoints))
+	}
+	ep := endpoints[0].(map[string]any)
+	if skip, _, _ := unstructured.NestedBool(ep, "tlsConfig", "insecureSkipVerify"); skip {
+		t.Fatal("the ServiceMonitor skips TLS verification")
+	}
+	serverName, _, _ = unstructured.NestedString(ep, "tlsConfig", "serverName")
+	secret, _, _ = unstructured.NestedString(ep, "tlsConfig", "ca", "secret", "name")
+	if key, _, _ := unstructured.NestedString(ep, "tlsConfig", "ca", "secret", "key"); serverName == "" || secret == "" || key != "ca.crt" {
+		t.Fatalf("ServiceMonitor tlsConfig %v: want a serverName and the ca.crt of a Secret", ep["tlsConfig"])
+	}
+	return serverName, secret
+}
+
+// metricsCert writes a serving certificate for the ServiceMonitor's server
+// name into a directory, as the deploy/metrics-cert component mounts one,
+// and returns the directory and the TLS a scraper verifies it with.
+func metricsCert(t *testing.T) (string, *tls.Config) {
+	t.Helper()
+	serverName, secret := serviceMonitorTLS(t)
+	parts := strings.Split(serverName, ".")
+	if len(parts) < 3 || parts[2] != "svc" {
+		t.Fatalf("ServiceMonitor serverName %q is not <service>.<namespace>.svc", serverName)
+	}
+	files := generateCert(t, "-service", parts[0], "-namespace", parts[1], "-secret", secret)
+	var s corev1.Secret
+	if err := yaml.Unmarshal(files["secret.yaml"], &s); err != nil {
+		t.Fatalf("reading the generated Secret: %v", err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if err := os.WriteFile(filepath.Join(dir, f), s.Data[f], 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(s.Data["tls.crt"]) {
+		t.Fatal("no certificate in the generated Secret")
+	}
+	return dir, &tls.Config{RootCAs: roots, ServerName: serverName, MinVersion: tls.VersionTLS12}
+}
+
 // runReplica starts the real kshard binary as replica kshard-0 of the
 // StatefulSet in ns, authenticated only with a TokenRequest token of the
 // base's ServiceAccount, serving secure metrics, and waits until /readyz
 // says it runs its shards. It returns the process and the metrics address.
 // extraArgs are added to the command line (a component's flags).
-func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, extraArgs ...string) (*process, string) {
+func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, extraArgs ...string) (*process, metricsEndpoint) {
 	t.Helper()
 	token := serviceAccountToken(ctx, t, ns, "kshard")
 	// RBAC reaches the authorizer through informers: wait until it is in force.
@@ -233,11 +296,12 @@ func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, e
 		return tokenClient(t, token).List(ctx, &configv1alpha1.ConfigBindingList{}, client.Limit(1))
 	})
 	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	certDir, metricsTLS := metricsCert(t)
 	args := append([]string{"controller",
 		"--kubeconfig", writeKubeconfig(t, token),
 		"--replica-id", "kshard-0", "--statefulset", "kshard", "--lease-namespace", ns,
 		"--configcenter-url", configCenterURL,
-		"--metrics-secure", "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
+		"--metrics-secure", "--metrics-cert-dir", certDir, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
 	p := startProcess(t, buildKshard(t), args...)
 	controlplane.Eventually(t, 2*time.Minute, "replica ready", func() error {
 		resp, err := http.Get("http://" + healthAddr + "/readyz")
@@ -251,7 +315,7 @@ func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, e
 		}
 		return nil
 	})
-	return p, metricsAddr
+	return p, metricsEndpoint{addr: metricsAddr, tls: metricsTLS}
 }
 
 // bindMetricsReader creates a ServiceAccount bound to the base's
@@ -289,10 +353,10 @@ func TestRBACSufficient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	kshard, metricsAddr := runReplica(ctx, t, ns, cc.URL())
+	kshard, metrics := runReplica(ctx, t, ns, cc.URL())
 
 	app := uniqueName("app")
-	createNamespace(ctx, t, c, app, nil)
+	createNamespace(ctx, t, c, app, targets)
 	cb := &configv1alpha1.ConfigBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "checkout"},
 		Spec: configv1alpha1.ConfigBindingSpec{
@@ -333,6 +397,41 @@ func TestRBACSufficient(t *testing.T) {
 		}
 	}
 
+	// A binding in a namespace that has not opted in says why its
+	// ConfigMap is not written, and heals once the namespace opts in.
+	closed := uniqueName("closed")
+	createNamespace(ctx, t, c, closed, nil)
+	refused := cb.DeepCopy()
+	refused.ObjectMeta = metav1.ObjectMeta{Namespace: closed, Name: "checkout"}
+	if err := c.Create(ctx, refused); err != nil {
+		t.Fatal(err)
+	}
+	readyReason := func(want string) func() error {
+		return func() error {
+			var got configv1alpha1.ConfigBinding
+			if err := c.Get(ctx, client.ObjectKeyFromObject(refused), &got); err != nil {
+				return err
+			}
+			cond := meta.FindStatusCondition(got.Status.Conditions, configbinding.ConditionReady)
+			if cond == nil || cond.Reason != want || cond.ObservedGeneration != got.Generation {
+				return fmt.Errorf("status %+v", got.Status)
+			}
+			if want == configbinding.ReasonTargetForbidden && !strings.Contains(cond.Message, "kshard.dev/targets=enabled") {
+				return fmt.Errorf("the condition does not say how to opt in: %s", cond.Message)
+			}
+			return nil
+		}
+	}
+	controlplane.Eventually(t, 2*time.Minute, "binding in a closed namespace says TargetForbidden", readyReason(configbinding.ReasonTargetForbidden))
+	ns2 := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: closed}}
+	if err := c.Patch(ctx, ns2, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"kshard.dev/targets":"enabled"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Patch(ctx, refused, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"keys":["key-0"]}}`))); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, 2*time.Minute, "the binding heals once its namespace opts in", readyReason(configbinding.ReasonSynced))
+
 	// Secure metrics: a scraper bound to kshard-metrics-reader reads them;
 	// an authenticated identity without the binding and an anonymous caller
 	// do not.
@@ -343,7 +442,7 @@ func TestRBACSufficient(t *testing.T) {
 	nobody := serviceAccountToken(ctx, t, ns, "nobody")
 	want := referencedMetrics(t)
 	controlplane.Eventually(t, time.Minute, "metrics served to the bound scraper, with every metric the alerts, dashboard and autoscalers use", func() error {
-		code, body, err := scrape(metricsAddr, scraper)
+		code, body, err := metrics.scrape(scraper)
 		if err != nil {
 			return err
 		}
@@ -362,7 +461,7 @@ func TestRBACSufficient(t *testing.T) {
 		return nil
 	})
 	for who, tok := range map[string]string{"an unbound ServiceAccount": nobody, "an anonymous caller": ""} {
-		code, body, err := scrape(metricsAddr, tok)
+		code, body, err := metrics.scrape(tok)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,15 +491,21 @@ func TestRBACSufficient(t *testing.T) {
 		}
 	}
 	for _, line := range strings.Split(kshard.output(t), "\n") {
-		if strings.Contains(strings.ToLower(line), "forbidden") {
+		if strings.Contains(strings.ToLower(line), "forbidden") && !strings.Contains(line, closed) {
 			t.Errorf("a request of the replica was forbidden: %s", line)
 		}
 	}
 }
 
+// targets is the label by which a namespace lets kshard write ConfigMaps
+// (deploy/base/configmap-policy.yaml).
+var targets = map[string]string{"kshard.dev/targets": "enabled"}
+
 // TestRBACNotExcessive acts as the base's ServiceAccount (its own token) and
 // checks what it must not do: read Secrets, list Pods cluster-wide, write
-// Leases outside its namespace, or delete what it only applies. Two allowed
+// Leases outside its namespace, delete what it only applies, or write any
+// ConfigMap but its own targets in namespaces that opted in (the admission
+// policy). Two allowed
 // calls first show that the token works, so the denials mean something.
 func TestRBACNotExcessive(t *testing.T) {
 	ctx := context.Background()
@@ -426,6 +531,39 @@ func TestRBACNotExcessive(t *testing.T) {
 		t.Fatalf("the ServiceAccount may list ConfigBindings in every namespace: %v", err)
 	}
 
+	// ConfigMap writes: only kshard's own, in namespaces that opted in
+	// (the admission policy; RBAC alone allows them everywhere). Dry runs:
+	// admission decides them as it would the real writes.
+	open := uniqueName("open")
+	createNamespace(ctx, t, admin, open, targets)
+	someones := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: open, Name: "someones-config"}, Data: map[string]string{"k": "v"}}
+	if err := admin.Create(ctx, someones); err != nil {
+		t.Fatal(err)
+	}
+	managed := func(namespace string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "kshard-target",
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "kshard"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: configv1alpha1.GroupVersion.String(), Kind: "ConfigBinding",
+				Name: "b", UID: "00000000-0000-0000-0000-000000000001", Controller: ptr.To(true)}}}}
+	}
+	controlplane.Eventually(t, time.Minute, "the admission policy in force: a ConfigMap in kube-system refused", func() error {
+		if err := sa.Create(ctx, managed("kube-system"), client.DryRunAll); !apierrors.IsForbidden(err) {
+			return fmt.Errorf("got %v, want Forbidden", err)
+		}
+		return nil
+	})
+	if err := sa.Create(ctx, managed(open), client.DryRunAll); err != nil {
+		t.Errorf("the ServiceAccount may not create its own target in a namespace that opted in: %v", err)
+	}
+	kubeSystem := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: uniqueName("kshard-probe")}}
+	if err := admin.Create(ctx, kubeSystem); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), kubeSystem) })
+	takeover := someones.DeepCopy()
+	takeover.Labels = managed(open).Labels
+	takeover.OwnerReferences = managed(open).OwnerReferences
+
 	lease := func() *coordinationv1.Lease { return foreignLease.DeepCopy() }
 	for what, call := range map[string]func() error{
 		"get a Secret in its own namespace": func() error { return sa.Get(ctx, client.ObjectKeyFromObject(secret), &corev1.Secret{}) },
@@ -439,7 +577,20 @@ func TestRBACNotExcessive(t *testing.T) {
 		"delete a Lease outside its namespace": func() error { return sa.Delete(ctx, lease()) },
 		"list Leases cluster-wide":             func() error { return sa.List(ctx, &coordinationv1.LeaseList{}) },
 		"delete a ConfigMap":                   func() error { return sa.Delete(ctx, cm.DeepCopy()) },
-		"delete a ConfigBinding":               func() error { return sa.DeleteAllOf(ctx, &configv1alpha1.ConfigBinding{}, client.InNamespace(other)) },
+		"change a ConfigMap in kube-system": func() error {
+			return sa.Patch(ctx, kubeSystem.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"data":{"x":"y"}}`)), client.DryRunAll)
+		},
+		"create a kshard-looking ConfigMap where the namespace did not opt in": func() error {
+			return sa.Create(ctx, managed(other), client.DryRunAll)
+		},
+		"create a ConfigMap not marked as kshard's": func() error {
+			return sa.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: open, Name: "plain"}}, client.DryRunAll)
+		},
+		"take over someone's ConfigMap by marking it": func() error { return sa.Update(ctx, takeover, client.DryRunAll) },
+		"change someone's ConfigMap": func() error {
+			return sa.Patch(ctx, someones.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"w"}}`)), client.DryRunAll)
+		},
+		"delete a ConfigBinding": func() error { return sa.DeleteAllOf(ctx, &configv1alpha1.ConfigBinding{}, client.InNamespace(other)) },
 		"read a StatefulSet other than its own": func() error {
 			return sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "other"}, &appsv1.StatefulSet{})
 		},

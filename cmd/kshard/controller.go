@@ -76,6 +76,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&tokenFile, "configcenter-token-file", "", "file holding a bearer token for the config center")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", false, "serve metrics over HTTPS with Kubernetes authentication and authorization")
+	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "directory holding the secure metrics' tls.crt and tls.key, so Prometheus can verify them (default: a generated self-signed certificate)")
 	f.BoolVar(&opts.EnableHTTP2, "enable-http2", false, "serve the webhook and secure metrics over HTTP/2 too (off: HTTP/2's stream handling had denial-of-service flaws, CVE-2023-44487)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	f.StringVar(&opts.PprofBindAddress, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it)")

@@ -83,6 +83,10 @@ type Options struct {
 	// MetricsSecure serves metrics over HTTPS with Kubernetes authentication
 	// and authorization, as in a cluster.
 	MetricsSecure bool
+	// MetricsCertDir holds the secure metrics' tls.crt and tls.key (reloaded
+	// when they change), so scrapers can verify the server; empty serves a
+	// certificate controller-runtime generates, which nobody can verify.
+	MetricsCertDir string
 	// EnableHTTP2 serves the webhook and secure metrics over HTTP/2 too;
 	// off by default (see tlsOpts).
 	EnableHTTP2 bool
@@ -192,6 +196,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		Metrics: metricsserver.Options{
 			BindAddress:    opts.MetricsBindAddress,
 			SecureServing:  opts.MetricsSecure,
+			CertDir:        opts.MetricsCertDir,
 			FilterProvider: filterProvider(opts.MetricsSecure),
 			TLSOpts:        tlsOpts(opts.EnableHTTP2),
 		},

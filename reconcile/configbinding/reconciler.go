@@ -42,6 +42,12 @@ const (
 	// owns a target); it is left untouched. Delete it or pick another name;
 	// the binding looks again every RetryAfter.
 	ReasonTargetConflict = "TargetConflict"
+	// ReasonTargetForbidden: the API server refused to write the target
+	// ConfigMap (RBAC, or kshard's admission policy: in deploy/base the
+	// replicas write ConfigMaps only in namespaces labelled
+	// kshard.dev/targets=enabled). The message is the API server's; the
+	// binding tries again every RetryAfter and on its next change.
+	ReasonTargetForbidden = "TargetForbidden"
 	// ReasonDomainTooLarge: with --external-source=mirror, the domain does
 	// not fit in its ExternalDomain mirror; see the mirror's Synced
 	// condition.
@@ -119,12 +125,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
 	}
 	if res.complete() {
-		conflict, err := r.applyConfigMap(ctx, reader, &cb, req.Shard, res)
+		refused, err := r.applyConfigMap(ctx, reader, &cb, req.Shard, res)
 		if err != nil {
 			return reconcile.Result{}, err
 		}
-		if conflict != nil {
-			return reconcile.Result{RequeueAfter: r.retryAfter()}, r.patchStatus(ctx, &cb, req.Shard, 0, *conflict)
+		if refused != nil {
+			return reconcile.Result{RequeueAfter: r.retryAfter()}, r.patchStatus(ctx, &cb, req.Shard, 0, *refused)
 		}
 		log.V(1).Info("ConfigMap holds the binding's values", "configMap", cb.Spec.Target.ConfigMapName, "revision", res.revision)
 	}
@@ -149,7 +155,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 // applyConfigMap makes the target ConfigMap hold the binding's values, with
 // a server-side apply only when the cache shows it different and our own
 // last apply is not simply on its way. It returns the TargetConflict
-// condition, and writes nothing, when the ConfigMap is someone else's.
+// condition, and writes nothing, when the ConfigMap is someone else's, and
+// TargetForbidden when the API server refuses the write.
 func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, cb *configv1alpha1.ConfigBinding, shard int32, res resolution) (*metav1.Condition, error) {
 	var current corev1.ConfigMap
 	target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
@@ -191,6 +198,10 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	defer done()
 	ac := renderConfigMap(cb, shard, res.data)
 	if err := r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		if apierrors.IsForbidden(err) {
+			return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetForbidden,
+				Message: fmt.Sprintf("writing ConfigMap %s was refused: %s", target.Name, apiMessage(err))}, nil
+		}
 		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
 	}
 	if err := r.removeForeignKeys(wctx, target, ac.Data, res.data); err != nil {
@@ -275,6 +286,15 @@ func ownerOf(ref *metav1.OwnerReference) string {
 func targetConflict(name, owner string) *metav1.Condition {
 	return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetConflict,
 		Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", name, owner)}
+}
+
+// apiMessage is the API server's own words for a refused request.
+func apiMessage(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Message != "" {
+		return status.Status().Message
+	}
+	return err.Error()
 }
 
 func (r *Reconciler) retryAfter() time.Duration {
