@@ -86,8 +86,16 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err e
 	}
 	byObject := map[client.Object]cache.ByObject{}
 	for _, k := range append([]Kind{r.opts.For}, r.opts.Owns...) {
+		var by cache.ByObject
 		if k.Transform != nil {
-			byObject[k.Object] = cache.ByObject{Transform: stripThen(k.Transform)}
+			by.Transform = stripThen(k.Transform)
+		}
+		if k.Selector != nil {
+			reqs, _ := k.Selector.Requirements()
+			by.Label = sel.DeepCopySelector().Add(reqs...)
+		}
+		if by.Transform != nil || by.Label != nil {
+			byObject[k.Object] = by
 		}
 	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{

@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -117,6 +118,8 @@ type replicaConfig struct {
 	restConfig          *rest.Config
 	// clockSkew shifts the wall clock the replica writes into Leases.
 	clockSkew time.Duration
+	// ownedSelector narrows the owned ConfigMaps' informers.
+	ownedSelector labels.Selector
 }
 
 // skewedClock is the system clock off by a fixed amount, as on a machine
@@ -178,7 +181,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		RenewDeadline:  rc.timing.renew,
 		RetryPeriod:    rc.timing.retry,
 		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}},
-		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}}},
+		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Selector: rc.ownedSelector}},
 		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
 		StatefulSet:    rc.statefulSet,
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/labels"
 	"os"
 	"strings"
 	"time"
@@ -40,6 +41,11 @@ type Kind struct {
 	Object client.Object
 	// Predicates filter its events before they become requests.
 	Predicates []predicate.Predicate
+	// Selector, when set, narrows the kind's informers beyond the shard
+	// label, for example to the objects the controller marks as its own:
+	// an object that merely copies a shard label never reaches the cache,
+	// nor the replica's memory.
+	Selector labels.Selector
 	// Transform, when set, runs on each object of the kind before the shard
 	// caches store it, after managed fields are stripped: drop what the
 	// reconciler never reads, as memory per object held. Objects read

@@ -214,7 +214,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			DefaultNamespaces: namespaces(opts.Namespaces),
 			DefaultTransform:  cache.TransformStripManagedFields(),
 			SyncPeriod:        ptr.To(opts.SyncPeriod),
-			ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Transform: func(obj any) (any, error) {
+			ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: configbinding.OwnedConfigMaps(), Transform: func(obj any) (any, error) {
 				obj, err := cache.TransformStripManagedFields()(obj)
 				if err != nil {
 					return nil, err
@@ -270,7 +270,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 
 	if opts.Sharding {
 		owns := []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
-			Transform: configbinding.CacheTransform}}
+			Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}
 		if opts.ExternalSource == SourceMirror {
 			owns = append(owns, sharding.Kind{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests})
 		}

@@ -17,9 +17,9 @@ import (
 func renderConfigMap(cb *configv1alpha1.ConfigBinding, shard int32, data map[string]string) *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(cb.Spec.Target.ConfigMapName, cb.Namespace).
 		WithLabels(map[string]string{
-			sharding.LabelShard:            strconv.Itoa(int(shard)),
-			sharding.LabelDomain:           cb.Spec.Domain,
-			"app.kubernetes.io/managed-by": "kshard",
+			sharding.LabelShard:  strconv.Itoa(int(shard)),
+			sharding.LabelDomain: cb.Spec.Domain,
+			LabelManagedBy:       FieldManager,
 		}).
 		WithOwnerReferences(metav1ac.OwnerReference().
 			WithAPIVersion(configv1alpha1.GroupVersion.String()).

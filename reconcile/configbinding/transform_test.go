@@ -67,3 +67,41 @@ func TestCacheTransformIdempotent(t *testing.T) {
 		t.Fatal("a ConfigMap without data but with a copied digest annotation compares as the full one")
 	}
 }
+
+// TestCacheTransformCostIndependentOfContent: what others put in a ConfigMap
+// (large data, annotations such as kubectl's last-applied configuration,
+// labels) is not kept in the caches: a tenant who copies kshard's labels
+// onto large ConfigMaps costs a replica a name, not their size.
+func TestCacheTransformCostIndependentOfContent(t *testing.T) {
+	big := string(make([]byte, 256<<10))
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "n",
+			Labels: map[string]string{sharding.LabelShard: "3", sharding.LabelDomain: "d", LabelManagedBy: FieldManager,
+				"tenant": "x"},
+			Annotations: map[string]string{"kubectl.kubernetes.io/last-applied-configuration": big}},
+		Data:       map[string]string{"k": big},
+		BinaryData: map[string][]byte{"b": []byte(big)},
+	}
+	obj, err := CacheTransform(cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := obj.(*corev1.ConfigMap)
+	kept := 0
+	for k, v := range cached.Annotations {
+		kept += len(k) + len(v)
+	}
+	for k, v := range cached.Labels {
+		kept += len(k) + len(v)
+	}
+	if cached.Data != nil || cached.BinaryData != nil || kept > 256 {
+		t.Fatalf("cached ConfigMap keeps data %d, binary data %d, %d bytes of labels and annotations (%v)",
+			len(cached.Data), len(cached.BinaryData), kept, cached.Labels)
+	}
+	if _, ok := cached.Labels["tenant"]; ok {
+		t.Fatal("a label kshard does not read is cached")
+	}
+	if cached.Labels[sharding.LabelShard] != "3" || cached.Labels[LabelManagedBy] != FieldManager {
+		t.Fatalf("kshard's own labels lost: %v", cached.Labels)
+	}
+}

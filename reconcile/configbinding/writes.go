@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -146,7 +147,9 @@ var cacheNonce = func() string {
 // CacheTransform keeps ConfigMaps in the informer caches without their
 // data: the reconciler only compares a ConfigMap with what its binding
 // wants, and a digest of the data, labels and owner does that in 64 bytes
-// instead of a copy of every value. Pass it as the ConfigMap kind's
+// instead of a copy of every value. It keeps kshard's labels and no other
+// label or annotation either, so what a ConfigMap costs in memory does not
+// depend on what others put in it. Pass it as the ConfigMap kind's
 // transform (sharding.Kind.Transform, or the manager cache's ByObject). It
 // is idempotent, as client-go asks of transforms.
 func CacheTransform(obj any) (any, error) {
@@ -158,12 +161,28 @@ func CacheTransform(obj any) (any, error) {
 		return cm, nil
 	}
 	digest := configMapDigest(cm.Data, cm.Labels[sharding.LabelShard], cm.Labels[sharding.LabelDomain], controllerUID(cm))
-	if cm.Annotations == nil {
-		cm.Annotations = map[string]string{}
+	kept := map[string]string{}
+	for _, k := range []string{sharding.LabelShard, sharding.LabelDomain, LabelManagedBy} {
+		if v, ok := cm.Labels[k]; ok {
+			kept[k] = v
+		}
 	}
-	cm.Annotations[annotationCachedDigest] = hex.EncodeToString(digest[:]) + cacheNonce
+	cm.Labels = kept
+	cm.Annotations = map[string]string{annotationCachedDigest: hex.EncodeToString(digest[:]) + cacheNonce}
 	cm.Data, cm.BinaryData = nil, nil
 	return cm, nil
+}
+
+// LabelManagedBy marks the ConfigMaps kshard writes, with the value
+// FieldManager.
+const LabelManagedBy = "app.kubernetes.io/managed-by"
+
+// OwnedConfigMaps selects the ConfigMaps kshard writes: cache only these.
+// A ConfigMap without the mark is read from the API server once, when a
+// binding's target is missing from the cache, to tell absent from
+// someone else's.
+func OwnedConfigMaps() labels.Selector {
+	return labels.SelectorFromSet(labels.Set{LabelManagedBy: FieldManager})
 }
 
 // transformedDigest returns the digest CacheTransform left on a ConfigMap.
