@@ -404,3 +404,34 @@ func referencedMetrics(t testing.TB) []string {
 	sort.Strings(out)
 	return out
 }
+
+// TestMemoryLimitReachesReplica: the base's kshard container has a memory
+// limit and hands it to the replica (MEMORY_LIMIT from the downward API,
+// read by --memory-limit), which sizes the Go soft limit and the external
+// cache from it.
+func TestMemoryLimitReachesReplica(t *testing.T) {
+	sts := byKind(build(t, "base"), "StatefulSet")
+	if len(sts) != 1 {
+		t.Fatalf("%d StatefulSets in the base", len(sts))
+	}
+	containers, _, _ := unstructured.NestedSlice(sts[0].Object, "spec", "template", "spec", "containers")
+	c := containers[0].(map[string]any)
+	limit, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
+	if limit == "" {
+		t.Fatal("the kshard container has no memory limit")
+	}
+	env, _, _ := unstructured.NestedSlice(c, "env")
+	for _, e := range env {
+		m := e.(map[string]any)
+		if m["name"] != "MEMORY_LIMIT" {
+			continue
+		}
+		res, _, _ := unstructured.NestedString(m, "valueFrom", "resourceFieldRef", "resource")
+		container, _, _ := unstructured.NestedString(m, "valueFrom", "resourceFieldRef", "containerName")
+		if res != "limits.memory" || container != c["name"] {
+			t.Fatalf("MEMORY_LIMIT comes from %s of container %s, want limits.memory of %s", res, container, c["name"])
+		}
+		return
+	}
+	t.Fatal("the kshard container has no MEMORY_LIMIT")
+}

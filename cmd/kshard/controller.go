@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"os"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ func newControllerCommand() *cobra.Command {
 		tokenFile   string
 		auditPath   string
 		shardingArg string
+		memoryLimit string
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -43,6 +45,13 @@ func newControllerCommand() *cobra.Command {
 				if opts.Identity, err = os.Hostname(); err != nil {
 					return fmt.Errorf("defaulting --replica-id: %w", err)
 				}
+			}
+			if memoryLimit != "" {
+				q, err := resource.ParseQuantity(memoryLimit)
+				if err != nil || q.Value() <= 0 {
+					return fmt.Errorf("--memory-limit %q: want a positive quantity such as 512Mi", memoryLimit)
+				}
+				opts.MemoryLimit = q.Value()
 			}
 			if tokenFile != "" {
 				b, err := os.ReadFile(tokenFile)
@@ -77,6 +86,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", false, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "directory holding the secure metrics' tls.crt and tls.key, so Prometheus can verify them (default: a generated self-signed certificate)")
+	f.StringVar(&memoryLimit, "memory-limit", os.Getenv("MEMORY_LIMIT"), "the container's memory limit (a quantity, e.g. 512Mi; default $MEMORY_LIMIT, which deploy/base sets from limits.memory): the Go soft limit becomes 90% of it unless GOMEMLIMIT is set, and the external cache a quarter")
 	f.BoolVar(&opts.EnableHTTP2, "enable-http2", false, "serve the webhook and secure metrics over HTTP/2 too (off: HTTP/2's stream handling had denial-of-service flaws, CVE-2023-44487)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	f.StringVar(&opts.PprofBindAddress, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it)")

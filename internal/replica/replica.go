@@ -11,8 +11,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -115,6 +119,34 @@ type Options struct {
 	// Cache tunes the external cache (TTLs, breaker, retries); its Source,
 	// Feed, MaxShards, Log and OnUpdate are set by the replica.
 	Cache externalcache.Options
+	// MemoryLimit is the container's memory limit in bytes (the downward
+	// API's limits.memory); 0 when unknown. When set, the Go runtime's soft
+	// limit becomes 90% of it (unless GOMEMLIMIT is set), so the collector
+	// works harder before the kernel's OOM killer does, and the external
+	// cache gets a quarter of it (at least 64 MiB) unless Cache.MaxBytes
+	// says otherwise.
+	MemoryLimit int64
+}
+
+// minCacheBytes is the smallest external cache a memory limit sizes: one
+// MiB for each of 64 shards.
+const minCacheBytes = 64 << 20
+
+// applyMemoryLimit sets the Go runtime's soft memory limit and the external
+// cache's budget from the container's memory limit.
+func (o *Options) applyMemoryLimit(log logr.Logger) {
+	if o.MemoryLimit <= 0 {
+		return
+	}
+	soft := "GOMEMLIMIT"
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(o.MemoryLimit / 10 * 9)
+		soft = strconv.FormatInt(o.MemoryLimit/10*9, 10)
+	}
+	if o.Cache.MaxBytes == 0 {
+		o.Cache.MaxBytes = max(o.MemoryLimit/4, minCacheBytes)
+	}
+	log.Info("Sized from the memory limit", "memoryLimit", o.MemoryLimit, "goMemLimit", soft, "externalCacheBytes", o.Cache.MaxBytes)
 }
 
 func (o *Options) setDefaults() error {
@@ -190,6 +222,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return err
 	}
 	log := ctrl.Log.WithName("replica").WithValues("replica", opts.Identity)
+	opts.applyMemoryLimit(log)
 	shutdown := opts.RenewDeadline + sharding.DefaultDrainTimeout + 10*time.Second
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme: Scheme(),
