@@ -87,6 +87,7 @@ func newControllerCommand() *cobra.Command {
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", false, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "directory holding the secure metrics' tls.crt and tls.key, so Prometheus can verify them (default: a generated self-signed certificate)")
 	f.StringVar(&memoryLimit, "memory-limit", os.Getenv("MEMORY_LIMIT"), "the container's memory limit (a quantity, e.g. 512Mi; default $MEMORY_LIMIT, which deploy/base sets from limits.memory): the Go soft limit becomes 90% of it unless GOMEMLIMIT is set, and the external cache a quarter")
+	f.DurationVar(&opts.LeaseClockOffset, "lease-clock-offset", 0, "fault injection for chaos runs: shift the wall-clock times this replica writes into Leases, as on a node whose time sync failed (expiry is timed on each replica's monotonic clock, so nothing may change)")
 	f.BoolVar(&opts.EnableHTTP2, "enable-http2", false, "serve the webhook and secure metrics over HTTP/2 too (off: HTTP/2's stream handling had denial-of-service flaws, CVE-2023-44487)")
 	f.StringVar(&opts.HealthProbeBindAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	f.StringVar(&opts.PprofBindAddress, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it)")

@@ -126,7 +126,18 @@ type Options struct {
 	// cache gets a quarter of it (at least 64 MiB) unless Cache.MaxBytes
 	// says otherwise.
 	MemoryLimit int64
+	// LeaseClockOffset shifts the wall clock this replica writes into
+	// Leases: fault injection for chaos runs (a node whose time sync
+	// failed). Lease expiry never reads it (sharding observes renewals on
+	// its own monotonic clock), which is what the fault checks.
+	LeaseClockOffset time.Duration
 }
+
+// offsetClock is the system clock off by a fixed amount.
+type offsetClock struct{ by time.Duration }
+
+func (c offsetClock) Now() time.Time                  { return time.Now().Add(c.by) }
+func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // minCacheBytes is the smallest external cache a memory limit sizes: one
 // MiB for each of 64 shards.
@@ -318,6 +329,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
 			Owns:           owns,
 			Domain:         domainOf,
+			Clock:          offsetClock{opts.LeaseClockOffset},
 			Indexes:        configbinding.Indexes(),
 			SyncPeriod:     opts.SyncPeriod,
 			StatefulSet:    opts.StatefulSet,
