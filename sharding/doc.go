@@ -19,7 +19,9 @@
 // the Lease holder so the next owner acquires at once. A holder that cannot
 // renew before its renew deadline stops the shard at once (fencing), before
 // anyone else may take it. In a StatefulSet, a replica stopping for a restart
-// keeps its ring position and reclaims its shards on return.
+// keeps its ring position and reclaims its shards on return. Leases are held
+// as "<replica>_<incarnation>", one incarnation per process, so a second
+// process with an identity in use waits instead of running the same shards.
 //
 // The elected leader labels objects whose shard label is missing or out of
 // range; any replica corrects an in-range wrong label it sees. No webhook sits
