@@ -24,6 +24,10 @@ run: controlplane ## Start the local sandbox (control plane, config center, thre
 test: controlplane-if-needed ## Run every test with the race detector against a real control plane.
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: test-unit
+test-unit: ## The fast lane while editing: tests that need no control plane (-short), with the race detector.
+	go test -race -count=1 -short ./...
+
 .PHONY: lint
 lint: ## gofmt check and go vet, on the main module and the tools modules.
 	@files=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \

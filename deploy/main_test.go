@@ -49,21 +49,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cp, err = controlplane.Start(controlplane.Options{
+	return controlplane.RunTestsWith(m, &cp, controlplane.Options{
 		CRDDirs: []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
 		APIServerArgs: map[string][]string{
 			"enable-admission-plugins": {"OwnerReferencesPermissionEnforcement"},
 		},
 	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "control plane: %v\n", err)
-		return 1
-	}
-	code := m.Run()
-	if err := cp.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "control plane: %v\n", err)
-	}
-	return code
 }
 
 // fieldOwner is the field manager of everything the tests apply.
@@ -84,6 +75,7 @@ func deployDir(t testing.TB) string {
 
 func adminClient(t testing.TB) client.Client {
 	t.Helper()
+	controlplane.Require(t, cp)
 	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
 	if err != nil {
 		t.Fatal(err)

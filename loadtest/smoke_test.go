@@ -34,6 +34,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // configcenter processes against the test control plane, a few hundred
 // objects created and updated, and the report with its checks.
 func TestSmoke(t *testing.T) {
+	controlplane.Require(t, cp)
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {

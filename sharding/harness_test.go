@@ -69,6 +69,7 @@ func newScheme() *runtime.Scheme {
 
 func newClient(t testing.TB) client.Client {
 	t.Helper()
+	controlplane.Require(t, cp)
 	c, err := client.New(cp.Config, client.Options{Scheme: newScheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -204,6 +205,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 
 func startReplica(t testing.TB, rc replicaConfig) *replica {
 	t.Helper()
+	controlplane.Require(t, cp)
 	if rc.restConfig == nil {
 		rc.restConfig = cp.Config
 	}

@@ -23,6 +23,7 @@ var cp *controlplane.ControlPlane
 func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
 
 func newClient(t *testing.T) client.Client {
+	controlplane.Require(t, cp)
 	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {

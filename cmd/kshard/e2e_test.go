@@ -126,6 +126,7 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 // Ready again at their new generation, each reconciled by the current
 // holder of its shard.
 func TestEndToEnd(t *testing.T) {
+	controlplane.Require(t, cp)
 	ctx := context.Background()
 	kshardBin, ccBin := buildBinaries(t)
 	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})

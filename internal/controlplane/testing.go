@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -14,8 +15,21 @@ import (
 //	var cp *controlplane.ControlPlane
 //
 //	func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
+//
+// With -short (make test-unit) no control plane starts: *into stays nil,
+// and the tests that need one skip through Require, so the unit tests of a
+// package run in seconds.
 func RunTests(m *testing.M, into **ControlPlane) int {
-	cp, err := Start(Options{})
+	return RunTestsWith(m, into, Options{})
+}
+
+// RunTestsWith is RunTests with a control plane configured by opts.
+func RunTestsWith(m *testing.M, into **ControlPlane, opts Options) int {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run()
+	}
+	cp, err := Start(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "control plane: %v\n", err)
 		return 1
@@ -26,6 +40,15 @@ func RunTests(m *testing.M, into **ControlPlane) int {
 		fmt.Fprintf(os.Stderr, "control plane: %v\n", err)
 	}
 	return code
+}
+
+// Require skips a test that needs the control plane in the unit lane
+// (-short), where none runs.
+func Require(t testing.TB, cp *ControlPlane) {
+	t.Helper()
+	if cp == nil {
+		t.Skip("needs the control plane: make test runs it")
+	}
 }
 
 // Eventually polls cond until it returns nil, and fails the test with the

@@ -28,6 +28,9 @@ import (
 // that every handover was reported, and that no replica process (or process
 // group) outlived the sandbox.
 func TestSandboxScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the whole sandbox: make test runs it")
+	}
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

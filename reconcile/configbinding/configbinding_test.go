@@ -40,6 +40,7 @@ func TestMain(m *testing.M) {
 
 func newClient(t testing.TB) client.Client {
 	t.Helper()
+	controlplane.Require(t, cp)
 	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
 	if err != nil {
 		t.Fatal(err)
