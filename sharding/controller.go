@@ -28,7 +28,16 @@ func (r Request) String() string { return fmt.Sprintf("%d/%s", r.Shard, r.Namesp
 // fed by the shards' informers. The reconciler runs only while its shard is
 // held: a request for a shard being drained or gone is dropped, and a drain
 // waits for the shard's in-flight reconciles before the Lease is released.
+//
+// A Replica feeds one controller: a second call is an error.
 func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error) {
+	r.mu.Lock()
+	taken := r.controller
+	r.controller = name
+	r.mu.Unlock()
+	if taken != "" {
+		return nil, fmt.Errorf("creating sharded controller %s: replica already feeds controller %s (one controller per Replica)", name, taken)
+	}
 	g := &guard{r: r, inner: rec}
 	if r.opts.AuditLog != nil {
 		g.audit = &auditLog{w: r.opts.AuditLog}

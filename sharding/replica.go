@@ -50,15 +50,16 @@ type Replica struct {
 	queueReady chan struct{}
 	queue      workqueue.TypedRateLimitingInterface[Request]
 
-	mu       sync.Mutex
-	ring     *Ring
-	mismatch bool
-	shards   map[int32]*shard
-	acquires chan struct{} // bounds concurrent Lease acquisitions
-	open     *batch        // the acquisition batch shards join, if any
-	groups   map[*group]bool
-	backoff  map[int32]acquireBackoff
-	observed observations
+	mu         sync.Mutex
+	controller string // the one controller this replica feeds
+	ring       *Ring
+	mismatch   bool
+	shards     map[int32]*shard
+	acquires   chan struct{} // bounds concurrent Lease acquisitions
+	open       *batch        // the acquisition batch shards join, if any
+	groups     map[*group]bool
+	backoff    map[int32]acquireBackoff
+	observed   observations
 
 	// expected are the StatefulSet's desired members, read at start; they
 	// count as ring members until StartupGrace after started, so a replica

@@ -3,6 +3,7 @@ package sharding_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
@@ -65,4 +67,16 @@ func TestOwnedKindSelector(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestOneControllerPerReplica: a Replica feeds one controller's queue; a
+// second controller would never get a request, so creating one is an error.
+func TestOneControllerPerReplica(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	r := startReplica(t, ringConfig(ns, "one-controller", "o-0"))
+	_, err := r.rep.NewController("second", &statusReconciler{rep: r.rep}, controller.TypedOptions[sharding.Request]{})
+	if err == nil || !strings.Contains(err.Error(), "one controller per Replica") {
+		t.Fatalf("a second controller: got %v, want an error", err)
+	}
 }
