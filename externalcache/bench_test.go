@@ -32,6 +32,9 @@ func benchCache(b *testing.B, opts externalcache.Options) *externalcache.Cache {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if err := c.AddShard(0); err != nil {
+		b.Fatal(err)
+	}
 	return c
 }
 

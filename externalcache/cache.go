@@ -313,7 +313,7 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 // DropShard forgets everything about shard: its entries, its queued and in-flight fetches
 // (waiters get ErrShardDropped, results are discarded) and its share of the change feeds, which
 // stop for domains no other held shard uses. A controller calls it when it releases the shard,
-// after the shard's reconciles have stopped; a later Get for the shard starts it afresh.
+// after the shard's reconciles have stopped; the shard is held again only by AddShard.
 func (c *Cache) DropShard(shard int32) {
 	c.shardsMu.Lock()
 	held := *c.shards.Load()
@@ -424,25 +424,27 @@ type shard struct {
 	domains sync.Map // string → struct{}
 }
 
-func (c *Cache) shardFor(id int32) (*shard, error) {
-	if sh := (*c.shards.Load())[id]; sh != nil {
-		return sh, nil
-	}
+// AddShard makes the cache hold shard id: its own store, fetches and change-feed share. A
+// controller calls it when it starts a shard, before the shard's first Get, and DropShard when
+// the shard ends; adding a held shard again does nothing. Get, Wait and Warm for a shard not
+// added report ErrShardNotHeld, so a warm-up racing a release never brings a dropped shard back
+// (with feed loops nobody would stop).
+func (c *Cache) AddShard(id int32) error {
 	if id < 0 {
-		return nil, fmt.Errorf("shard %d is negative", id)
+		return fmt.Errorf("adding shard %d: shard is negative", id)
 	}
 	c.shardsMu.Lock()
 	defer c.shardsMu.Unlock()
 	held := *c.shards.Load()
-	if sh := held[id]; sh != nil {
-		return sh, nil
+	if held[id] != nil {
+		return nil
 	}
 	if len(held) >= c.opts.MaxShards {
-		return nil, fmt.Errorf("holding shard %d: %w: %d are held, MaxShards is %d", id, ErrTooManyShards, len(held), c.opts.MaxShards)
+		return fmt.Errorf("adding shard %d: %w: %d are held, MaxShards is %d", id, ErrTooManyShards, len(held), c.opts.MaxShards)
 	}
 	bc, err := bigcache.New(c.ctx, c.bcConfig)
 	if err != nil {
-		return nil, fmt.Errorf("creating the cache of shard %d: %w", id, err)
+		return fmt.Errorf("creating the cache of shard %d: %w", id, err)
 	}
 	sh := &shard{id: id, bc: bc}
 	sh.ctx, sh.cancel = context.WithCancel(c.ctx)
@@ -450,7 +452,15 @@ func (c *Cache) shardFor(id int32) (*shard, error) {
 	next[id] = sh
 	c.shards.Store(&next)
 	c.log.V(1).Info("Holding shard in the external cache", "shard", id, "bytes", c.opts.shardBytes())
-	return sh, nil
+	return nil
+}
+
+// shardFor returns a held shard.
+func (c *Cache) shardFor(id int32) (*shard, error) {
+	if sh := (*c.shards.Load())[id]; sh != nil {
+		return sh, nil
+	}
+	return nil, fmt.Errorf("shard %d: %w", id, ErrShardNotHeld)
 }
 
 func (s *shard) envelope(ck string) (envelope, bool) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,13 @@ func newHarness(t *testing.T, s setup) *harness {
 			t.Errorf("cache Start returned %v", err)
 		}
 	})
+	// A controller adds a shard when it starts it; the tests hold the
+	// first ones (at most four, the shard count of TestGetNeverCallsTheSourceItself).
+	for n := range int32(min(opts.MaxShards, 4)) {
+		if err := c.AddShard(n); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return h
 }
 
@@ -563,8 +571,8 @@ func TestDropShardDropsExactlyItsEntriesFetchesAndFeeds(t *testing.T) {
 	if err := <-waitErr; !errors.Is(err, externalcache.ErrShardDropped) {
 		t.Errorf("waiter of a dropped shard got %v, want ErrShardDropped", err)
 	}
-	if got := h.cache.Shards(); len(got) != 1 || got[0] != 2 {
-		t.Errorf("shards after DropShard(1) = %v, want [2]", got)
+	if got := h.cache.Shards(); !slices.Equal(got, []int32{0, 2, 3}) {
+		t.Errorf("shards after DropShard(1) = %v, want [0 2 3]", got)
 	}
 	if got := strings.Join(h.cache.FeedDomains(), ","); got != "beta,shared" {
 		t.Errorf("feeds after DropShard(1) = %s, want beta,shared", got)
@@ -583,11 +591,21 @@ func TestDropShardDropsExactlyItsEntriesFetchesAndFeeds(t *testing.T) {
 	if got := h.calls("beta", "") + h.calls("shared", ""); got != callsBefore {
 		t.Errorf("shard 2's keys were fetched again (%d calls, want %d)", got, callsBefore)
 	}
-	if l := h.cache.Get(1, a); l.State != externalcache.StatePending {
-		t.Errorf("shard 1's %s after the drop = %+v, want Pending: its entries are gone", a, l)
+	if l := h.cache.Get(1, a); !errors.Is(l.Err, externalcache.ErrShardNotHeld) {
+		t.Errorf("shard 1's %s after the drop = %+v, want ErrShardNotHeld: a dropped shard is not re-created", a, l)
 	}
-	h.cache.DropShard(2)
-	h.cache.DropShard(1)
+	if err := h.cache.Warm(context.Background(), 1, a); !errors.Is(err, externalcache.ErrShardNotHeld) {
+		t.Errorf("warming the dropped shard: %v, want ErrShardNotHeld", err)
+	}
+	if err := h.cache.AddShard(1); err != nil {
+		t.Fatal(err)
+	}
+	if l := h.cache.Get(1, a); l.State != externalcache.StatePending {
+		t.Errorf("shard 1's %s after adding it again = %+v, want Pending: its entries are gone", a, l)
+	}
+	for _, n := range []int32{0, 1, 2, 3} {
+		h.cache.DropShard(n)
+	}
 	eventually(t, "every feed loop stops", func() bool { return h.cache.Stats().FeedLoops == 0 })
 	if s := h.cache.Stats(); s.Shards != 0 || s.Entries != 0 || len(h.cache.FeedDomains()) != 0 {
 		t.Errorf("after dropping every shard: %+v, feeds %v", s, h.cache.FeedDomains())
@@ -610,11 +628,11 @@ func TestGetNeverCallsTheSourceItself(t *testing.T) {
 	if l := h.cache.Get(-1, key); l.Err == nil {
 		t.Errorf("Get of a negative shard = %+v, want an error", l)
 	}
-	for s := int32(0); s < 4; s++ {
-		h.cache.Get(s, key)
+	if l := h.cache.Get(4, key); !errors.Is(l.Err, externalcache.ErrShardNotHeld) {
+		t.Errorf("Get of a shard never added = %+v, want ErrShardNotHeld", l)
 	}
-	if l := h.cache.Get(4, key); !errors.Is(l.Err, externalcache.ErrTooManyShards) {
-		t.Errorf("Get of a fifth shard with MaxShards 4 = %+v, want ErrTooManyShards", l)
+	if err := h.cache.AddShard(4); !errors.Is(err, externalcache.ErrTooManyShards) {
+		t.Errorf("adding a fifth shard with MaxShards 4: %v, want ErrTooManyShards", err)
 	}
 }
 
@@ -683,6 +701,9 @@ func TestFullQueueIsReportedAndWaitersWaitForRoom(t *testing.T) {
 		QueueSize: 1, Workers: 1, MaxBytes: 4 << 20, MaxShards: 1, InternalShards: 4,
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddShard(0); err != nil {
 		t.Fatal(err)
 	}
 	a := externalcache.Key{Domain: "queue", Name: "a"}

@@ -38,7 +38,7 @@ type Options struct {
 	// fixed share per shard, dropping is O(1) and the bound holds whatever the number of held
 	// shards, because at most MaxShards are held.
 	MaxBytes int64
-	// MaxShards is the most shards held at once; Get on one more reports ErrTooManyShards.
+	// MaxShards is the most shards held at once; AddShard of one more reports ErrTooManyShards.
 	// Default 64, kshard's default shard count, so a single replica may hold every shard.
 	MaxShards int
 	// MaxEntryBytes bounds one value. Larger values are refused with ErrEntryTooLarge. It must

@@ -108,6 +108,9 @@ var (
 	ErrRetryAfterHold = errors.New("the config center asked to wait (Retry-After)")
 	// ErrQueueFull is reported by Get when the fetch queue is full; the next Get tries again.
 	ErrQueueFull = errors.New("fetch queue full")
+	// ErrShardNotHeld: Get, Wait or Warm for a shard that AddShard did not add, or that
+	// DropShard dropped.
+	ErrShardNotHeld = errors.New("shard not held by the external cache")
 	// ErrShardDropped releases waiters of a shard that DropShard dropped.
 	ErrShardDropped = errors.New("shard dropped")
 	// ErrTooManyShards is reported when a call would hold more than Options.MaxShards shards.

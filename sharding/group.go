@@ -378,6 +378,9 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 			running = append(running, s)
 		}
 	}
+	for _, s := range running {
+		s.beginTenure()
+	}
 	g.start()
 	for range shards {
 		g.leave()

@@ -121,6 +121,42 @@ type replicaConfig struct {
 	clockSkew time.Duration
 	// ownedSelector narrows the owned ConfigMaps' informers.
 	ownedSelector labels.Selector
+	// tenures, when set, records the replica's OnAcquire and OnRelease.
+	tenures *tenureLog
+}
+
+// tenureLog records OnAcquire ("+") and OnRelease ("-") per shard, in order.
+type tenureLog struct {
+	mu     sync.Mutex
+	events map[int32]string
+}
+
+func (l *tenureLog) record(shard int32, ev string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.events == nil {
+		l.events = map[int32]string{}
+	}
+	l.events[shard] += ev
+}
+
+// check counts the shards with hooks and reports those whose hooks did not
+// alternate "+-+-…" starting with OnAcquire, and, when ended, those whose
+// last tenure did not end.
+func (l *tenureLog) check(ended bool) (int, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var bad []string
+	for n, evs := range l.events {
+		ok := len(evs) > 0
+		for i, ev := range evs {
+			ok = ok && ((i%2 == 0) == (ev == '+'))
+		}
+		if !ok || (ended && len(evs)%2 != 0) {
+			bad = append(bad, fmt.Sprintf("shard %d: %s", n, evs))
+		}
+	}
+	return len(l.events), bad
 }
 
 // skewedClock is the system clock off by a fixed amount, as on a machine
@@ -188,6 +224,10 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 	}
 	if rc.clockSkew != 0 {
 		opts.Clock = skewedClock{rc.clockSkew}
+	}
+	if rc.tenures != nil {
+		opts.OnAcquire = func(n int32) { rc.tenures.record(n, "+") }
+		opts.OnRelease = func(n int32) { rc.tenures.record(n, "-") }
 	}
 	if rc.audit != nil {
 		opts.AuditLog = rc.audit

@@ -131,10 +131,16 @@ type Options struct {
 	// jitters it by 10%). Zero keeps controller-runtime's default.
 	SyncPeriod time.Duration
 
-	// OnAcquire runs after a shard's informers synced (warm caches here).
+	// OnAcquire runs once per tenure, when a shard becomes active: before its
+	// informers start and before its first reconcile, so per-shard state
+	// (an external cache's store) exists when reconciles need it. It must
+	// not block; to read the shard's objects (to warm a cache), wait in a
+	// goroutine with Replica.WaitForSync.
 	OnAcquire func(shard int32)
-	// OnRelease runs during a drain, after the shard's informers stopped and
-	// before its Lease is released (evict per-shard caches here).
+	// OnRelease runs once per tenure whose OnAcquire ran, after it, when the
+	// shard ends here on any path: a drain (after its reconciles finished,
+	// before the Lease is released), fencing, a lost identity, shutdown.
+	// Drop per-shard state here.
 	OnRelease func(shard int32)
 
 	// StatefulSet, when set, names the StatefulSet the replicas run in, so a

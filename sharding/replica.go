@@ -441,6 +441,30 @@ func (r *Replica) Reader(n int32) (client.Reader, bool) {
 	return s.currentReader()
 }
 
+// WaitForSync waits until shard n's informers have synced here, and
+// reports false when the shard stopped (or ctx ended) first. An OnAcquire
+// hook that reads the shard's objects waits for it in a goroutine.
+func (r *Replica) WaitForSync(ctx context.Context, n int32) bool {
+	s := r.shard(n)
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	g := s.group
+	s.mu.Unlock()
+	if g == nil {
+		return false
+	}
+	select {
+	case <-g.synced:
+		return s.synced()
+	case <-g.done:
+	case <-s.ctx.Done():
+	case <-ctx.Done():
+	}
+	return false
+}
+
 // HeldShards lists the shards this replica runs, sorted.
 func (r *Replica) HeldShards() []int32 {
 	r.mu.Lock()

@@ -415,6 +415,7 @@ func TestFencing(t *testing.T) {
 	cfg.Host = "https://" + proxy.addr()
 	rc := ringConfig(ns, ring, "fenced")
 	rc.restConfig = cfg
+	rc.tenures = &tenureLog{}
 	// A wide gap between the renew deadline and the lease duration, so the
 	// check below is about order, not about a loaded machine's speed.
 	rc.timing = timing{lease: 20 * time.Second, renew: 4 * time.Second, retry: time.Second}
@@ -431,6 +432,11 @@ func TestFencing(t *testing.T) {
 		return nil
 	})
 	stoppedAt := time.Now()
+	// Fencing ends the tenure as a drain does: the release hook ran, once,
+	// after the acquire hook, for every shard.
+	if n, bad := rc.tenures.check(true); len(bad) > 0 || n != shards {
+		t.Errorf("tenure hooks of %d shards, want %d; out of order or not ended: %v", n, shards, bad)
+	}
 	// Every Lease it held is still unexpired in the API server's eyes at
 	// the time it stopped: nobody could have taken over yet. (Its last
 	// renewal is at least as late as what we read before the cut.)

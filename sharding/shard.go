@@ -70,6 +70,10 @@ type shard struct {
 	group    *group
 	inflight int
 	idle     chan struct{} // closed when inflight reaches 0 while draining
+	// hooks serialises OnAcquire and OnRelease, so each runs at most once
+	// per tenure and OnRelease only after OnAcquire.
+	hooks              sync.Mutex
+	acquired, released bool
 	// lastRenew is the local time, monotonic, taken before the last
 	// successful Lease write: never later than the renew time others
 	// observe, so lastRenew + RenewDeadline ends this replica's writes
@@ -261,10 +265,33 @@ func (s *shard) run(parent context.Context, reason string) {
 // onSynced runs once the shard's first group synced.
 func (s *shard) onSynced() {
 	shardAcquireDuration.Observe(time.Since(s.started).Seconds())
+	s.log.V(1).Info("Shard running", "took", time.Since(s.started))
+}
+
+// beginTenure runs OnAcquire, once, if the shard is still active.
+func (s *shard) beginTenure() {
+	s.hooks.Lock()
+	defer s.hooks.Unlock()
+	if s.acquired || !s.active() {
+		return
+	}
+	s.acquired = true
 	if s.r.opts.OnAcquire != nil {
 		s.r.opts.OnAcquire(s.id)
 	}
-	s.log.V(1).Info("Shard running", "took", time.Since(s.started))
+}
+
+// endTenure runs OnRelease, once, if OnAcquire ran.
+func (s *shard) endTenure() {
+	s.hooks.Lock()
+	defer s.hooks.Unlock()
+	if !s.acquired || s.released {
+		return
+	}
+	s.released = true
+	if s.r.opts.OnRelease != nil {
+		s.r.opts.OnRelease(s.id)
+	}
 }
 
 var errNotAcquirable = errors.New("shard Lease is held by another live replica")
@@ -406,12 +433,13 @@ func (s *shard) stop() {
 		g.leave()
 	}
 	shardObjects.DeleteLabelValues(s.name)
+	s.endTenure()
 }
 
-// drain stops new work, waits (bounded) for in-flight reconciles, leaves
-// the group and runs the release hook. The Lease is still renewed
-// meanwhile, so nobody else starts the shard before the last reconcile here
-// ended. It reports whether every reconcile ended.
+// drain stops new work, waits (bounded) for in-flight reconciles, and stops
+// the shard, which leaves its group and runs the release hook. The Lease is
+// still renewed meanwhile, so nobody else starts the shard before the last
+// reconcile here ended. It reports whether every reconcile ended.
 func (s *shard) drain() bool {
 	timeout := s.r.opts.DrainTimeout
 	s.mu.Lock()
@@ -437,9 +465,6 @@ func (s *shard) drain() bool {
 		}
 	}
 	s.stop()
-	if s.r.opts.OnRelease != nil {
-		s.r.opts.OnRelease(s.id)
-	}
 	return ended
 }
 

@@ -318,7 +318,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		if opts.ExternalSource == SourceMirror {
 			owns = append(owns, sharding.Kind{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests})
 		}
-		rep, err := sharding.New(mgr, sharding.Options{
+		var rep *sharding.Replica // the hooks below run only once it started
+		rep, err = sharding.New(mgr, sharding.Options{
 			Ring:           opts.Ring,
 			Identity:       opts.Identity,
 			LeaseNamespace: opts.LeaseNamespace,
@@ -336,10 +337,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 			Namespaces:     opts.Namespaces,
 			AuditLog:       opts.AuditLog,
 			OnAcquire: func(shard int32) {
+				if ext != nil {
+					if err := ext.AddShard(shard); err != nil {
+						log.Error(err, "Adding a shard to the external cache", "shard", shard)
+					}
+				}
 				if ext == nil && mirror == nil {
 					return
 				}
 				go func() {
+					if !rep.WaitForSync(ctx, shard) {
+						return
+					}
 					keys, err := rec.ShardKeys(ctx, shard)
 					switch {
 					case err != nil:
@@ -404,6 +413,14 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	} else {
 		single := configbinding.NewSingleReplica(mgr.GetCache(), mgr.Elected())
 		rec.Shards, enqueuer = single, single
+		if ext != nil {
+			// The single replica reads every shard.
+			for n := range opts.Shards {
+				if err := ext.AddShard(n); err != nil {
+					return err
+				}
+			}
+		}
 		if err := setupSingle(ctx, mgr, rec, single, opts); err != nil {
 			return err
 		}
