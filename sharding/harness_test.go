@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -584,4 +585,35 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.f.Write(p)
+}
+
+// updateContinuously changes the spec of the objects, one after another,
+// until the returned stop is called; stop waits for the last update and
+// returns how many succeeded. Stop is also called at the end of the test.
+func updateContinuously(t testing.TB, c client.Client, keys []client.ObjectKey) (stop func() int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var updates atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			key := keys[i%len(keys)]
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(ctx, key, &cb); err != nil {
+				continue
+			}
+			cb.Spec.Keys = []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(fmt.Sprintf("k%d", i))}
+			if c.Update(ctx, &cb) == nil {
+				updates.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	stop = func() int64 {
+		cancel()
+		<-done
+		return updates.Load()
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }

@@ -2,17 +2,13 @@ package sharding_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -39,23 +35,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1"})
 	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled", func() error { return allReconciled(c, ns, ring, t) })
 
-	ctx, stopUpdates := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ctx.Err() == nil; i++ {
-			key := keys[i%len(keys)]
-			var cb configv1alpha1.ConfigBinding
-			if err := c.Get(ctx, key, &cb); err != nil {
-				continue
-			}
-			cb.Spec.Keys = []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(fmt.Sprintf("k%d", i))}
-			_ = c.Update(ctx, &cb)
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	defer func() { stopUpdates(); wg.Wait() }()
+	stopUpdates := updateContinuously(t, c, keys)
 
 	time.Sleep(2 * time.Second) // the paused replica has reconciles in flight
 	paused := procs["p-0"].cmd.Process
@@ -77,7 +57,6 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 	thaw()
 	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1"})
 	stopUpdates()
-	wg.Wait()
 	controlplane.Eventually(t, 2*time.Minute, "latest generation of every object reconciled", func() error { return allReconciled(c, ns, ring, t) })
 
 	writes := map[string]int{}

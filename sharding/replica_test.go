@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -352,26 +351,7 @@ func TestNoOverlappingReconciles(t *testing.T) {
 	start("p-1")
 	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1"})
 
-	// Continuous spec updates in the background.
-	ctx, stopUpdates := context.WithCancel(context.Background())
-	var updates atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ctx.Err() == nil; i++ {
-			key := keys[i%len(keys)]
-			var cb configv1alpha1.ConfigBinding
-			if err := c.Get(ctx, key, &cb); err != nil {
-				continue
-			}
-			cb.Spec.Keys = []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(fmt.Sprintf("k%d", i))}
-			if c.Update(ctx, &cb) == nil {
-				updates.Add(1)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
+	stopUpdates := updateContinuously(t, c, keys)
 
 	killed := map[string]time.Time{}
 	start("p-2") // join
@@ -385,9 +365,7 @@ func TestNoOverlappingReconciles(t *testing.T) {
 	expectRingHeld(t, c, ns, ring, []string{"p-2"})
 	start("p-0") // rejoin
 	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-2"})
-	stopUpdates()
-	wg.Wait()
-	t.Logf("%d spec updates during the run", updates.Load())
+	t.Logf("%d spec updates during the run", stopUpdates())
 
 	controlplane.Eventually(t, 2*time.Minute, "latest generation of every object reconciled", func() error { return allReconciled(c, ns, ring, t) })
 	var paths []string
