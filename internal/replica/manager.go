@@ -2,10 +2,16 @@ package replica
 
 import (
 	"crypto/tls"
+	"fmt"
 	"net/http"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -15,6 +21,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
 )
 
 // filterProvider protects metrics served over HTTPS with the API server's
@@ -57,4 +64,49 @@ func registerWebhook(mgr manager.Manager, keys configbinding.KeyKnowledge) error
 	srv.Register(configbinding.WebhookPath,
 		admission.WithValidator[*configv1alpha1.ConfigBinding](mgr.GetScheme(), &configbinding.Admission{Keys: keys}))
 	return mgr.AddReadyzCheck("webhook", srv.StartedChecker())
+}
+
+// newManager creates the replica's manager: metrics and probes, the leader
+// election of the labeler (of the single active replica with sharding off),
+// and its cache: owned ConfigMaps only, without their data.
+func newManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
+	shutdown := opts.RenewDeadline + sharding.DefaultDrainTimeout + 10*time.Second
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme: Scheme(),
+		Metrics: metricsserver.Options{
+			BindAddress:    opts.MetricsBindAddress,
+			SecureServing:  opts.MetricsSecure,
+			CertDir:        opts.MetricsCertDir,
+			FilterProvider: filterProvider(opts.MetricsSecure),
+			TLSOpts:        tlsOpts(opts.EnableHTTP2),
+		},
+		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
+		PprofBindAddress:              opts.PprofBindAddress,
+		LeaderElection:                true,
+		LeaderElectionNamespace:       opts.LeaseNamespace,
+		LeaderElectionID:              "kshard-" + opts.Ring + "-leader",
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 ptr.To(opts.LeaseDuration),
+		RenewDeadline:                 ptr.To(opts.RenewDeadline),
+		RetryPeriod:                   ptr.To(opts.RetryPeriod),
+		GracefulShutdownTimeout:       ptr.To(shutdown),
+		Cache: cache.Options{
+			DefaultNamespaces: namespaces(opts.Namespaces),
+			DefaultTransform:  cache.TransformStripManagedFields(),
+			SyncPeriod:        ptr.To(opts.SyncPeriod),
+			ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: configbinding.OwnedConfigMaps(), Transform: func(obj any) (any, error) {
+				obj, err := cache.TransformStripManagedFields()(obj)
+				if err != nil {
+					return nil, err
+				}
+				return configbinding.CacheTransform(obj)
+			}}},
+		},
+		Controller:    controllerConfig(),
+		WebhookServer: webhookServer(opts),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	return mgr, nil
 }

@@ -24,7 +24,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,7 +31,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -40,7 +38,6 @@ import (
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
-	"github.com/kshard/kshard/reconcile/externaldomain"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -234,43 +231,9 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	log := ctrl.Log.WithName("replica").WithValues("replica", opts.Identity)
 	opts.applyMemoryLimit(log)
-	shutdown := opts.RenewDeadline + sharding.DefaultDrainTimeout + 10*time.Second
-	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: Scheme(),
-		Metrics: metricsserver.Options{
-			BindAddress:    opts.MetricsBindAddress,
-			SecureServing:  opts.MetricsSecure,
-			CertDir:        opts.MetricsCertDir,
-			FilterProvider: filterProvider(opts.MetricsSecure),
-			TLSOpts:        tlsOpts(opts.EnableHTTP2),
-		},
-		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
-		PprofBindAddress:              opts.PprofBindAddress,
-		LeaderElection:                true,
-		LeaderElectionNamespace:       opts.LeaseNamespace,
-		LeaderElectionID:              "kshard-" + opts.Ring + "-leader",
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 ptr.To(opts.LeaseDuration),
-		RenewDeadline:                 ptr.To(opts.RenewDeadline),
-		RetryPeriod:                   ptr.To(opts.RetryPeriod),
-		GracefulShutdownTimeout:       ptr.To(shutdown),
-		Cache: cache.Options{
-			DefaultNamespaces: namespaces(opts.Namespaces),
-			DefaultTransform:  cache.TransformStripManagedFields(),
-			SyncPeriod:        ptr.To(opts.SyncPeriod),
-			ByObject: map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: configbinding.OwnedConfigMaps(), Transform: func(obj any) (any, error) {
-				obj, err := cache.TransformStripManagedFields()(obj)
-				if err != nil {
-					return nil, err
-				}
-				return configbinding.CacheTransform(obj)
-			}}},
-		},
-		Controller:    controllerConfig(),
-		WebhookServer: webhookServer(opts),
-	})
+	mgr, err := newManager(cfg, opts)
 	if err != nil {
-		return fmt.Errorf("creating manager: %w", err)
+		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
@@ -280,153 +243,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating config center client: %w", err)
 	}
-	src := configcenter.NewCacheSource(cc)
 	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard")}
-
-	var ext *externalcache.Cache
-	var mirror *externaldomain.Mirror
-	var enqueuer configbinding.Enqueuer
-	switch {
-	case opts.ExternalSource == SourceMirror:
-		// The mirror needs the shards; it is created with them below.
-	case opts.ExternalMode == ExternalCache:
-		co := opts.Cache
-		co.Source, co.Feed, co.MaxShards, co.Log = src, src, int(opts.Shards), log.WithName("externalcache")
-		co.OnUpdate = func(shard int32, key externalcache.Key) {
-			if enqueuer == nil {
-				return
-			}
-			if err := rec.KeyChanged(ctx, enqueuer, shard, key); err != nil {
-				log.Error(err, "Requeueing objects of a changed key", "key", key)
-			}
-		}
-		ext, err = externalcache.New(co)
-		if err != nil {
-			return fmt.Errorf("creating external cache: %w", err)
-		}
-		if err := mgr.Add(ext); err != nil {
-			return err
-		}
-		rec.Values = configbinding.CachedValues{Cache: ext}
-	default:
-		rec.Values = configbinding.DirectValues{Source: src, Timeout: 10 * time.Second}
+	src, err := newSource(opts, configcenter.NewCacheSource(cc), rec, log)
+	if err != nil {
+		return err
 	}
-
 	if opts.Sharding {
-		owns := []sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
-			Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}
-		if opts.ExternalSource == SourceMirror {
-			owns = append(owns, sharding.Kind{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests})
-		}
-		var rep *sharding.Replica // the hooks below run only once it started
-		rep, err = sharding.New(mgr, sharding.Options{
-			Ring:           opts.Ring,
-			Identity:       opts.Identity,
-			LeaseNamespace: opts.LeaseNamespace,
-			Shards:         opts.Shards,
-			LeaseDuration:  opts.LeaseDuration,
-			RenewDeadline:  opts.RenewDeadline,
-			RetryPeriod:    opts.RetryPeriod,
-			For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
-			Owns:           owns,
-			Domain:         domainOf,
-			Clock:          offsetClock{opts.LeaseClockOffset},
-			Indexes:        configbinding.Indexes(),
-			SyncPeriod:     opts.SyncPeriod,
-			StatefulSet:    opts.StatefulSet,
-			Namespaces:     opts.Namespaces,
-			AuditLog:       opts.AuditLog,
-			OnAcquire: func(shard int32) {
-				if ext != nil {
-					if err := ext.AddShard(shard); err != nil {
-						log.Error(err, "Adding a shard to the external cache", "shard", shard)
-					}
-				}
-				if ext == nil && mirror == nil {
-					return
-				}
-				go func() {
-					if !rep.WaitForSync(ctx, shard) {
-						return
-					}
-					keys, err := rec.ShardKeys(ctx, shard)
-					switch {
-					case err != nil:
-					case mirror != nil:
-						for _, k := range keys {
-							mirror.Ensure(shard, k.Domain)
-						}
-					case len(keys) > 0:
-						err = ext.Warm(ctx, shard, keys...)
-					}
-					if err != nil && ctx.Err() == nil {
-						log.Error(err, "Warming external data", "shard", shard)
-					}
-				}()
-			},
-			OnRelease: func(shard int32) {
-				if ext != nil {
-					ext.DropShard(shard)
-				}
-				if mirror != nil {
-					// Before the Lease is released: the next holder is the
-					// only writer of the shard's mirrors.
-					mirror.DropShard(shard)
-				}
-			},
-		})
-		if err != nil {
-			return err
-		}
-		rec.Shards, enqueuer = rep, rep
-		if opts.ExternalSource == SourceMirror {
-			mirror, err = externaldomain.New(externaldomain.Options{
-				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: src, Shards: rep,
-				MaxBytes: opts.MirrorMaxBytes, Log: log.WithName("mirror"),
-			})
-			if err != nil {
-				return err
-			}
-			if err := mgr.Add(mirror); err != nil {
-				return err
-			}
-			rec.Values = configbinding.MirrorValues{Shards: rep, Mirrors: mirror}
-		}
-		if opts.WebhookPort != 0 {
-			var keys configbinding.KeyKnowledge = configbinding.CacheKnowledge{Cache: ext}
-			if mirror != nil {
-				keys = configbinding.MirrorKnowledge{Shards: rep, APIReader: mgr.GetAPIReader(), ShardCount: opts.Shards}
-			}
-			if err := registerWebhook(mgr, keys); err != nil {
-				return err
-			}
-		}
-		if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
-			MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
-			RateLimiter:             rateLimiter(opts),
-		}); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() }); err != nil {
-			return err
-		}
+		err = wireSharded(ctx, mgr, opts, rec, src)
 	} else {
-		single := configbinding.NewSingleReplica(mgr.GetCache(), mgr.Elected())
-		rec.Shards, enqueuer = single, single
-		if ext != nil {
-			// The single replica reads every shard.
-			for n := range opts.Shards {
-				if err := ext.AddShard(n); err != nil {
-					return err
-				}
-			}
-		}
-		if err := setupSingle(ctx, mgr, rec, single, opts); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return err
-		}
+		err = wireSingle(ctx, mgr, opts, rec, src)
+	}
+	if err != nil {
+		return err
 	}
 	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "externalSource", opts.ExternalSource, "shards", opts.Shards)
 	return mgr.Start(ctx)
@@ -457,9 +285,69 @@ func domainOf(o client.Object) string {
 	return ""
 }
 
-// setupSingle wires the baseline: one controller on the manager's cache of
+// wireSharded wires the ring: the shards' caches watch ConfigBindings, their
+// ConfigMaps and the source's kinds; the source follows each shard's
+// tenure; one controller runs the held shards' requests.
+func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
+	owns := append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
+		Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}, src.owns()...)
+	rep, err := sharding.New(mgr, sharding.Options{
+		Ring:           opts.Ring,
+		Identity:       opts.Identity,
+		LeaseNamespace: opts.LeaseNamespace,
+		Shards:         opts.Shards,
+		LeaseDuration:  opts.LeaseDuration,
+		RenewDeadline:  opts.RenewDeadline,
+		RetryPeriod:    opts.RetryPeriod,
+		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
+		Owns:           owns,
+		Domain:         domainOf,
+		Clock:          offsetClock{opts.LeaseClockOffset},
+		Indexes:        configbinding.Indexes(),
+		SyncPeriod:     opts.SyncPeriod,
+		StatefulSet:    opts.StatefulSet,
+		Namespaces:     opts.Namespaces,
+		AuditLog:       opts.AuditLog,
+		OnAcquire:      func(shard int32) { src.acquired(ctx, shard) },
+		OnRelease:      src.released,
+	})
+	if err != nil {
+		return err
+	}
+	if err := src.bind(mgr, rep, rep); err != nil {
+		return err
+	}
+	rec.Shards, rec.Values = rep, src.values()
+	if opts.WebhookPort != 0 {
+		if err := registerWebhook(mgr, src.knowledge()); err != nil {
+			return err
+		}
+	}
+	if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
+		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
+		RateLimiter:             rateLimiter(opts),
+	}); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() })
+}
+
+// wireSingle wires the baseline: one controller on the manager's cache of
 // every ConfigBinding and ConfigMap, active on the elected leader only.
-func setupSingle(ctx context.Context, mgr manager.Manager, rec *configbinding.Reconciler, single *configbinding.SingleReplica, opts Options) error {
+func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
+	single := configbinding.NewSingleReplica(mgr.GetCache(), mgr.Elected())
+	if err := src.bind(mgr, nil, single); err != nil {
+		return err
+	}
+	rec.Shards, rec.Values = single, src.values()
+	if opts.WebhookPort != 0 {
+		if err := registerWebhook(mgr, src.knowledge()); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
 	for _, ix := range configbinding.Indexes() {
 		if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
 			return fmt.Errorf("indexing ConfigBindings by %s: %w", ix.Field, err)

@@ -1,0 +1,214 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/reconcile/externaldomain"
+	"github.com/kshard/kshard/sharding"
+)
+
+// externalSource is one way of bringing the config center's values to the
+// reconciler: each replica's cache, the ExternalDomain mirrors, or direct
+// calls (the baseline). Run picks one from the options and wires it to the
+// shards through this interface only.
+type externalSource interface {
+	// owns are kinds a shard's cache watches beyond ConfigMaps.
+	owns() []sharding.Kind
+	// bind connects the source to the replica's shards, once they exist
+	// and before the manager starts: rep is nil when sharding is off,
+	// where every shard is the single replica's.
+	bind(mgr manager.Manager, rep *sharding.Replica, enqueuer configbinding.Enqueuer) error
+	// values is what Reconcile reads.
+	values() configbinding.Values
+	// knowledge answers the admission pre-check.
+	knowledge() configbinding.KeyKnowledge
+	// acquired and released bracket one tenure of a shard on this replica
+	// (sharding's OnAcquire and OnRelease); acquired must not block.
+	acquired(ctx context.Context, shard int32)
+	released(shard int32)
+}
+
+// newSource creates the external source the options name.
+func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Reconciler, log logr.Logger) (externalSource, error) {
+	switch {
+	case opts.ExternalSource == SourceMirror:
+		return &mirrorSource{opts: opts, cc: cc, rec: rec, log: log.WithName("mirror")}, nil
+	case opts.ExternalMode == ExternalCache:
+		s := &cacheSource{rec: rec, log: log.WithName("externalcache"), shards: opts.Shards}
+		co := opts.Cache
+		co.Source, co.Feed, co.MaxShards, co.Log, co.OnUpdate = cc, cc, int(opts.Shards), s.log, s.changed
+		c, err := externalcache.New(co)
+		if err != nil {
+			return nil, fmt.Errorf("creating external cache: %w", err)
+		}
+		s.cache = c
+		return s, nil
+	}
+	return directSource{cc: cc}, nil
+}
+
+// cacheSource keeps values in each replica's off-heap cache, for the shards
+// it holds; a change of a key requeues the bindings that use it.
+type cacheSource struct {
+	cache    *externalcache.Cache
+	rec      *configbinding.Reconciler
+	log      logr.Logger
+	shards   int32
+	rep      *sharding.Replica
+	enqueuer configbinding.Enqueuer
+}
+
+func (s *cacheSource) owns() []sharding.Kind { return nil }
+
+func (s *cacheSource) bind(mgr manager.Manager, rep *sharding.Replica, enqueuer configbinding.Enqueuer) error {
+	s.rep, s.enqueuer = rep, enqueuer
+	if rep == nil {
+		// The single replica reads every shard.
+		for n := range s.shards {
+			if err := s.cache.AddShard(n); err != nil {
+				return err
+			}
+		}
+	}
+	return mgr.Add(s.cache)
+}
+
+func (s *cacheSource) values() configbinding.Values {
+	return configbinding.CachedValues{Cache: s.cache}
+}
+
+func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
+	return configbinding.CacheKnowledge{Cache: s.cache}
+}
+
+// changed requeues the bindings of a key whose value arrived or changed.
+func (s *cacheSource) changed(shard int32, key externalcache.Key) {
+	if err := s.rec.KeyChanged(context.Background(), s.enqueuer, shard, key); err != nil {
+		s.log.Error(err, "Requeueing objects of a changed key", "key", key)
+	}
+}
+
+// acquired gives the shard its store, then warms it with its bindings'
+// keys once its informers know them.
+func (s *cacheSource) acquired(ctx context.Context, shard int32) {
+	if err := s.cache.AddShard(shard); err != nil {
+		s.log.Error(err, "Adding a shard to the external cache", "shard", shard)
+		return
+	}
+	go func() {
+		if !s.rep.WaitForSync(ctx, shard) {
+			return
+		}
+		keys, err := s.rec.ShardKeys(ctx, shard)
+		if err == nil && len(keys) > 0 {
+			err = s.cache.Warm(ctx, shard, keys...)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.log.Error(err, "Warming the external cache", "shard", shard)
+		}
+	}()
+}
+
+func (s *cacheSource) released(shard int32) { s.cache.DropShard(shard) }
+
+// mirrorSource keeps values in ExternalDomain objects, one per domain,
+// written by the domain's shard holder and read through the shard caches.
+type mirrorSource struct {
+	opts      Options
+	cc        *configcenter.CacheSource
+	rec       *configbinding.Reconciler
+	log       logr.Logger
+	rep       *sharding.Replica
+	mirror    *externaldomain.Mirror
+	apiReader client.Reader
+}
+
+func (s *mirrorSource) owns() []sharding.Kind {
+	return []sharding.Kind{{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests}}
+}
+
+func (s *mirrorSource) bind(mgr manager.Manager, rep *sharding.Replica, _ configbinding.Enqueuer) error {
+	if rep == nil {
+		return fmt.Errorf("--external-source=%s needs sharding", SourceMirror)
+	}
+	m, err := externaldomain.New(externaldomain.Options{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep,
+		MaxBytes: s.opts.MirrorMaxBytes, Log: s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.rep, s.mirror, s.apiReader = rep, m, mgr.GetAPIReader()
+	return mgr.Add(m)
+}
+
+func (s *mirrorSource) values() configbinding.Values {
+	return configbinding.MirrorValues{Shards: s.rep, Mirrors: s.mirror}
+}
+
+func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
+	return configbinding.MirrorKnowledge{Shards: s.rep, APIReader: s.apiReader, ShardCount: s.opts.Shards}
+}
+
+// acquired keeps the mirrors of the shard's domains current once its
+// informers know which domains its bindings use.
+func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
+	go func() {
+		if !s.rep.WaitForSync(ctx, shard) {
+			return
+		}
+		keys, err := s.rec.ShardKeys(ctx, shard)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error(err, "Listing the domains of a shard", "shard", shard)
+			}
+			return
+		}
+		for _, k := range keys {
+			s.mirror.Ensure(shard, k.Domain)
+		}
+	}()
+}
+
+// released stops the shard's mirror loops before its Lease is released:
+// the next holder is the only writer of the shard's mirrors.
+func (s *mirrorSource) released(shard int32) { s.mirror.DropShard(shard) }
+
+// directSource calls the config center inside Reconcile: the synchronous
+// baseline the others are measured against. It keeps nothing per shard.
+type directSource struct{ cc *configcenter.CacheSource }
+
+func (directSource) owns() []sharding.Kind { return nil }
+
+func (directSource) bind(manager.Manager, *sharding.Replica, configbinding.Enqueuer) error {
+	return nil
+}
+
+func (s directSource) values() configbinding.Values {
+	return configbinding.DirectValues{Source: s.cc, Timeout: 10 * time.Second}
+}
+
+// knowledge: the direct baseline knows nothing without calling the config
+// center, which the pre-check never does; every key is unknown.
+func (directSource) knowledge() configbinding.KeyKnowledge { return unknownKeys{} }
+
+// unknownKeys knows no key: the pre-check allows every binding, with a
+// warning.
+type unknownKeys struct{}
+
+func (unknownKeys) Exists(context.Context, externalcache.Key) (exists, known bool) {
+	return false, false
+}
+
+func (directSource) acquired(context.Context, int32) {}
+func (directSource) released(int32)                  {}
