@@ -335,7 +335,7 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, rec *co
 // wireSingle wires the baseline: one controller on the manager's cache of
 // every ConfigBinding and ConfigMap, active on the elected leader only.
 func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
-	single := configbinding.NewSingleReplica(mgr.GetCache(), mgr.Elected())
+	single := newSingleReplica(mgr.GetCache(), mgr.Elected())
 	if err := src.bind(mgr, nil, single); err != nil {
 		return err
 	}

@@ -195,7 +195,7 @@ func (directSource) bind(manager.Manager, *sharding.Replica, configbinding.Enque
 }
 
 func (s directSource) values() configbinding.Values {
-	return configbinding.DirectValues{Source: s.cc, Timeout: 10 * time.Second}
+	return directValues{Source: s.cc, Timeout: 10 * time.Second}
 }
 
 // knowledge: the direct baseline knows nothing without calling the config

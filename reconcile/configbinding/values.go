@@ -33,32 +33,6 @@ func (v CachedValues) Get(_ context.Context, shard int32, key externalcache.Key)
 	return v.Cache.Get(shard, key)
 }
 
-// DirectValues calls the source synchronously, one call per key per
-// reconcile (--external-mode=direct). It exists only as a baseline: a slow
-// or failing source stalls every worker.
-type DirectValues struct {
-	Source  externalcache.Source
-	Timeout time.Duration
-}
-
-// Get implements Values.
-func (v DirectValues) Get(ctx context.Context, _ int32, key externalcache.Key) externalcache.Lookup {
-	if v.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, v.Timeout)
-		defer cancel()
-	}
-	val, err := v.Source.Fetch(ctx, key)
-	switch {
-	case err == nil:
-		return externalcache.Lookup{Value: val.Data, Revision: val.Revision, FetchedAt: time.Now(), State: externalcache.StateFresh}
-	case errors.Is(err, externalcache.ErrNotFound):
-		return externalcache.Lookup{State: externalcache.StateNotFound, FetchedAt: time.Now()}
-	default:
-		return externalcache.Lookup{State: externalcache.StatePending, Err: err}
-	}
-}
-
 // ErrDomainTooLarge is carried by lookups of a domain whose mirror cannot
 // hold it; the ConfigBinding says DomainTooLarge instead of waiting.
 var ErrDomainTooLarge = errors.New("domain too large for its mirror")
