@@ -32,6 +32,13 @@ const (
 	LeaseKindShard  = "shard"
 )
 
+// OwnedLabels are the labels an owned object carries so the shard caches
+// see it: its owner's shard and domain. A reconciler sets them on what it
+// creates (with its own mark, for Kind.Selector).
+func OwnedLabels(shard int32, domain string) map[string]string {
+	return map[string]string{LabelShard: strconv.Itoa(int(shard)), LabelDomain: domain}
+}
+
 // HolderReplica returns the replica a Lease's holder identity names. A
 // replica holds Leases as "<replica>_<incarnation>", with an incarnation
 // drawn once per process, so two processes started with one identity (a

@@ -1,7 +1,6 @@
 package configbinding
 
 import (
-	"strconv"
 
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
@@ -16,11 +15,8 @@ import (
 // deletes it, and only the garbage collector ever does).
 func renderConfigMap(cb *configv1alpha1.ConfigBinding, shard int32, data map[string]string) *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(cb.Spec.Target.ConfigMapName, cb.Namespace).
-		WithLabels(map[string]string{
-			sharding.LabelShard:  strconv.Itoa(int(shard)),
-			sharding.LabelDomain: cb.Spec.Domain,
-			LabelManagedBy:       FieldManager,
-		}).
+		WithLabels(sharding.OwnedLabels(shard, cb.Spec.Domain)).
+		WithLabels(map[string]string{LabelManagedBy: FieldManager}).
 		WithOwnerReferences(metav1ac.OwnerReference().
 			WithAPIVersion(configv1alpha1.GroupVersion.String()).
 			WithKind("ConfigBinding").
