@@ -1,7 +1,6 @@
 package configbinding
 
 import (
-
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
