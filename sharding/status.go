@@ -3,9 +3,7 @@ package sharding
 import (
 	"context"
 	"fmt"
-	"io"
 	"sort"
-	"text/tabwriter"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -123,28 +121,5 @@ func countObjects(ctx context.Context, c client.Reader, gvk schema.GroupVersionK
 		if list.Continue == "" {
 			return counts, unlabeled, nil
 		}
-	}
-}
-
-// Print writes the status as tables a person reads.
-func (st *RingStatus) Print(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "ring %s: %d shards, %d unowned, %d unlabeled objects\n\n", st.Ring, st.ShardCount, len(st.Unowned), st.Unlabeled)
-	fmt.Fprintln(tw, "MEMBER\tLIVE\tSHARD COUNT\tHELD\tDESIRED\tRENEWED")
-	for _, m := range st.Members {
-		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%s ago\n", m.Name, m.Live, m.ShardCount, m.Held, m.Desired, m.RenewAge.Round(time.Second))
-	}
-	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "SHARD\tHOLDER\tDESIRED\tLEASE AGE\tOBJECTS")
-	for _, s := range st.Shards {
-		holder, age := s.Holder, s.LeaseAge.Round(time.Second).String()
-		if holder == "" {
-			holder, age = "<none>", "-"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", s.Shard, holder, s.Desired, age, s.Objects)
-	}
-	_ = tw.Flush()
-	if len(st.Unowned) > 0 {
-		fmt.Fprintf(w, "\nUNOWNED SHARDS (their objects are not reconciled): %v\n", st.Unowned)
 	}
 }

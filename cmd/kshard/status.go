@@ -2,6 +2,10 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,7 +38,7 @@ func newStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st.Print(cmd.OutOrStdout())
+			printStatus(cmd.OutOrStdout(), st)
 			if len(st.Unowned) > 0 {
 				return errUnowned
 			}
@@ -45,4 +49,27 @@ func newStatusCommand() *cobra.Command {
 	cmd.Flags().StringVar(&namespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases")
 	cmd.Flags().StringVar(&ring, "ring", "kshard", "ring name")
 	return cmd
+}
+
+// printStatus writes a ring's status as tables a person reads.
+func printStatus(w io.Writer, st *sharding.RingStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "ring %s: %d shards, %d unowned, %d unlabeled objects\n\n", st.Ring, st.ShardCount, len(st.Unowned), st.Unlabeled)
+	fmt.Fprintln(tw, "MEMBER\tLIVE\tSHARD COUNT\tHELD\tDESIRED\tRENEWED")
+	for _, m := range st.Members {
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%s ago\n", m.Name, m.Live, m.ShardCount, m.Held, m.Desired, m.RenewAge.Round(time.Second))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "SHARD\tHOLDER\tDESIRED\tLEASE AGE\tOBJECTS")
+	for _, s := range st.Shards {
+		holder, age := s.Holder, s.LeaseAge.Round(time.Second).String()
+		if holder == "" {
+			holder, age = "<none>", "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\n", s.Shard, holder, s.Desired, age, s.Objects)
+	}
+	_ = tw.Flush()
+	if len(st.Unowned) > 0 {
+		fmt.Fprintf(w, "\nUNOWNED SHARDS (their objects are not reconciled): %v\n", st.Unowned)
+	}
 }
