@@ -414,9 +414,12 @@ func TestChangeFeedRefreshesWithoutExpiry(t *testing.T) {
 	if _, err := h.client.Put(ctx, k.Domain, k.Name, "v2"); err != nil {
 		t.Fatal(err)
 	}
+	// At least two notifications: the fetch's and the change's. A feed whose
+	// first answer (listing k) lands before k's first fetch is under way
+	// notifies once more, harmlessly: the machine's timing decides that.
 	eventually(t, "the change reaches the cache and OnUpdate", func() bool {
 		l := h.cache.Get(3, k)
-		return l.State == externalcache.StateFresh && string(l.Value) == "v2" && h.updates.count(k) == 2
+		return l.State == externalcache.StateFresh && string(l.Value) == "v2" && h.updates.count(k) >= 2
 	})
 	if got := h.calls(k.Domain, k.Name); got != 2 {
 		t.Errorf("config center answered %d reads of %s, want 2 (fetch and one refresh)", got, k)
@@ -434,7 +437,7 @@ func TestChangeFeedRefreshesWithoutExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "a deletion reaches the cache", func() bool {
-		return h.cache.Get(3, k).State == externalcache.StateNotFound && h.updates.count(k) == 3
+		return h.cache.Get(3, k).State == externalcache.StateNotFound && h.updates.count(k) >= 3
 	})
 }
 

@@ -465,7 +465,7 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 	}
 	r.log.V(1).Info("Compacted a shard cache", "from", old.shards, "to", ids, "switched", len(switched))
 	for _, s := range switched {
-		shardObjects.WithLabelValues(s.name).Set(float64(g.count(s.id, 0)))
+		r.metrics.objects.WithLabelValues(s.name).Set(float64(g.count(s.id, 0)))
 		r.enqueueAll(ctx, s, g)
 	}
 	g.leave()

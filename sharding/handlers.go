@@ -60,7 +60,7 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 		if n, ok := ParseShardLabel(o.GetLabels(), g.r.opts.Shards); ok {
 			c := g.count(n, delta)
 			if s, _, ok := g.owner(o); ok {
-				shardObjects.WithLabelValues(s.name).Set(float64(c))
+				s.r.metrics.objects.WithLabelValues(s.name).Set(float64(c))
 			}
 		}
 	}

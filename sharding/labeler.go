@@ -70,8 +70,8 @@ func (l *labeler) Start(ctx context.Context) error {
 		return fmt.Errorf("watching unlabeled objects: %w", err)
 	}
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { unlabeledObjects.Set(float64(l.unlabeled.Add(1))) },
-		DeleteFunc: func(any) { unlabeledObjects.Set(float64(l.unlabeled.Add(-1))) },
+		AddFunc:    func(any) { l.r.metrics.unlabeled.Set(float64(l.unlabeled.Add(1))) },
+		DeleteFunc: func(any) { l.r.metrics.unlabeled.Set(float64(l.unlabeled.Add(-1))) },
 	}); err != nil {
 		return fmt.Errorf("counting unlabeled objects: %w", err)
 	}
@@ -95,7 +95,7 @@ func (l *labeler) Start(ctx context.Context) error {
 	go func() { errs <- ctl.Start(ctx) }()
 	err = <-errs
 	<-errs
-	unlabeledObjects.Set(0)
+	l.r.metrics.unlabeled.Set(0)
 	return err
 }
 

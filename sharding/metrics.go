@@ -7,45 +7,71 @@ import (
 
 // Sharding metrics, registered on controller-runtime's registry so they are
 // served next to controller_runtime_* and workqueue_* on the manager's
-// metrics endpoint. Ring-wide gauges (ring members, unowned shards) are
-// exported identically by every replica: take max() across replicas.
+// metrics endpoint. Every series carries its ring, so replicas of several
+// rings in one process or one Prometheus stay apart. Ring-wide gauges (ring
+// members, unowned shards) are exported identically by every replica: take
+// max() across replicas.
 var (
-	ringMembers = prometheus.NewGauge(prometheus.GaugeOpts{
+	ringMembers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_ring_members",
 		Help: "Live members of the ring, as this replica sees them.",
-	})
-	shardsOwned = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"ring"})
+	shardsOwned = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_shards_owned",
 		Help: "Shards this replica holds the Lease of and runs.",
-	})
+	}, []string{"ring"})
 	shardObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_shard_objects",
 		Help: "Primary objects in the informer cache of each shard this replica holds.",
-	}, []string{"shard"})
+	}, []string{"ring", "shard"})
 	shardHandovers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kshard_shard_handovers_total",
 		Help: "Shards acquired or released by this replica, by reason.",
-	}, []string{"direction", "reason"})
-	shardAcquireDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	}, []string{"ring", "direction", "reason"})
+	shardAcquireDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kshard_shard_acquire_duration_seconds",
 		Help:    "Time from deciding to acquire a shard to its informers being synced.",
 		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30},
-	})
-	unownedShards = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"ring"})
+	unownedShards = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_unowned_shards",
 		Help: "Shards whose Lease is missing, released or expired, as this replica sees them.",
-	})
-	unlabeledObjects = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"ring"})
+	unlabeledObjects = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_unlabeled_objects",
 		Help: "Primary objects without a valid shard label, as the labeling leader sees them.",
-	})
-	shardCountMismatch = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"ring"})
+	shardCountMismatch = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_ring_shard_count_mismatch",
 		Help: "1 while this replica's shard count differs from the ring's, so it claims nothing.",
-	})
+	}, []string{"ring"})
 )
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
 		shardAcquireDuration, unownedShards, unlabeledObjects, shardCountMismatch)
+}
+
+// ringMetrics are the metrics of one Replica, with its ring's label bound.
+type ringMetrics struct {
+	members, owned, unowned, unlabeled, mismatch prometheus.Gauge
+	objects                                      *prometheus.GaugeVec   // by shard
+	handovers                                    *prometheus.CounterVec // by direction and reason
+	acquire                                      prometheus.Observer
+}
+
+// newRingMetrics binds the ring's label, which also exports every gauge at
+// zero from the start.
+func newRingMetrics(ring string) ringMetrics {
+	l := prometheus.Labels{"ring": ring}
+	return ringMetrics{
+		members:   ringMembers.With(l),
+		owned:     shardsOwned.With(l),
+		unowned:   unownedShards.With(l),
+		unlabeled: unlabeledObjects.With(l),
+		mismatch:  shardCountMismatch.With(l),
+		objects:   shardObjects.MustCurryWith(l),
+		handovers: shardHandovers.MustCurryWith(l),
+		acquire:   shardAcquireDuration.With(l),
+	}
 }

@@ -36,6 +36,7 @@ type Replica struct {
 	// "<identity>_<incarnation>".
 	holder    string
 	member    *memberLease
+	metrics   ringMetrics
 	log       logr.Logger
 	mgr       manager.Manager
 	leases    kubernetes.Interface
@@ -111,6 +112,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	r := &Replica{
 		opts:       opts,
 		holder:     holder,
+		metrics:    newRingMetrics(opts.Ring),
 		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
 		mgr:        mgr,
 		leases:     cs,
@@ -267,8 +269,8 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 		}
 	}
 
-	ringMembers.Set(float64(len(view.members)))
-	unownedShards.Set(float64(view.unowned()))
+	r.metrics.members.Set(float64(len(view.members)))
+	r.metrics.unowned.Set(float64(view.unowned()))
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -276,11 +278,11 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 	if mismatch != r.mismatch {
 		r.mismatch = mismatch
 		if mismatch {
-			shardCountMismatch.Set(1)
+			r.metrics.mismatch.Set(1)
 			r.log.Error(nil, "REFUSING TO CLAIM SHARDS: this replica's shard count differs from the ring's; fix --shards",
 				"mine", r.opts.Shards, "ring", view.shardCount)
 		} else {
-			shardCountMismatch.Set(0)
+			r.metrics.mismatch.Set(0)
 		}
 	}
 	if mismatch {

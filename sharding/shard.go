@@ -219,9 +219,9 @@ func (s *shard) run(parent context.Context, reason string) {
 		s.stop()
 		return
 	}
-	shardHandovers.WithLabelValues("acquire", reason).Inc()
-	shardsOwned.Inc()
-	defer shardsOwned.Dec()
+	s.r.metrics.handovers.WithLabelValues("acquire", reason).Inc()
+	s.r.metrics.owned.Inc()
+	defer s.r.metrics.owned.Dec()
 	s.log.V(1).Info("Acquired shard", "reason", reason)
 	s.mu.Lock()
 	s.setState(stateStarting)
@@ -237,7 +237,7 @@ func (s *shard) run(parent context.Context, reason string) {
 		case <-ticker.C:
 			if err := s.renew(ctx); err != nil {
 				s.fence(err)
-				shardHandovers.WithLabelValues("release", "fenced").Inc()
+				s.r.metrics.handovers.WithLabelValues("release", "fenced").Inc()
 				return
 			}
 		case reason = <-releaseCh:
@@ -250,12 +250,12 @@ func (s *shard) run(parent context.Context, reason string) {
 				// holder would let the next owner start beside it. Stop
 				// renewing instead; its writes end at the renew deadline,
 				// before the Lease expires for anyone else.
-				shardHandovers.WithLabelValues("release", "expired").Inc()
+				s.r.metrics.handovers.WithLabelValues("release", "expired").Inc()
 				s.log.Error(nil, "Reconciles still running after drain; leaving the shard Lease to expire", "reason", reason)
 				return
 			}
 			s.releaseLease(ctx)
-			shardHandovers.WithLabelValues("release", reason).Inc()
+			s.r.metrics.handovers.WithLabelValues("release", reason).Inc()
 			s.log.V(1).Info("Released shard", "reason", reason)
 			return
 		}
@@ -264,7 +264,7 @@ func (s *shard) run(parent context.Context, reason string) {
 
 // onSynced runs once the shard's first group synced.
 func (s *shard) onSynced() {
-	shardAcquireDuration.Observe(time.Since(s.started).Seconds())
+	s.r.metrics.acquire.Observe(time.Since(s.started).Seconds())
 	s.log.V(1).Info("Shard running", "took", time.Since(s.started))
 }
 
@@ -432,7 +432,7 @@ func (s *shard) stop() {
 	if g != nil {
 		g.leave()
 	}
-	shardObjects.DeleteLabelValues(s.name)
+	s.r.metrics.objects.DeleteLabelValues(s.name)
 	s.endTenure()
 }
 
