@@ -396,6 +396,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapEndMax, base.HeapEndMax) })
 	}
 	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.RSSPeakMax) })
+	row("peak resident memory ÷ memory limit (largest replica)", memoryLimitText)
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
 		renderStartRows(row, fl)
 	}
@@ -590,6 +591,18 @@ func ceilingRatioText(fig stormFigures, ceiling float64) string {
 		return fmt.Sprintf("%.0f ÷ n/a (not calibrated)", fig.WritesPerSec)
 	}
 	return fmt.Sprintf("%.0f ÷ %.0f = %.2f", fig.WritesPerSec, ceiling, fig.OfCeiling)
+}
+
+// memoryLimitText writes a fleet's largest peak resident memory, its
+// replicas' memory limit and their ratio, so the cell says what it divides.
+func memoryLimitText(f *FleetResult) string {
+	switch {
+	case f.Plain:
+		return "n/a (no --memory-limit)"
+	case f.MemoryLimit <= 0:
+		return "n/a (--memory-limit 0)"
+	}
+	return fmt.Sprintf("%s ÷ %s = %.2f", formatBytes(f.RSSPeakMax), formatBytes(f.MemoryLimit), f.RSSPeakMax/f.MemoryLimit)
 }
 
 // singletonFleet is the run's fleet with sharding off (one active replica
