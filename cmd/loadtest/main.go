@@ -41,7 +41,7 @@ func run() int {
 		calibrateFor time.Duration
 		// memoryLimit likewise, so that an empty one can mean none too.
 		memoryLimit string
-		zo           = zap.Options{}
+		zo          = zap.Options{}
 	)
 	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
 	fs.StringVar(&o.Scenario, "scenario", "", "scenario to run (--list-scenarios shows them)")
