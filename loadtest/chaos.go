@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // faultKind is one kind of fault the chaos scenario injects.
@@ -115,11 +117,13 @@ func runChaos(ctx context.Context, r *run) error {
 				return fmt.Errorf("no replica runs")
 			}
 			s := victims[rng.IntN(len(victims))]
-			at := time.Since(r.begin)
-			if err := r.inject(ctx, f, s, ft); err != nil {
+			in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
+			note, err := r.inject(ctx, f, s, ft)
+			if err != nil {
 				return err
 			}
-			done = append(done, injected{fault: ft, replica: s.id, at: at})
+			in.note = note
+			done = append(done, in)
 		}
 	})
 	r.addFinding(faultsFinding(done))
@@ -129,46 +133,60 @@ func runChaos(ctx context.Context, r *run) error {
 	return r.endFleet(ctx, f)
 }
 
-// injected is a fault that ran: on which replica, and when into the run.
+// injected is a fault that ran: on which replica, when into the run, and
+// what else it did, if anything.
 type injected struct {
 	fault
 	replica string
 	at      time.Duration
+	note    string
 }
 
 func (i injected) String() string {
+	s := fmt.Sprintf("%s of %s at %s", i.kind, i.replica, round(i.at))
 	if i.kind == faultClock {
-		return fmt.Sprintf("%s %s on %s at %s", i.kind, signed(i.offset), i.replica, round(i.at))
+		s = fmt.Sprintf("%s %s on %s at %s", i.kind, signed(i.offset), i.replica, round(i.at))
 	}
-	return fmt.Sprintf("%s of %s at %s", i.kind, i.replica, round(i.at))
+	if i.note != "" {
+		s += ", " + i.note
+	}
+	return s
 }
 
 // inject runs one fault on replica s and waits for the fleet to settle
-// after it (a handover under load, from the fault's signal).
-func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
+// after it (a handover under load, from the fault's signal). It says what
+// else happened, if anything.
+func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, error) {
 	o := r.opts
 	switch ft.kind {
 	case faultKill:
 		r.mark("SIGKILL %s", s.id)
 		at, err := f.kill(s)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if err := sleep(ctx, o.RestartDelay); err != nil {
-			return err
+			return "", err
 		}
 		// A restart by another fault ends a clock offset.
 		r.mark("restart %s", s.id)
 		if err := f.restart(s, 0); err != nil {
-			return err
+			return "", err
 		}
 		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
-		return nil
+		return "", nil
 	case faultPause:
+		leader, in := f.isLeader(s), s.current()
 		r.mark("SIGSTOP %s", s.id)
 		at, err := f.pause(s)
 		if err == nil {
 			err = sleep(ctx, o.PauseFor)
+		}
+		if leader {
+			// Its leader-election Lease expired meanwhile and another
+			// replica took it: controller-runtime's manager exits once it
+			// runs again ("leader election lost").
+			in.proc.expectExit(true)
 		}
 		// Resumed on every way out: a stopped child would not stop.
 		r.mark("SIGCONT %s", s.id)
@@ -176,24 +194,64 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 			err = rerr
 		}
 		if err != nil {
-			return err
+			return "", err
+		}
+		note := ""
+		if leader {
+			if note, err = r.afterLeaderPause(ctx, f, s, in); err != nil {
+				return "", err
+			}
 		}
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
-		return nil
+		return note, nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(s)
 		if err != nil {
-			return err
+			return "", err
 		}
 		r.mark("start %s, Lease clock %s", s.id, signed(ft.offset))
 		if err := f.restart(s, ft.offset); err != nil {
-			return err
+			return "", err
 		}
 		r.handover(ctx, f, fmt.Sprintf("restart of %s with its Lease clock %s (--lease-clock-offset)", s.id, signed(ft.offset)), at)
-		return nil
+		return "", nil
 	}
-	return fmt.Errorf("unknown fault %d", ft.kind)
+	return "", fmt.Errorf("unknown fault %d", ft.kind)
+}
+
+// afterLeaderPause follows a pause of the replica elected to label
+// objects. Its leader-election Lease expired while it was stopped, so
+// controller-runtime's manager exits once it runs again and fails to renew
+// it ("leader election lost", within the renew deadline), as any
+// leader-elected controller does; in a pod the kubelet restarts the
+// container, so the load tester restarts it at once. An exit for another
+// reason fails the run; a replica that keeps running (nobody took its
+// leadership) is left alone. It says what happened.
+func (r *run) afterLeaderPause(ctx context.Context, f *fleet, s *slot, in *instance) (string, error) {
+	resumed := time.Now()
+	bound := r.opts.RenewDeadline + r.opts.LeaseDuration
+	select {
+	case <-in.proc.done:
+	case <-time.After(bound):
+		in.proc.expectExit(false)
+		return fmt.Sprintf("the elected labeler, kept running (no exit within %s of SIGCONT)", bound), nil
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
+	}
+	ended, exitErr := in.proc.wait()
+	tail := childproc.Tail(in.proc.logPath, 15)
+	if !strings.Contains(tail, "leader election lost") {
+		return "", fmt.Errorf("%s (pid %d) exited after its pause (%s), not for losing the leader election; the end of %s:\n%s",
+			s.id, in.proc.pid(), childproc.ExitText(exitErr), in.proc.logPath, tail)
+	}
+	after := ended.Sub(resumed)
+	r.mark("%s exited: leader election lost", s.id)
+	r.mark("restart %s", s.id)
+	if err := f.restart(s, 0); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("the elected labeler: exited %s after SIGCONT (leader election lost, %s) and was restarted at once, as the kubelet would", round(after), childproc.ExitText(exitErr)), nil
 }
 
 // faultsFinding says which faults ran, so a report shows whether each kind
