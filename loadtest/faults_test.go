@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -355,5 +356,23 @@ func TestPeakRSSAndMemoryCheck(t *testing.T) {
 	}
 	if c := memoryCheck(fleets[1:]); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
 		t.Errorf("no limit: %+v", c)
+	}
+}
+
+// TestReadmeLink: a report in a folder under loadtest/results links to the
+// guide as well as one in loadtest/results.
+func TestReadmeLink(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	for out, want := range map[string]string{
+		filepath.Join(root, "loadtest", "results"):           "../README.md",
+		filepath.Join(root, "loadtest", "results", "single"): "../../README.md",
+		t.TempDir(): "",
+	} {
+		if got := readmeFrom(out); got != want {
+			t.Errorf("from %s: %q, want %q", out, got, want)
+		}
 	}
 }

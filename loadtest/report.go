@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/loadtest/chart"
 )
 
@@ -31,6 +32,7 @@ func (r *run) writeReport() error {
 		}
 		rep.Charts = append(rep.Charts, Chart{Title: c.chart.Title, File: file})
 	}
+	rep.guide = readmeFrom(r.opts.Out)
 	md := renderMarkdown(rep)
 	if err := os.WriteFile(filepath.Join(r.opts.Out, name+".md"), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("writing the report: %w", err)
@@ -43,6 +45,25 @@ func (r *run) writeReport() error {
 		return fmt.Errorf("writing the report: %w", err)
 	}
 	return nil
+}
+
+// readmeFrom is the path of loadtest/README.md relative to a report folder
+// in the repository (loadtest/results, or a folder under it), so the
+// report's link to it works; "" when the folder is elsewhere.
+func readmeFrom(out string) string {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return ""
+	}
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return ""
+	}
+	rel, err := filepath.Rel(abs, filepath.Join(root, "loadtest", "README.md"))
+	if err != nil || !strings.HasPrefix(abs, root+string(filepath.Separator)) {
+		return ""
+	}
+	return filepath.ToSlash(rel)
 }
 
 type namedChart struct {
@@ -344,7 +365,11 @@ func renderMarkdown(rep *Report) string {
 		}
 		p("\n")
 	}
-	p("What every number means: [loadtest/README.md](../README.md#what-the-numbers-mean).\n")
+	guide := rep.guide
+	if guide == "" {
+		guide = "../README.md"
+	}
+	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
 	return b.String()
 }
 

@@ -40,6 +40,9 @@ type Report struct {
 	Findings []string
 	Notes    []string
 	Charts   []Chart
+	// guide is the link from the report to loadtest/README.md; "" for the
+	// default report folder's.
+	guide string
 }
 
 // Machine is where the run ran: its numbers hold for this machine.
