@@ -13,12 +13,19 @@ import (
 	"github.com/kshard/kshard/sharding"
 )
 
-// Audit logs are how the load tester proves the sharding invariant "at most
-// one replica reconciles an object at any moment": every replica process
-// writes a JSON line (sharding.AuditRecord) at the start and the end of each
-// reconcile (`kshard controller --audit-log`), each process instance to its
-// own file, and the merged intervals of one object must never intersect
-// across replicas.
+// Audit logs are how the load tester proves the sharding invariants: every
+// replica process writes a JSON line (sharding.AuditRecord) at the start and
+// the end of each reconcile, and at the end of each write the shard's hold
+// granted (`kshard controller --audit-log`), each process instance to its
+// own file.
+//
+// The invariant that matters is "no replica writes a shard's objects outside
+// its tenure of the shard's Lease": every write must have reached the API
+// server while its writer held the Lease, by the Lease's own history. The
+// merged reconcile intervals of one object must not intersect across
+// replicas either, except across a pause: a replica stopped (SIGSTOP) past
+// its Lease loses its shards without knowing, so a reconcile it had begun
+// spans its successor's; it may not write, which the write check verifies.
 
 // auditFile is the audit log of one replica process instance. A restarted
 // replica writes a new file, so a reconcile cut off by SIGKILL is never
@@ -53,41 +60,49 @@ func (o overlap) String() string {
 		o.B.Replica, o.B.Start.Format(time.StampMicro), o.B.End.Format(time.StampMicro))
 }
 
-// readAuditIntervals merges audit files into reconcile intervals per object
-// ("namespace/name"). A start without an end lasts until its process ended,
-// or until now for a process still running. Lines cut short by SIGKILL are
-// skipped. records counts the lines read.
-func readAuditIntervals(files []auditFile, now time.Time) (byObject map[string][]reconcileInterval, records int, err error) {
-	byObject = map[string][]reconcileInterval{}
+// auditData is what the audit logs of a run say.
+type auditData struct {
+	// byObject are the reconcile intervals per object ("namespace/name").
+	byObject map[string][]reconcileInterval
+	// writes are the "write" records.
+	writes []sharding.AuditRecord
+	// records counts the lines read.
+	records int
+}
+
+// readAudit merges audit files into reconcile intervals per object and the
+// writes. A start without an end lasts until its process ended, or until
+// now for a process still running. Lines cut short by SIGKILL are skipped.
+func readAudit(files []auditFile, now time.Time) (auditData, error) {
+	d := auditData{byObject: map[string][]reconcileInterval{}}
 	for _, af := range files {
 		f, err := os.Open(af.Path)
 		if err != nil {
-			return nil, records, fmt.Errorf("reading audit log %s: %w", af.Path, err)
+			return d, fmt.Errorf("reading audit log %s: %w", af.Path, err)
 		}
-		n, err := addIntervals(byObject, f, af, now)
-		records += n
+		err = d.add(f, af, now)
 		_ = f.Close()
 		if err != nil {
-			return nil, records, fmt.Errorf("reading audit log %s: %w", af.Path, err)
+			return d, fmt.Errorf("reading audit log %s: %w", af.Path, err)
 		}
 	}
-	return byObject, records, nil
+	return d, nil
 }
 
-// addIntervals reads one process instance's audit log.
-func addIntervals(byObject map[string][]reconcileInterval, r io.Reader, af auditFile, now time.Time) (int, error) {
+// add reads one process instance's audit log.
+func (d *auditData) add(r io.Reader, af auditFile, now time.Time) error {
+	byObject := d.byObject
 	// One process reconciles one object at a time (the work queue
 	// guarantees it), so an end closes that object's open start.
 	open := map[string]sharding.AuditRecord{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	n := 0
 	for sc.Scan() {
 		var rec sharding.AuditRecord
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			continue // a line cut by SIGKILL
 		}
-		n++
+		d.records++
 		obj := rec.Namespace + "/" + rec.Name
 		switch rec.Event {
 		case "start":
@@ -97,10 +112,12 @@ func addIntervals(byObject map[string][]reconcileInterval, r io.Reader, af audit
 				byObject[obj] = append(byObject[obj], reconcileInterval{Replica: rec.Replica, Start: s.Time, End: rec.Time, Generation: s.Generation})
 				delete(open, obj)
 			}
+		case "write":
+			d.writes = append(d.writes, rec)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return n, err
+		return err
 	}
 	end := af.Ended
 	if end.IsZero() {
@@ -109,7 +126,7 @@ func addIntervals(byObject map[string][]reconcileInterval, r io.Reader, af audit
 	for obj, s := range open {
 		byObject[obj] = append(byObject[obj], reconcileInterval{Replica: s.Replica, Start: s.Time, End: end, Generation: s.Generation, Open: true})
 	}
-	return n, nil
+	return nil
 }
 
 // findOverlaps returns every pair of intersecting intervals of one object on
@@ -134,6 +151,125 @@ func findOverlaps(byObject map[string][]reconcileInterval) []overlap {
 		return found[i].A.Start.Before(found[j].A.Start)
 	})
 	return found
+}
+
+// acrossPause says whether a pause explains an overlap: one side's replica
+// was paused (SIGSTOP) during its reconcile, or it began the reconcile
+// within grace of being let go on (before its renewal loop saw the renew
+// deadline pass and stopped its shards), and the other side's reconcile
+// began after the pause did. The paused replica lost the shard without
+// knowing; its successor took it over meanwhile. Two reconciles side by side
+// with no pause between are never explained.
+func acrossPause(o overlap, pauses map[string][]window, grace time.Duration) bool {
+	spans := func(x, y reconcileInterval) bool {
+		for _, p := range pauses[x.Replica] {
+			to := p.To
+			if to.IsZero() {
+				to = x.End // still paused when the run ended
+			}
+			if x.Start.Before(to.Add(grace)) && x.End.After(p.From) && !y.Start.Before(p.From) {
+				return true
+			}
+		}
+		return false
+	}
+	return spans(o.A, o.B) || spans(o.B, o.A)
+}
+
+// tenure is one holder's uninterrupted hold of a shard Lease.
+type tenure struct {
+	// Holder is the holder identity, "<replica>_<incarnation>".
+	Holder string
+	// From is its acquire time; To the next holder's, or the release's;
+	// zero while it lasts.
+	From, To time.Time
+}
+
+// tenuresOf turns a shard Lease's history into its holders' tenures. A
+// holder acquiring again what it holds (a new acquire time, the same
+// identity) continues its tenure; a release ends it.
+func tenuresOf(hist []leaseVersion) []tenure {
+	var out []tenure
+	for _, v := range hist {
+		if n := len(out); n > 0 && out[n-1].To.IsZero() {
+			if out[n-1].Holder == v.Holder {
+				continue
+			}
+			out[n-1].To = v.Acquired
+		}
+		if v.Holder != "" {
+			out = append(out, tenure{Holder: v.Holder, From: v.Acquired})
+		}
+	}
+	return out
+}
+
+// writeTime is when a write reached the API server at the latest: when it
+// returned, or when the hold it was granted under ended, if earlier (the
+// write's context ended then, so it was sent before).
+func writeTime(w sharding.AuditRecord) time.Time {
+	if w.Until != nil && w.Until.Before(w.Time) {
+		return *w.Until
+	}
+	return w.Time
+}
+
+// strayWrite is a write outside every tenure of its replica on its shard:
+// a write beside another replica's, which the Leases exist to prevent.
+type strayWrite struct {
+	Write sharding.AuditRecord
+	// At is writeTime(Write); Holder is the holder identity of the shard's
+	// Lease then, "" for none.
+	At     time.Time
+	Holder string
+}
+
+func (w strayWrite) String() string {
+	holder := w.Holder
+	if holder == "" {
+		holder = "nobody"
+	}
+	return fmt.Sprintf("%s/%s (shard %d) written by %s at %s, when the Lease was held by %s", w.Write.Namespace, w.Write.Name,
+		w.Write.Shard, w.Write.Replica, w.At.Format(time.StampMicro), holder)
+}
+
+// strayWrites returns the writes whose time (writeTime) falls outside every
+// tenure of their replica of their shard's Lease, in time order. A tenure
+// runs from its acquire time, inclusive, to the next one's, exclusive.
+func strayWrites(writes []sharding.AuditRecord, tenures map[int32][]tenure) []strayWrite {
+	var out []strayWrite
+	for _, w := range writes {
+		at := writeTime(w)
+		held, holder := false, ""
+		for _, t := range tenures[w.Shard] {
+			if at.Before(t.From) || (!t.To.IsZero() && !at.Before(t.To)) {
+				continue
+			}
+			if sharding.HolderReplica(t.Holder) == w.Replica {
+				held = true
+				break
+			}
+			holder = t.Holder
+		}
+		if !held {
+			out = append(out, strayWrite{Write: w, At: at, Holder: holder})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	return out
+}
+
+// lateWrites counts the writes that returned after their hold ended: in
+// flight when a pause (or a slow API server) outlasted the hold; their
+// context ended with it.
+func lateWrites(writes []sharding.AuditRecord) int {
+	n := 0
+	for _, w := range writes {
+		if w.Until != nil && w.Time.After(*w.Until) {
+			n++
+		}
+	}
+	return n
 }
 
 // auditTail follows the audit logs while a run goes on and remembers, for
@@ -207,4 +343,95 @@ func (t *auditTail) pollOne(path string) error {
 func (t *auditTail) reconciledBy(object, replica string, since time.Time) bool {
 	e, ok := t.lastEnd[object]
 	return ok && e.Replica == replica && !e.At.Before(since)
+}
+
+// The names of the audit logs' checks.
+const (
+	checkWrites     = "no overlapping writes"
+	checkReconciles = "no overlapping reconciles, other than across a pause"
+)
+
+// AuditSummary is what the audit logs and the shard Leases' history showed:
+// the numbers behind the overlap checks.
+type AuditSummary struct {
+	// Records counts the audit lines read from Processes replica processes,
+	// Objects the objects they reconciled.
+	Records, Processes, Objects int
+	// Writes counts the "write" records: the writes a shard's hold granted.
+	// LateWrites counts those that returned after their hold ended (a pause
+	// outlasted the hold while they were in flight).
+	Writes, LateWrites int
+	// LeaseChanges counts the holder changes seen on shard Leases
+	// (acquisitions and releases), the tenures' source.
+	LeaseChanges int
+	// OverlappingWrites counts the writes outside their writer's tenure of
+	// the shard's Lease; the first few are in Stray.
+	OverlappingWrites int
+	Stray             []string `json:",omitempty"`
+	// ReconcileOverlaps counts the pairs of one object's reconciles on two
+	// replicas that intersect with no pause between them (a failure);
+	// OverlapsAcrossPause those a pause explains (see acrossPause). The
+	// first few of the former are in Overlaps.
+	ReconcileOverlaps, OverlapsAcrossPause int
+	Overlaps                               []string `json:",omitempty"`
+}
+
+// maxExamples bounds the examples a check names.
+const maxExamples = 3
+
+func auditSummary(d auditData, processes int, stray []strayWrite, changes int, overlaps []overlap, pauses map[string][]window, grace time.Duration) *AuditSummary {
+	a := &AuditSummary{Records: d.records, Processes: processes, Objects: len(d.byObject), Writes: len(d.writes), LateWrites: lateWrites(d.writes),
+		LeaseChanges: changes, OverlappingWrites: len(stray)}
+	for i, x := range stray {
+		if i == maxExamples {
+			break
+		}
+		a.Stray = append(a.Stray, x.String())
+	}
+	for _, o := range overlaps {
+		if acrossPause(o, pauses, grace) {
+			a.OverlapsAcrossPause++
+			continue
+		}
+		a.ReconcileOverlaps++
+		if len(a.Overlaps) < maxExamples {
+			a.Overlaps = append(a.Overlaps, o.String())
+		}
+	}
+	return a
+}
+
+// writeCheck passes when no write fell outside its writer's tenure, and
+// there were writes to check.
+func (a *AuditSummary) writeCheck(notAudited string) Check {
+	c := Check{Name: checkWrites, Passed: a.OverlappingWrites == 0 && a.Writes > 0,
+		Detail: fmt.Sprintf("%d overlapping writes (written when the writer did not hold the shard's Lease, by the Leases' %d holder changes) of %d writes in the audit log; %d of them returned after their hold had ended, and count at its end",
+			a.OverlappingWrites, a.LeaseChanges, a.Writes, a.LateWrites)}
+	if a.Writes == 0 {
+		c.Detail += "; no write recorded, so the check proves nothing"
+	}
+	for _, x := range a.Stray {
+		c.Detail += "; OVERLAPPING WRITE " + x
+	}
+	if n := a.OverlappingWrites - len(a.Stray); n > 0 {
+		c.Detail += fmt.Sprintf("; %d more", n)
+	}
+	c.Detail += notAudited
+	return c
+}
+
+// reconcileCheck passes when every overlap of reconciles is explained by a
+// pause; those are reported, not failed.
+func (a *AuditSummary) reconcileCheck(notAudited string) Check {
+	c := Check{Name: checkReconciles, Passed: a.ReconcileOverlaps == 0,
+		Detail: fmt.Sprintf("%d audit records of %d objects from %d replica processes; %d overlapping reconciles with no pause between them; %d across a pause (not a failure: a paused replica's reconcile spans its pause and its successor's reconciles, and may not write)",
+			a.Records, a.Objects, a.Processes, a.ReconcileOverlaps, a.OverlapsAcrossPause)}
+	for _, x := range a.Overlaps {
+		c.Detail += "; OVERLAP " + x
+	}
+	if n := a.ReconcileOverlaps - len(a.Overlaps); n > 0 {
+		c.Detail += fmt.Sprintf("; %d more", n)
+	}
+	c.Detail += notAudited
+	return c
 }

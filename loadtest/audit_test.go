@@ -52,10 +52,11 @@ func TestFindOverlaps(t *testing.T) {
 	writeAudit(t, a2, false, rec("a", "start", "y", ms(60)), rec("a", "end", "y", ms(70)))
 
 	files := []auditFile{{Path: a, Replica: "a", Ended: ms(50)}, {Path: b, Replica: "b"}, {Path: a2, Replica: "a"}}
-	byObject, n, err := readAuditIntervals(files, ms(100))
+	d, err := readAudit(files, ms(100))
 	if err != nil {
 		t.Fatal(err)
 	}
+	byObject, n := d.byObject, d.records
 	if n != 9 {
 		t.Errorf("read %d records, want 9 (the cut line skipped)", n)
 	}
@@ -73,11 +74,11 @@ func TestFindOverlaps(t *testing.T) {
 	// Without the kill (a's process still running at "now" = 30 ms, y's
 	// reconcile open until then), b's later reconcile does not overlap.
 	files[0].Ended = time.Time{}
-	byObject, _, err = readAuditIntervals(files[:2], ms(30))
+	d, err = readAudit(files[:2], ms(30))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := findOverlaps(byObject); len(o) != 0 {
+	if o := findOverlaps(d.byObject); len(o) != 0 {
 		t.Errorf("overlaps %v, want none", o)
 	}
 }

@@ -11,9 +11,12 @@
 // listed, handover times, calls saved by the cache, end-to-end latency. This
 // package produces them reproducibly, with the exact command in every
 // report, and fails (for the chaos and rolling-restart scenarios) when an
-// invariant breaks: two replicas reconciling one object at once, a
-// generation never becoming Ready, or a shard without an owner for longer
-// than a lease duration plus a retry period.
+// invariant breaks under the faults it injects (kills, pauses past the
+// Lease, Lease clocks off by more than a Lease): a replica writing a shard's
+// objects outside its tenure of the shard's Lease, two replicas reconciling
+// one object at once with no pause to explain it, a generation never
+// becoming Ready, a shard without an owner for longer than a lease duration
+// plus a retry period, or a replica above its memory limit.
 //
 // cmd/loadtest is this package plus flags; loadtest/README.md says what each
 // scenario does and what each number means.

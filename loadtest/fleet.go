@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -115,15 +114,34 @@ type slot struct {
 	id          string
 	metricsAddr string
 	healthAddr  string
+	// clockOffset is the Lease clock offset its next process starts with
+	// (--lease-clock-offset): set by the chaos scenario's clock fault, kept
+	// until another fault restarts the replica.
+	clockOffset time.Duration
 	instances   []*instance
 }
 
 // instance is one process of a replica, with what was sampled from it.
 type instance struct {
-	n       int
-	proc    *process
-	audit   string
-	samples []replicaSample
+	n     int
+	proc  *process
+	audit string
+	// clockOffset is how far ahead of the machine's clock the times this
+	// process writes into Leases are: the ring watch subtracts it.
+	clockOffset time.Duration
+	samples     []replicaSample
+	// peakRSS is the kernel's high-water mark of the process's resident
+	// memory (VmHWM), as last read: it catches the peaks between samples.
+	peakRSS float64
+	// pauses are the times the chaos scenario kept the process stopped;
+	// paused says it is stopped now (it is not scraped then).
+	pauses []window
+	paused bool
+}
+
+// window is a span of time; To is zero while it lasts.
+type window struct {
+	From, To time.Time
 }
 
 func (s *slot) current() *instance {
@@ -155,16 +173,23 @@ func (f *fleet) label() string {
 	return f.mode.Name + " ×" + strings.Join(sizes, "→")
 }
 
-// runningSince reports whether replica id's process runs, and since when.
-func (f *fleet) runningSince(id string) (time.Time, bool) {
+// processOf is the newest process of replica id started at or before at,
+// nil if none.
+func (f *fleet) processOf(id string, at time.Time) *instance {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var newest *instance
 	for _, s := range f.slots {
-		if s.id == id && s.running() {
-			return s.current().proc.started, true
+		if s.id != id {
+			continue
+		}
+		for _, in := range s.instances {
+			if !in.proc.started.After(at) && (newest == nil || in.proc.started.After(newest.proc.started)) {
+				newest = in
+			}
 		}
 	}
-	return time.Time{}, false
+	return newest
 }
 
 // runningSlots lists the slots whose process runs.
@@ -244,7 +269,9 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 // start starts a new process instance of the slot.
 func (f *fleet) start(s *slot) error {
 	o := f.r.opts
-	in := &instance{n: len(s.instances)}
+	f.mu.Lock()
+	in := &instance{n: len(s.instances), clockOffset: s.clockOffset}
+	f.mu.Unlock()
 	base := fmt.Sprintf("%s.%s.%d", strings.ReplaceAll(f.mode.Name, " ", "-"), s.id, in.n)
 	bin := f.r.kshardBin
 	if f.mode.Plain {
@@ -254,10 +281,15 @@ func (f *fleet) start(s *slot) error {
 	} else {
 		in.audit = filepath.Join(f.r.work, "audit", base+".jsonl")
 	}
+	limit := ""
+	if b, _ := o.memoryLimitBytes(); b > 0 {
+		limit = o.MemoryLimit
+	}
 	args := replicaArgs(f.mode, replicaConfig{
 		kubeconfig: f.r.kubeconfig, id: s.id, centerURL: f.r.centerURL,
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
 		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
+		memoryLimit: limit, clockOffset: in.clockOffset,
 	})
 	p, err := f.r.procs.start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
 	if err != nil {
@@ -278,6 +310,11 @@ type replicaConfig struct {
 	// none.
 	audit                                     string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
+	// memoryLimit is --memory-limit, empty for none; clockOffset is
+	// --lease-clock-offset, a fault. Neither reaches a plain mode, which has
+	// no such flag.
+	memoryLimit string
+	clockOffset time.Duration
 }
 
 // replicaArgs is the command line of one replica process of the mode:
@@ -307,15 +344,82 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		"--statefulset", StatefulSet,
 		"--audit-log", c.audit,
 	)
+	if c.memoryLimit != "" {
+		args = append(args, "--memory-limit", c.memoryLimit)
+	}
+	if c.clockOffset != 0 {
+		// "=" keeps a negative offset from reading as a flag.
+		args = append(args, "--lease-clock-offset="+c.clockOffset.String())
+	}
 	return append(args, mode.Args...)
 }
 
-// restart starts a stopped or crashed replica again, same identity.
-func (f *fleet) restart(s *slot) error {
+// restart starts a stopped or crashed replica again, same identity, its
+// Lease clock offset by offset (0 for none).
+func (f *fleet) restart(s *slot, offset time.Duration) error {
 	if s.running() {
 		return fmt.Errorf("restarting %s: it is running", s.id)
 	}
+	f.mu.Lock()
+	s.clockOffset = offset
+	f.mu.Unlock()
 	return f.start(s)
+}
+
+// pause stops a replica's process (SIGSTOP) until resume, and returns when
+// the signal was sent.
+func (f *fleet) pause(s *slot) (time.Time, error) {
+	in := s.current()
+	if in == nil || !in.proc.running() {
+		return time.Time{}, fmt.Errorf("pausing %s: not running", s.id)
+	}
+	at := time.Now()
+	f.mu.Lock()
+	in.paused = true
+	in.pauses = append(in.pauses, window{From: at})
+	f.mu.Unlock()
+	return at, in.proc.pause()
+}
+
+// resume lets a paused replica's process run again (SIGCONT).
+func (f *fleet) resume(s *slot) error {
+	in := s.current()
+	if in == nil {
+		return fmt.Errorf("resuming %s: no process", s.id)
+	}
+	err := in.proc.resume()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(in.pauses); in.paused && n > 0 {
+		in.pauses[n-1].To = time.Now()
+	}
+	in.paused = false
+	return err
+}
+
+// isLeader says whether the replica's process was the elected labeler at
+// its last sample (controller-runtime's leader_election_master_status).
+func (f *fleet) isLeader(s *slot) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	in := s.current()
+	if in == nil || len(in.samples) == 0 {
+		return false
+	}
+	return in.samples[len(in.samples)-1].Leader > 0
+}
+
+// pauseWindows lists, per replica, the times its processes were paused.
+func (f *fleet) pauseWindows() map[string][]window {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]window{}
+	for _, s := range f.slots {
+		for _, in := range s.instances {
+			out[s.id] = append(out[s.id], in.pauses...)
+		}
+	}
+	return out
 }
 
 // kill crashes a replica with SIGKILL and returns when it is gone.
@@ -337,7 +441,7 @@ func (f *fleet) terminate(s *slot) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("stopping %s: not running", s.id)
 	}
 	at := time.Now()
-	if err := in.proc.signal(syscall.SIGTERM); err != nil {
+	if err := in.proc.terminate(); err != nil {
 		return at, err
 	}
 	done := make(chan struct{})

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -85,6 +87,24 @@ type Options struct {
 	ChaosInterval time.Duration
 	// RestartDelay is how long a crashed replica stays down. Default 5s.
 	RestartDelay time.Duration
+	// PauseFor is how long the chaos scenario's pause fault keeps its
+	// victim stopped (SIGSTOP, then SIGCONT). It must outlast the lease
+	// duration, so that another replica takes the victim's shards over while
+	// the victim cannot notice, and fit the chaos interval. Default lease
+	// duration + 2 × retry period.
+	PauseFor time.Duration
+	// ClockOffset is how far the chaos scenario's clock fault shifts its
+	// victim's Lease clock (`kshard controller --lease-clock-offset`),
+	// ahead and behind in turn. It must exceed the lease duration, so that a
+	// replica judging expiry by the times written in Leases would take a
+	// live Lease (behind) or wait on a dead one (ahead). Default 30s.
+	ClockOffset time.Duration
+	// MemoryLimit is passed to every kshard replica (`--memory-limit`, a
+	// quantity such as 512Mi: the Go soft limit and the external cache are
+	// sized from it), and the report divides each replica's peak resident
+	// memory by it. Default 512Mi, the limit of deploy/base; "0" passes
+	// none.
+	MemoryLimit string
 	// SettleTimeout bounds every wait for the fleet to settle (all shards
 	// held, every object reconciled and Ready). Default 5m: a busy two-core
 	// machine is slow, and a slow settle is a number, a stuck one a failure.
@@ -176,6 +196,11 @@ func (o *Options) setDefaults(sc *scenario) error {
 	setDuration(&o.RetryPeriod, sharding.DefaultRetryPeriod)
 	setDuration(&o.ChaosInterval, 30*time.Second)
 	setDuration(&o.RestartDelay, 5*time.Second)
+	setDuration(&o.PauseFor, o.LeaseDuration+2*o.RetryPeriod)
+	setDuration(&o.ClockOffset, 30*time.Second)
+	if o.MemoryLimit == "" {
+		o.MemoryLimit = DefaultMemoryLimit
+	}
 	setDuration(&o.SettleTimeout, 5*time.Minute)
 	setDuration(&o.StopTimeout, 45*time.Second)
 	setDuration(&o.CalibrateFor, 5*time.Second)
@@ -199,11 +224,14 @@ func (o *Options) setDefaults(sc *scenario) error {
 			o.HPAFile = filepath.Join(root, defaultHPAFile)
 		}
 	}
-	return o.validate()
+	return o.validate(sc)
 }
 
 // validate rejects settings that cannot run, naming the flag-level field.
-func (o *Options) validate() error {
+// The fault settings are checked only for a scenario that injects faults:
+// their defaults follow the Lease timing, which another scenario may set
+// freely.
+func (o *Options) validate(sc *scenario) error {
 	var errs []error
 	check := func(bad bool, format string, args ...any) {
 		if bad {
@@ -231,11 +259,28 @@ func (o *Options) validate() error {
 	check(o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration, "renew deadline %s must be positive and below the lease duration %s", o.RenewDeadline, o.LeaseDuration)
 	check(o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline, "retry period %s must be positive and below the renew deadline %s", o.RetryPeriod, o.RenewDeadline)
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
+	check(sc.faults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
+	check(sc.faults && o.ClockOffset <= o.LeaseDuration, "clock offset %s must exceed the lease duration %s", o.ClockOffset, o.LeaseDuration)
+	if _, err := o.memoryLimitBytes(); err != nil {
+		errs = append(errs, err)
+	}
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
 	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
 	check(!finite(o.HPATarget) || o.HPATarget < 0, "HPA target %v must not be negative", o.HPATarget)
 	return errors.Join(errs...)
+}
+
+// DefaultMemoryLimit is the memory limit of a replica in deploy/base.
+const DefaultMemoryLimit = "512Mi"
+
+// memoryLimitBytes is MemoryLimit in bytes, 0 for none ("0").
+func (o *Options) memoryLimitBytes() (int64, error) {
+	q, err := resource.ParseQuantity(o.MemoryLimit)
+	if err != nil || q.Sign() < 0 {
+		return 0, fmt.Errorf("memory limit %q must be a quantity such as 512Mi, or 0 for none", o.MemoryLimit)
+	}
+	return q.Value(), nil
 }
 
 // scenarioNames lists the scenarios, sorted, for messages.

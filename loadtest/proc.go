@@ -113,13 +113,32 @@ func (p *process) running() bool {
 	}
 }
 
+// expectExit marks an exit the child may make on its own as expected, or
+// no longer (when it did not exit): it does not end the run.
+func (p *process) expectExit(expected bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.running() {
+		p.stopping = expected
+	}
+}
+
+// terminate sends SIGTERM, and SIGCONT after it: a child paused by the
+// chaos scenario handles the SIGTERM only once it runs again.
+func (p *process) terminate() error {
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	return p.resume()
+}
+
 // stop sends SIGTERM and waits up to timeout, then SIGKILL. It returns when
 // the process is gone, and when.
 func (p *process) stop(timeout time.Duration) (time.Time, error) {
 	if !p.running() {
 		return p.wait()
 	}
-	if err := p.signal(syscall.SIGTERM); err != nil {
+	if err := p.terminate(); err != nil {
 		return time.Time{}, err
 	}
 	select {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/loadtest/chart"
 )
 
@@ -31,6 +32,7 @@ func (r *run) writeReport() error {
 		}
 		rep.Charts = append(rep.Charts, Chart{Title: c.chart.Title, File: file})
 	}
+	rep.guide = readmeFrom(r.opts.Out)
 	md := renderMarkdown(rep)
 	if err := os.WriteFile(filepath.Join(r.opts.Out, name+".md"), []byte(md), 0o644); err != nil {
 		return fmt.Errorf("writing the report: %w", err)
@@ -43,6 +45,25 @@ func (r *run) writeReport() error {
 		return fmt.Errorf("writing the report: %w", err)
 	}
 	return nil
+}
+
+// readmeFrom is the path of loadtest/README.md relative to a report folder
+// in the repository (loadtest/results, or a folder under it), so the
+// report's link to it works; "" when the folder is elsewhere.
+func readmeFrom(out string) string {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return ""
+	}
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return ""
+	}
+	rel, err := filepath.Rel(abs, filepath.Join(root, "loadtest", "README.md"))
+	if err != nil || !strings.HasPrefix(abs, root+string(filepath.Separator)) {
+		return ""
+	}
+	return filepath.ToSlash(rel)
 }
 
 type namedChart struct {
@@ -344,7 +365,11 @@ func renderMarkdown(rep *Report) string {
 		}
 		p("\n")
 	}
-	p("What every number means: [loadtest/README.md](../README.md#what-the-numbers-mean).\n")
+	guide := rep.guide
+	if guide == "" {
+		guide = "../README.md"
+	}
+	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
 	return b.String()
 }
 
@@ -396,6 +421,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapEndMax, base.HeapEndMax) })
 	}
 	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.RSSPeakMax) })
+	row("peak resident memory ÷ memory limit (largest replica)", memoryLimitText)
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
 		renderStartRows(row, fl)
 	}
@@ -590,6 +616,18 @@ func ceilingRatioText(fig stormFigures, ceiling float64) string {
 		return fmt.Sprintf("%.0f ÷ n/a (not calibrated)", fig.WritesPerSec)
 	}
 	return fmt.Sprintf("%.0f ÷ %.0f = %.2f", fig.WritesPerSec, ceiling, fig.OfCeiling)
+}
+
+// memoryLimitText writes a fleet's largest peak resident memory, its
+// replicas' memory limit and their ratio, so the cell says what it divides.
+func memoryLimitText(f *FleetResult) string {
+	switch {
+	case f.Plain:
+		return "n/a (no --memory-limit)"
+	case f.MemoryLimit <= 0:
+		return "n/a (--memory-limit 0)"
+	}
+	return fmt.Sprintf("%s ÷ %s = %.2f", formatBytes(f.RSSPeakMax), formatBytes(f.MemoryLimit), f.RSSPeakMax/f.MemoryLimit)
 }
 
 // singletonFleet is the run's fleet with sharding off (one active replica

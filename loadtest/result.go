@@ -27,6 +27,8 @@ type Report struct {
 	// Error is why the run itself failed, if it did.
 	Error  string `json:",omitempty"`
 	Checks []Check
+	// Audit is what the audit logs showed, for a run with a sharded fleet.
+	Audit  *AuditSummary `json:",omitempty"`
 	Fleets []*FleetResult
 	Events []EventResult
 	// Updates and Creates are the end-to-end latencies of every measured
@@ -38,6 +40,9 @@ type Report struct {
 	Findings []string
 	Notes    []string
 	Charts   []Chart
+	// guide is the link from the report to loadtest/README.md; "" for the
+	// default report folder's.
+	guide string
 }
 
 // Machine is where the run ran: its numbers hold for this machine.
@@ -131,8 +136,14 @@ type FleetResult struct {
 
 	// HeapPeakMax and HeapPeakMean are the largest and the mean per-replica
 	// peak of go_memstats_heap_inuse_bytes over the fleet's life; RSS the
-	// same for process_resident_memory_bytes.
+	// same for resident memory: the larger of process_resident_memory_bytes
+	// as sampled and the kernel's high-water mark (VmHWM, on Linux).
 	HeapPeakMax, HeapPeakMean, RSSPeakMax, RSSPeakMean float64
+	// MemoryLimit is the --memory-limit the fleet's replicas ran with, in
+	// bytes; 0 for none (turned off, or a plain fleet, which has no such
+	// flag). RSSPeakReplica names the replica of RSSPeakMax.
+	MemoryLimit    float64
+	RSSPeakReplica string
 	// HeapEndMax and HeapEndMean are the same at the end of the measured
 	// phase: the steady state, without the warm-up's garbage.
 	HeapEndMax, HeapEndMean float64
@@ -260,6 +271,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 					res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
 				}
 			}
+			rr.RSSPeak = math.Max(rr.RSSPeak, in.peakRSS)
 			if n := len(in.samples); n > 0 {
 				last := in.samples[n-1]
 				rr.Reconciles += last.Reconciles
@@ -297,11 +309,17 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			heapEnds = append(heapEnds, rr.HeapEnd)
 		}
 		rssPeaks = append(rssPeaks, rr.RSSPeak)
+		if rr.RSSPeak > res.RSSPeakMax {
+			res.RSSPeakMax, res.RSSPeakReplica = rr.RSSPeak, rr.Replica
+		}
 		res.PerReplica = append(res.PerReplica, rr)
 		res.Replicas++
 	}
 	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
-	res.RSSPeakMax, res.RSSPeakMean = maxMean(rssPeaks)
+	_, res.RSSPeakMean = maxMean(rssPeaks)
+	if b, _ := r.opts.memoryLimitBytes(); !f.mode.Plain {
+		res.MemoryLimit = float64(b)
+	}
 	res.HeapEndMax, res.HeapEndMean = maxMean(heapEnds)
 	if s := res.Window.Seconds(); s > 0 {
 		res.Reconciles /= s
@@ -462,10 +480,25 @@ func (r *run) newReport() *Report {
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}
-	if r.sc.name == "chaos" {
-		set("chaos", fmt.Sprintf("SIGKILL of a random replica every %s, restarted after %s", o.ChaosInterval, o.RestartDelay))
+	if r.sc.faults {
+		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: kill (SIGKILL, restarted after %s), "+
+			"pause (SIGSTOP for %s, then SIGCONT), clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)",
+			o.ChaosInterval, o.RestartDelay, o.PauseFor, signed(o.ClockOffset), signed(-o.ClockOffset)))
 	}
+	set("memory limit", memorySetting(o))
 	return rep
+}
+
+// memorySetting says what --memory-limit the replicas got.
+func memorySetting(o Options) string {
+	if b, _ := o.memoryLimitBytes(); b <= 0 {
+		return "none (--memory-limit 0)"
+	}
+	limit := fmt.Sprintf("%s per kshard replica (--memory-limit: Go soft limit 90 %%, external cache a quarter)", o.MemoryLimit)
+	if o.MemoryLimit == DefaultMemoryLimit {
+		limit += ", deploy/base's"
+	}
+	return limit
 }
 
 func skewText(o Options) string {
@@ -530,9 +563,11 @@ func (r *run) finish(runErr error) {
 	creates.Merge(r.tracker.latencies(r.begin, time.Now(), writeCreate))
 	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
 
-	// 1. Overlapping reconciles, from every replica process's audit log.
+	// 1 and 2. Overlapping writes and reconciles, from every replica
+	// process's audit log and the shard Leases' history.
 	var files []auditFile
 	var plain []string
+	pauses := map[string][]window{}
 	sharded := false
 	for _, f := range r.fleets {
 		files = append(files, f.auditFiles()...)
@@ -540,33 +575,29 @@ func (r *run) finish(runErr error) {
 		if f.mode.Plain {
 			plain = append(plain, f.label())
 		}
+		for id, ws := range f.pauseWindows() {
+			pauses[id] = append(pauses[id], ws...)
+		}
 	}
 	// A plain fleet has no audit log, so its reconciles are not checked.
 	notAudited := ""
 	if len(plain) > 0 {
 		notAudited = fmt.Sprintf("; not checked for %s: no kshard code, no audit log (one active replica)", strings.Join(plain, ", "))
 	}
-	byObject, records, err := readAuditIntervals(files, time.Now())
+	data, err := readAudit(files, time.Now())
 	switch {
 	case err != nil:
-		rep.Checks = append(rep.Checks, Check{Name: "no overlapping reconciles", Detail: err.Error()})
+		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Detail: err.Error()}, Check{Name: checkReconciles, Detail: err.Error()})
 	case !sharded:
-		rep.Checks = append(rep.Checks, Check{Name: "no overlapping reconciles", Passed: true, Detail: "not applicable: no sharded fleet (one active replica)" + notAudited})
+		na := "not applicable: no sharded fleet (one active replica)" + notAudited
+		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na}, Check{Name: checkReconciles, Passed: true, Detail: na})
 	default:
-		o := findOverlaps(byObject)
-		c := Check{Name: "no overlapping reconciles", Passed: len(o) == 0,
-			Detail: fmt.Sprintf("%d audit records of %d objects from %d replica processes", records, len(byObject), len(files)) + notAudited}
-		for i, x := range o {
-			if i == 3 {
-				c.Detail += fmt.Sprintf("; %d more", len(o)-3)
-				break
-			}
-			c.Detail += "; OVERLAP " + x.String()
-		}
-		rep.Checks = append(rep.Checks, c)
+		tenures, changes := r.ring.tenures()
+		rep.Audit = auditSummary(data, len(files), strayWrites(data.writes, tenures), changes, findOverlaps(data.byObject), pauses, r.opts.RetryPeriod)
+		rep.Checks = append(rep.Checks, rep.Audit.writeCheck(notAudited), rep.Audit.reconcileCheck(notAudited))
 	}
 
-	// 2. Every object's latest generation Ready after the final settle.
+	// 3. Every object's latest generation Ready after the final settle.
 	n, total, ex := r.tracker.notReady()
 	c := Check{Name: "every latest generation became Ready", Passed: n == 0 && total > 0,
 		Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
@@ -575,7 +606,7 @@ func (r *run) finish(runErr error) {
 	}
 	rep.Checks = append(rep.Checks, c)
 
-	// 3. No shard unowned beyond lease duration + retry period.
+	// 4. No shard unowned beyond lease duration + retry period.
 	bound := r.opts.LeaseDuration + r.opts.RetryPeriod
 	if !sharded {
 		rep.Checks = append(rep.Checks, Check{Name: "no shard unowned beyond " + bound.String(), Passed: true, Detail: "not applicable: no sharded fleet"})
@@ -602,7 +633,7 @@ func (r *run) finish(runErr error) {
 		rep.Checks = append(rep.Checks, c)
 	}
 
-	// 4. Every event settled.
+	// 5. Every event settled.
 	var unsettled []string
 	for _, ev := range rep.Events {
 		if ev.Error != "" {
@@ -611,6 +642,9 @@ func (r *run) finish(runErr error) {
 	}
 	rep.Checks = append(rep.Checks, Check{Name: "every event settled within " + r.opts.SettleTimeout.String(), Passed: len(unsettled) == 0,
 		Detail: fmt.Sprintf("%d events", len(rep.Events)) + strings.Join(append([]string{""}, unsettled...), "; ")})
+
+	// 6. No replica's resident memory beyond its memory limit.
+	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets))
 
 	rep.Passed = runErr == nil
 	for _, c := range rep.Checks {
@@ -625,6 +659,30 @@ func (r *run) finish(runErr error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
 	}
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
+}
+
+// memoryCheck passes when no replica's peak resident memory reached the
+// memory limit it ran with: in a container with that limit (deploy/base's),
+// the kernel would have killed it.
+func memoryCheck(fleets []*FleetResult) Check {
+	c := Check{Name: "peak resident memory below the memory limit", Passed: true}
+	var worst *FleetResult
+	for _, f := range fleets {
+		if f.MemoryLimit <= 0 {
+			continue
+		}
+		if worst == nil || f.RSSPeakMax/f.MemoryLimit > worst.RSSPeakMax/worst.MemoryLimit {
+			worst = f
+		}
+		c.Passed = c.Passed && f.RSSPeakMax < f.MemoryLimit
+	}
+	if worst == nil {
+		c.Detail = "not applicable: no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
+		return c
+	}
+	c.Detail = fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
+		perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit))
+	return c
 }
 
 // overClaim is the most objects a replica held between from and to (its

@@ -37,17 +37,35 @@ const ringPoll = 100 * time.Millisecond
 
 // ringWatch follows the ring's Leases and judges ownership the way it
 // matters to objects: a shard is owned while its Lease has a holder, has not
-// expired, and was renewed by the holder's running process (not by an
-// earlier process of the same replica). A SIGKILLed replica's Leases look
-// held until they expire; its shards are unowned from the kill until a
-// running process takes them, its own restart included.
+// expired, and the process holding it as its holder identity (not an earlier
+// process of the same replica) runs. A SIGKILLed replica's Leases look held
+// until they expire; its shards are unowned from the kill until a running
+// process takes them, its own restart included.
+//
+// Times written into Leases are the writer's wall clock, which the chaos
+// scenario's clock fault shifts (--lease-clock-offset); the watch knows each
+// process's offset and subtracts it, so every time it keeps is the machine's
+// clock, the one the audit logs and the load tester use.
 type ringWatch struct {
-	// running tells whether a replica's process runs, and since when.
-	running func(id string) (time.Time, bool)
+	// processOf finds the newest process of a replica started at or before
+	// a time: the process behind a holder identity first seen then.
+	processOf func(replica string, at time.Time) *instance
 
 	mu      sync.Mutex
 	shards  map[int32]shardLease
 	members map[string]memberLease
+	// writers maps each holder identity ("<replica>_<incarnation>") to its
+	// process, from the identity's first sighting: a process draws a new
+	// incarnation, so its first Lease write names an identity never seen,
+	// and the replica's newest process wrote it.
+	writers map[string]*instance
+	// lastHolder is each Lease's (by name) last holder identity with an
+	// incarnation: the writer of a version without one, a release (holder
+	// "") or a member Lease kept for the replica's next incarnation.
+	lastHolder map[string]string
+	// leaseHistory is each shard Lease's holders as written, in the order
+	// seen: the tenures against which the audit logs' writes are checked.
+	leaseHistory map[int32][]leaseVersion
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
@@ -72,14 +90,33 @@ type holderChange struct {
 	Holder string
 }
 
+// shardLease is a Lease as last seen. Its times are on the machine's clock
+// (the writer's clock offset subtracted).
 type shardLease struct {
-	holder         string
+	// holder is the replica holding it, "" when released.
+	holder string
+	// proc is the process holding it as its holder identity; nil when no
+	// process does (released, kept for the next incarnation) or the writer
+	// is unknown.
+	proc           *instance
 	acquire, renew time.Time
 	duration       time.Duration
 }
 
 func (l shardLease) live(now time.Time) bool {
 	return l.holder != "" && now.Before(l.renew.Add(l.duration))
+}
+
+// leaseVersion is a shard Lease's holder from an acquisition on, as written.
+type leaseVersion struct {
+	// Holder is the holder identity, "<replica>_<incarnation>"; "" for a
+	// released (or deleted) Lease.
+	Holder string
+	// Acquired is the Lease's acquire time on the machine's clock: taken by
+	// the acquirer before its write, so no later than the moment the Lease
+	// changed hands. For a release, when it was released; for a deletion,
+	// when the watch saw it.
+	Acquired time.Time
 }
 
 type memberLease = shardLease
@@ -98,9 +135,8 @@ type ownershipPoint struct {
 // unowned is the pseudo-holder of unowned shards in ownership points.
 const unowned = "<unowned>"
 
-func newRingWatch(ctx context.Context, cfg *rest.Config, running func(string) (time.Time, bool)) (*ringWatch, error) {
-	w := &ringWatch{running: running, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
-		holderHistory: map[int32][]holderChange{}}
+func newRingWatch(ctx context.Context, cfg *rest.Config, processOf func(string, time.Time) *instance) (*ringWatch, error) {
+	w := newRingState(processOf)
 	c, err := cache.New(cfg, cache.Options{
 		Scheme:            replica.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{LeaseNamespace: {}},
@@ -132,24 +168,75 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, running func(string) (t
 	return w, nil
 }
 
+// newRingState is a ring watch with nothing seen yet, not watching.
+func newRingState(processOf func(string, time.Time) *instance) *ringWatch {
+	return &ringWatch{processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
+		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, leaseHistory: map[int32][]leaseVersion{}}
+}
+
+// hasIncarnation says whether a holder identity names a process
+// ("<replica>_<incarnation>"), not only a replica.
+func hasIncarnation(holder string) bool {
+	return holder != "" && sharding.HolderReplica(holder) != holder
+}
+
+// writer is the process behind a holder identity, nil if unknown. Caller
+// holds w.mu.
+func (w *ringWatch) writer(holder string, seen time.Time) *instance {
+	if !hasIncarnation(holder) {
+		return nil
+	}
+	if in, ok := w.writers[holder]; ok {
+		return in
+	}
+	in := w.processOf(sharding.HolderReplica(holder), seen)
+	if in != nil {
+		w.writers[holder] = in
+	}
+	return in
+}
+
 func (w *ringWatch) observe(obj any, deleted bool) {
 	l, ok := obj.(*coordinationv1.Lease)
 	if !ok || l.Labels[sharding.LabelRing] != Ring {
 		return
 	}
-	st := shardLease{holder: sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, ""))}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.record(l, deleted, time.Now())
+}
+
+// record takes in a Lease seen at seen. Caller holds w.mu.
+func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time) {
+	identity := ptr.Deref(l.Spec.HolderIdentity, "")
+	// A version is written by its holder, or, without one that names a
+	// process, by the previous holder (releasing, or keeping the member
+	// Lease for its next incarnation).
+	wrote := identity
+	if hasIncarnation(identity) {
+		w.lastHolder[l.Name] = identity
+	} else {
+		wrote = w.lastHolder[l.Name]
+	}
+	var offset time.Duration
+	if in := w.writer(wrote, seen); in != nil {
+		offset = in.clockOffset
+	}
+	st := shardLease{holder: sharding.HolderReplica(identity)}
+	if hasIncarnation(identity) {
+		st.proc = w.writer(identity, seen)
+	}
 	if l.Spec.AcquireTime != nil {
-		st.acquire = l.Spec.AcquireTime.Time
+		st.acquire = l.Spec.AcquireTime.Add(-offset)
 	}
 	if l.Spec.RenewTime != nil {
-		st.renew = l.Spec.RenewTime.Time
+		st.renew = l.Spec.RenewTime.Add(-offset)
 	}
 	st.duration = time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
 	if deleted {
-		st = shardLease{}
+		st = shardLease{acquire: seen}
+		identity = ""
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	switch l.Labels[sharding.LabelLeaseKind] {
 	case sharding.LeaseKindMember:
 		name, ok := sharding.ParseMemberLeaseName(Ring, l.Name)
@@ -167,6 +254,10 @@ func (w *ringWatch) observe(obj any, deleted bool) {
 			return
 		}
 		w.shards[n] = st
+		hist := w.leaseHistory[n]
+		if last := len(hist) - 1; last < 0 || hist[last].Holder != identity || !hist[last].Acquired.Equal(st.acquire) {
+			w.leaseHistory[n] = append(hist, leaseVersion{Holder: identity, Acquired: st.acquire})
+		}
 	}
 }
 
@@ -192,14 +283,10 @@ func (w *ringWatch) owner(n int32, now time.Time) string {
 	return l.holder
 }
 
-// heldByRunning says whether a Lease is live and was last renewed by its
-// holder's current process.
+// heldByRunning says whether a Lease is live and the process holding it
+// runs (a paused one included: its Leases expire by themselves).
 func (w *ringWatch) heldByRunning(l shardLease, now time.Time) bool {
-	if !l.live(now) {
-		return false
-	}
-	since, ok := w.running(l.holder)
-	return ok && !l.renew.Before(since)
+	return l.live(now) && l.proc != nil && l.proc.proc.running()
 }
 
 func (w *ringWatch) tick(now time.Time) {
@@ -386,4 +473,18 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 type movedShard struct {
 	holder   string
 	acquired time.Time
+}
+
+// tenures returns every shard Lease's tenures so far, and the number of
+// holder changes (acquisitions and releases) they come from.
+func (w *ringWatch) tenures() (map[int32][]tenure, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[int32][]tenure{}
+	changes := 0
+	for n, hist := range w.leaseHistory {
+		out[n] = tenuresOf(hist)
+		changes += len(hist)
+	}
+	return out, changes
 }

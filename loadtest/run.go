@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -208,7 +209,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig)); err != nil {
 		return nil, err
 	}
-	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), r.runningSince); err != nil {
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), r.processOf); err != nil {
 		return nil, err
 	}
 	r.audit = newAuditTail()
@@ -445,13 +446,20 @@ func (r *run) currentFleet() *fleet {
 	return r.fleet
 }
 
-// runningSince reports whether a replica of the current fleet runs, and
-// since when.
-func (r *run) runningSince(id string) (time.Time, bool) {
-	if f := r.currentFleet(); f != nil {
-		return f.runningSince(id)
+// processOf is the newest process of replica id, in any fleet of the run,
+// started at or before at; nil if none. Fleets run one after another, so
+// the newest is the one that ran then, if any did.
+func (r *run) processOf(id string, at time.Time) *instance {
+	r.mu.Lock()
+	fleets := slices.Clone(r.fleets)
+	r.mu.Unlock()
+	var newest *instance
+	for _, f := range fleets {
+		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.started.After(newest.proc.started)) {
+			newest = in
+		}
 	}
-	return time.Time{}, false
+	return newest
 }
 
 // mark records an event of the run for the charts and the progress output.

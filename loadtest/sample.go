@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +39,18 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 	if f := r.currentFleet(); f != nil {
 		for _, s := range f.runningSlots() {
 			size++
+			f.mu.Lock()
+			in := s.current()
+			paused := in.paused
+			f.mu.Unlock()
+			if peak, ok := readPeakRSS(in.proc.pid()); ok {
+				f.mu.Lock()
+				in.peakRSS = max(in.peakRSS, peak)
+				f.mu.Unlock()
+			}
+			if paused {
+				continue // a stopped process answers no scrape
+			}
 			smp, err := scrapeReplica(ctx, hc, s.metricsAddr, extra)
 			if err != nil {
 				continue // starting or stopping: no sample this time
@@ -124,4 +138,34 @@ func (in *instance) delta(from, to time.Time, get func(replicaSample) float64) f
 		return get(end)
 	}
 	return get(end) - get(start)
+}
+
+// readPeakRSS reads a process's resident-memory high-water mark (VmHWM) on
+// Linux; false elsewhere, or once the process is gone.
+func readPeakRSS(pid int) (float64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, false
+	}
+	return parsePeakRSS(string(b))
+}
+
+// parsePeakRSS finds VmHWM in a /proc/<pid>/status, in bytes.
+func parsePeakRSS(status string) (float64, bool) {
+	for _, line := range strings.Split(status, "\n") {
+		v, ok := strings.CutPrefix(line, "VmHWM:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, false
+		}
+		kb, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, false
+		}
+		return kb * 1024, true
+	}
+	return 0, false
 }

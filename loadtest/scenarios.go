@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -25,6 +24,9 @@ type scenario struct {
 	doc string
 	// gate makes the checks decide the exit code.
 	gate bool
+	// faults says the scenario injects the chaos faults (kill, pause,
+	// clock offset), so their options are validated.
+	faults bool
 	// splitKeys reserves half of every domain's keys for a later phase
 	// (keys no object read before).
 	splitKeys bool
@@ -140,64 +142,29 @@ func init() {
 		},
 	})
 	register(&scenario{
-		name: "chaos",
-		gate: true,
-		doc: "Under continuous spec updates, a random replica is killed with SIGKILL every chaos interval and " +
-			"restarted (same identity, like a StatefulSet pod) after the restart delay. Fails on any overlapping " +
-			"reconcile, any generation never Ready, or any shard without a running holder for longer than lease " +
-			"duration + retry period.",
-		defaults: func(o *Options) { defaultDuration(o, 2*time.Minute) },
-		run: func(ctx context.Context, r *run) error {
-			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
-			if err != nil {
-				return err
-			}
-			if err := r.createAll(ctx, f); err != nil {
-				return err
-			}
-			rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
-			err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
-				end := time.Now().Add(r.opts.Duration)
-				for {
-					next := time.Now().Add(r.opts.ChaosInterval)
-					if next.Add(r.opts.RestartDelay).After(end) {
-						return nil
-					}
-					if err := sleep(ctx, time.Until(next)); err != nil {
-						return err
-					}
-					victims := f.runningSlots()
-					if len(victims) == 0 {
-						return fmt.Errorf("no replica runs")
-					}
-					s := victims[rng.IntN(len(victims))]
-					r.mark("SIGKILL %s", s.id)
-					at, err := f.kill(s)
-					if err != nil {
-						return err
-					}
-					if err := sleep(ctx, r.opts.RestartDelay); err != nil {
-						return err
-					}
-					r.mark("restart %s", s.id)
-					if err := f.restart(s); err != nil {
-						return err
-					}
-					r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, r.opts.RestartDelay), at)
-				}
-			})
-			if err != nil {
-				return err
-			}
-			return r.endFleet(ctx, f)
-		},
+		name:   "chaos",
+		gate:   true,
+		faults: true,
+		doc: "Under continuous spec updates, a fault on a random replica every chaos interval, in rotation: a kill " +
+			"(SIGKILL, restarted with the same identity after the restart delay, like a StatefulSet pod), a pause " +
+			"(SIGSTOP past its Leases' expiry, default lease duration + 2 × retry period, then SIGCONT: its shards are " +
+			"taken over while it cannot notice) and a clock offset (restarted after SIGTERM with the times it writes " +
+			"into Leases 30s ahead, the next time 30s behind, kept until another fault restarts it). Fails on any " +
+			"write outside its writer's tenure of the shard's Lease, any overlapping reconciles a pause does not " +
+			"explain, any generation never Ready, any shard without a running holder for longer than lease duration " +
+			"+ retry period, or a replica above its memory limit.",
+		// Two rotations of the three faults, each an interval, its own
+		// length and a settle apart.
+		defaults: func(o *Options) { defaultDuration(o, 6*time.Minute) },
+		run:      runChaos,
 	})
 	register(&scenario{
 		name: "rolling-restart",
 		gate: true,
 		doc: "Under continuous spec updates, every replica in turn, highest ordinal first, gets SIGTERM and is started " +
 			"again with the same identity, as a StatefulSet rolling update does: it releases its shards but keeps its " +
-			"place in the ring, and reclaims them on return. Fails like chaos.",
+			"place in the ring, and reclaims them on return. Fails like chaos (it has no pause, so any overlapping " +
+			"reconciles fail it).",
 		run: func(ctx context.Context, r *run) error {
 			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
 			if err != nil {
@@ -218,7 +185,7 @@ func init() {
 						return err
 					}
 					r.mark("start %s", s.id)
-					if err := f.restart(s); err != nil {
+					if err := f.restart(s, 0); err != nil {
 						return err
 					}
 					r.handover(ctx, f, "rolling restart of "+s.id, at)
@@ -273,7 +240,7 @@ func init() {
 				return err
 			}
 			for _, s := range slots {
-				if err := f.restart(s); err != nil {
+				if err := f.restart(s, 0); err != nil {
 					return err
 				}
 			}
@@ -549,7 +516,7 @@ func runHandover(ctx context.Context, r *run) error {
 	before = r.markWritesOrLog(ctx)
 	at = time.Now()
 	r.mark("restart %s", s.id)
-	if err := f.restart(s); err != nil {
+	if err := f.restart(s, 0); err != nil {
 		return err
 	}
 	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, before, settleQuiet)

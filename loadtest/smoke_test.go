@@ -70,7 +70,8 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the report: %v", err)
 	}
-	for _, want := range []string{"**Result: PASSED**", "go test -run TestSmoke ./loadtest/", "| sharded ×3 |", "basic-latency.svg", "basic-ownership.svg", "basic-calls.svg"} {
+	for _, want := range []string{"**Result: PASSED**", "go test -run TestSmoke ./loadtest/", "| sharded ×3 |", "basic-latency.svg", "basic-ownership.svg", "basic-calls.svg",
+		"| no overlapping writes | pass |", "| peak resident memory ÷ memory limit (largest replica) |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("the report lacks %q", want)
 		}
@@ -83,7 +84,15 @@ func TestSmoke(t *testing.T) {
 	if len(rep.Fleets) != 1 {
 		t.Fatalf("%d fleets, want 1", len(rep.Fleets))
 	}
+	// The write check had writes to check, against the Leases' history.
+	if a := rep.Audit; a == nil || a.Writes == 0 || a.LeaseChanges < 64 {
+		t.Errorf("audit summary %+v: want writes checked against every shard's tenures", a)
+	}
 	f := rep.Fleets[0]
+	// Every replica ran under deploy/base's limit, measured.
+	if f.MemoryLimit != 512<<20 || f.RSSPeakMax <= 0 {
+		t.Errorf("memory limit %v, peak RSS %v", f.MemoryLimit, f.RSSPeakMax)
+	}
 	// Every update issued in the measured phase became Ready (the final
 	// settle waits for the last ones), and the replicas held every object
 	// between them.

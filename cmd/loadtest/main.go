@@ -39,12 +39,14 @@ func run() int {
 		seed uint64
 		// calibrateFor defaults to the real default, so that 0 can mean off.
 		calibrateFor time.Duration
-		zo           = zap.Options{}
+		// memoryLimit likewise, so that an empty one can mean none too.
+		memoryLimit string
+		zo          = zap.Options{}
 	)
 	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
 	fs.StringVar(&o.Scenario, "scenario", "", "scenario to run (--list-scenarios shows them)")
 	fs.BoolVar(&list, "list-scenarios", false, "list the scenarios and exit")
-	fs.DurationVar(&o.Duration, "duration", 0, "load per measured phase (per fleet in a comparison) (default 60s; chaos 2m, scale-out and external-outage 90s, autoscale 5m)")
+	fs.DurationVar(&o.Duration, "duration", 0, "load per measured phase (per fleet in a comparison) (default 60s; chaos 6m, scale-out and external-outage 90s, autoscale 5m)")
 	fs.IntVar(&o.Objects, "objects", 0, "ConfigBindings (default 1000; compare-sharding 5000, handover 10000, autoscale and resync-storm 3000)")
 	fs.IntVar(&o.Domains, "domains", 0, "business domains, seeded in the config center (default 100)")
 	fs.IntVar(&o.KeysPerDomain, "keys-per-domain", 0, "keys seeded per domain (default 16)")
@@ -65,8 +67,11 @@ func run() int {
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", 0, "replicas' lease duration, whole seconds (default 15s)")
 	fs.DurationVar(&o.RenewDeadline, "renew-deadline", 0, "replicas' renew deadline (default 10s)")
 	fs.DurationVar(&o.RetryPeriod, "retry-period", 0, "replicas' Lease renewal period (default 5s)")
-	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between crashes (default 30s)")
-	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a crashed replica stays down (default 5s)")
+	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between faults, from the settle after the last one (default 30s)")
+	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a killed replica stays down (default 5s)")
+	fs.DurationVar(&o.PauseFor, "pause-for", 0, "chaos: how long a paused replica stays stopped (SIGSTOP); above the lease duration, below the chaos interval (default lease duration + 2 × retry period)")
+	fs.DurationVar(&o.ClockOffset, "clock-offset", 0, "chaos: the Lease clock offset of a clock fault, ahead and behind in turn; above the lease duration (default 30s)")
+	fs.StringVar(&memoryLimit, "memory-limit", loadtest.DefaultMemoryLimit, "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none")
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
 	fs.DurationVar(&calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling (status patches from 64 workers on throwaway ConfigBindings) before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
@@ -100,6 +105,10 @@ func run() int {
 		return 2
 	}
 	o.Seed = seed
+	o.MemoryLimit = memoryLimit
+	if memoryLimit == "" {
+		o.MemoryLimit = "0" // Options' zero means the default
+	}
 	o.CalibrateFor = calibrateFor
 	if calibrateFor == 0 {
 		o.CalibrateFor = -1 // Options' zero means the default

@@ -1,0 +1,275 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/kshard/kshard/internal/childproc"
+)
+
+// faultKind is one kind of fault the chaos scenario injects.
+type faultKind int
+
+const (
+	// faultKill crashes the victim (SIGKILL) and starts it again after the
+	// restart delay with the same identity, as a StatefulSet would. Its
+	// shards wait for their Leases to expire.
+	faultKill faultKind = iota
+	// faultPause stops the victim (SIGSTOP) for longer than its Leases last,
+	// then lets it go on (SIGCONT): a long GC pause, CPU throttling, a
+	// frozen VM. Another replica takes its shards over meanwhile; the
+	// victim, which cannot notice, must not write once it has.
+	faultPause
+	// faultClock restarts the victim (SIGTERM, then a new process) with the
+	// times it writes into Leases shifted (--lease-clock-offset): a node
+	// whose time sync failed. Expiry is timed on each replica's monotonic
+	// clock, so nothing may change: no shard taken early from a replica
+	// whose renewals look old, none left waiting on one whose look new.
+	faultClock
+)
+
+func (k faultKind) String() string { return [...]string{"kill", "pause", "clock offset"}[k] }
+
+// faultRotation is the order of the chaos scenario's faults, one per
+// interval.
+var faultRotation = [...]faultKind{faultKill, faultPause, faultClock}
+
+// fault is one fault to inject.
+type fault struct {
+	kind faultKind
+	// offset is a clock fault's Lease clock offset.
+	offset time.Duration
+}
+
+// lasts is how long the fault keeps its victim from running normally
+// before it is restarted or resumed: the restart delay of a kill, the
+// pause; a clock fault restarts at once.
+func (f fault) lasts(o Options) time.Duration {
+	switch f.kind {
+	case faultKill:
+		return o.RestartDelay
+	case faultPause:
+		return o.PauseFor
+	}
+	return 0
+}
+
+// faultPlan hands out the chaos scenario's faults in rotation, the clock
+// faults' offsets ahead of the machine's clock and behind it in turn.
+type faultPlan struct {
+	offset time.Duration
+	n      int
+	clocks int
+}
+
+func (p *faultPlan) next() fault {
+	f := fault{kind: faultRotation[p.n%len(faultRotation)]}
+	p.n++
+	if f.kind == faultClock {
+		f.offset = p.offset
+		if p.clocks%2 == 1 {
+			f.offset = -p.offset
+		}
+		p.clocks++
+	}
+	return f
+}
+
+// signed writes an offset with its sign: +30s, -30s.
+func signed(d time.Duration) string {
+	if d > 0 {
+		return "+" + d.String()
+	}
+	return d.String()
+}
+
+// runChaos injects a fault every chaos interval under continuous updates:
+// kill, pause and clock offset in rotation, each on a random running
+// replica, and measures each as a handover. The next interval starts when
+// the fleet settled after the last fault.
+func runChaos(ctx context.Context, r *run) error {
+	f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
+	if err != nil {
+		return err
+	}
+	if err := r.createAll(ctx, f); err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
+	plan := faultPlan{offset: r.opts.ClockOffset}
+	var done []injected
+	err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
+		end := time.Now().Add(r.opts.Duration)
+		for {
+			ft := plan.next()
+			next := time.Now().Add(r.opts.ChaosInterval)
+			if next.Add(ft.lasts(r.opts)).After(end) {
+				return nil
+			}
+			if err := sleep(ctx, time.Until(next)); err != nil {
+				return err
+			}
+			victims := f.runningSlots()
+			if len(victims) == 0 {
+				return fmt.Errorf("no replica runs")
+			}
+			s := victims[rng.IntN(len(victims))]
+			in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
+			note, err := r.inject(ctx, f, s, ft)
+			if err != nil {
+				return err
+			}
+			in.note = note
+			done = append(done, in)
+		}
+	})
+	r.addFinding(faultsFinding(done))
+	if err != nil {
+		return err
+	}
+	return r.endFleet(ctx, f)
+}
+
+// injected is a fault that ran: on which replica, when into the run, and
+// what else it did, if anything.
+type injected struct {
+	fault
+	replica string
+	at      time.Duration
+	note    string
+}
+
+func (i injected) String() string {
+	s := fmt.Sprintf("%s of %s at %s", i.kind, i.replica, round(i.at))
+	if i.kind == faultClock {
+		s = fmt.Sprintf("%s %s on %s at %s", i.kind, signed(i.offset), i.replica, round(i.at))
+	}
+	if i.note != "" {
+		s += ", " + i.note
+	}
+	return s
+}
+
+// inject runs one fault on replica s and waits for the fleet to settle
+// after it (a handover under load, from the fault's signal). It says what
+// else happened, if anything.
+func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, error) {
+	o := r.opts
+	switch ft.kind {
+	case faultKill:
+		r.mark("SIGKILL %s", s.id)
+		at, err := f.kill(s)
+		if err != nil {
+			return "", err
+		}
+		if err := sleep(ctx, o.RestartDelay); err != nil {
+			return "", err
+		}
+		// A restart by another fault ends a clock offset.
+		r.mark("restart %s", s.id)
+		if err := f.restart(s, 0); err != nil {
+			return "", err
+		}
+		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
+		return "", nil
+	case faultPause:
+		leader, in := f.isLeader(s), s.current()
+		r.mark("SIGSTOP %s", s.id)
+		at, err := f.pause(s)
+		if err == nil {
+			err = sleep(ctx, o.PauseFor)
+		}
+		if leader {
+			// Its leader-election Lease expired meanwhile and another
+			// replica took it: controller-runtime's manager exits once it
+			// runs again ("leader election lost").
+			in.proc.expectExit(true)
+		}
+		// Resumed on every way out: a stopped child would not stop.
+		r.mark("SIGCONT %s", s.id)
+		if rerr := f.resume(s); err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return "", err
+		}
+		note := ""
+		if leader {
+			if note, err = r.afterLeaderPause(ctx, f, s, in); err != nil {
+				return "", err
+			}
+		}
+		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
+		return note, nil
+	case faultClock:
+		r.mark("SIGTERM %s", s.id)
+		at, err := f.terminate(s)
+		if err != nil {
+			return "", err
+		}
+		r.mark("start %s, Lease clock %s", s.id, signed(ft.offset))
+		if err := f.restart(s, ft.offset); err != nil {
+			return "", err
+		}
+		r.handover(ctx, f, fmt.Sprintf("restart of %s with its Lease clock %s (--lease-clock-offset)", s.id, signed(ft.offset)), at)
+		return "", nil
+	}
+	return "", fmt.Errorf("unknown fault %d", ft.kind)
+}
+
+// afterLeaderPause follows a pause of the replica elected to label
+// objects. Its leader-election Lease expired while it was stopped, so
+// controller-runtime's manager exits once it runs again and fails to renew
+// it ("leader election lost", within the renew deadline), as any
+// leader-elected controller does; in a pod the kubelet restarts the
+// container, so the load tester restarts it at once. An exit for another
+// reason fails the run; a replica that keeps running (nobody took its
+// leadership) is left alone. It says what happened.
+func (r *run) afterLeaderPause(ctx context.Context, f *fleet, s *slot, in *instance) (string, error) {
+	resumed := time.Now()
+	bound := r.opts.RenewDeadline + r.opts.LeaseDuration
+	select {
+	case <-in.proc.done:
+	case <-time.After(bound):
+		in.proc.expectExit(false)
+		return fmt.Sprintf("the elected labeler, kept running (no exit within %s of SIGCONT)", bound), nil
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
+	}
+	ended, exitErr := in.proc.wait()
+	tail := childproc.Tail(in.proc.logPath, 15)
+	if !strings.Contains(tail, "leader election lost") {
+		return "", fmt.Errorf("%s (pid %d) exited after its pause (%s), not for losing the leader election; the end of %s:\n%s",
+			s.id, in.proc.pid(), childproc.ExitText(exitErr), in.proc.logPath, tail)
+	}
+	after := ended.Sub(resumed)
+	r.mark("%s exited: leader election lost", s.id)
+	r.mark("restart %s", s.id)
+	if err := f.restart(s, 0); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("the elected labeler: exited %s after SIGCONT (leader election lost, %s) and was restarted at once, as the kubelet would", round(after), childproc.ExitText(exitErr)), nil
+}
+
+// faultsFinding says which faults ran, so a report shows whether each kind
+// did within the duration.
+func faultsFinding(done []injected) string {
+	count := map[faultKind]int{}
+	each := make([]string, 0, len(done))
+	for _, d := range done {
+		count[d.kind]++
+		each = append(each, d.String())
+	}
+	kinds := make([]string, 0, len(faultRotation))
+	for _, k := range faultRotation {
+		kinds = append(kinds, fmt.Sprintf("%d %s", count[k], k))
+	}
+	s := "faults injected: " + strings.Join(kinds, ", ")
+	if len(each) > 0 {
+		s += " (" + strings.Join(each, "; ") + ")"
+	}
+	return s
+}

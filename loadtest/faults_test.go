@@ -1,0 +1,378 @@
+package loadtest
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/sharding"
+)
+
+func TestFaultRotation(t *testing.T) {
+	p := faultPlan{offset: 30 * time.Second}
+	var got []fault
+	for range 7 {
+		got = append(got, p.next())
+	}
+	want := []fault{
+		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second},
+		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: -30 * time.Second},
+		{kind: faultKill},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("faults %v, want %v", got, want)
+	}
+	o := Options{RestartDelay: 5 * time.Second, PauseFor: 25 * time.Second}
+	for _, tc := range []struct {
+		f    fault
+		want time.Duration
+	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}} {
+		if got := tc.f.lasts(o); got != tc.want {
+			t.Errorf("%s lasts %s, want %s", tc.f.kind, got, tc.want)
+		}
+	}
+	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[5], replica: "kshard-0", at: 2 * time.Minute}}
+	if got, want := faultsFinding(done), "faults injected: 1 kill, 0 pause, 1 clock offset (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
+		t.Errorf("finding %q\nwant      %q", got, want)
+	}
+}
+
+func TestFaultOptions(t *testing.T) {
+	o := Options{Scenario: "chaos", Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["chaos"]); err != nil {
+		t.Fatal(err)
+	}
+	// The pause outlasts the Lease (15s) by two renewal periods and fits the
+	// 30s interval.
+	if o.PauseFor != 25*time.Second || o.ClockOffset != 30*time.Second || o.MemoryLimit != "512Mi" || o.Duration != 6*time.Minute {
+		t.Errorf("chaos defaults: pause %s, clock offset %s, memory limit %s, duration %s", o.PauseFor, o.ClockOffset, o.MemoryLimit, o.Duration)
+	}
+	if b, err := o.memoryLimitBytes(); err != nil || b != 512<<20 {
+		t.Errorf("memory limit %d bytes (%v)", b, err)
+	}
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{PauseFor: 15 * time.Second}, "must outlast the lease duration"},
+		{Options{PauseFor: 30 * time.Second}, "fit the chaos interval"},
+		{Options{ClockOffset: 10 * time.Second}, "clock offset 10s must exceed the lease duration"},
+		{Options{MemoryLimit: "lots"}, `memory limit "lots"`},
+		{Options{MemoryLimit: "-1Mi"}, `memory limit "-1Mi"`},
+	} {
+		o := tc.o
+		o.Scenario, o.Out, o.HPAFile = "chaos", t.TempDir(), "x"
+		err := o.setDefaults(scenarios["chaos"])
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: error %v, want one saying %q", tc.o, err, tc.want)
+		}
+	}
+	// Only a scenario with faults checks them: a long lease elsewhere makes
+	// a default pause that would not fit the chaos interval, harmlessly.
+	o = Options{Scenario: "basic", LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["basic"]); err != nil {
+		t.Errorf("basic with a 30s lease: %v", err)
+	}
+	// "0" passes no memory limit.
+	o = Options{Scenario: "basic", MemoryLimit: "0", Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["basic"]); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := o.memoryLimitBytes(); err != nil || b != 0 {
+		t.Errorf("memory limit 0: %d bytes (%v)", b, err)
+	}
+}
+
+// TestReplicaArgsFaultsAndLimit: kshard gets the memory limit and a clock
+// offset (negative too, as one argument); the plain controller, which has
+// no such flags, never does.
+func TestReplicaArgsFaultsAndLimit(t *testing.T) {
+	c := testReplicaConfig()
+	c.memoryLimit, c.clockOffset = "512Mi", -30*time.Second
+	args := replicaArgs(ModeSharded, c)
+	if i := slices.Index(args, "--memory-limit"); i < 0 || args[i+1] != "512Mi" {
+		t.Errorf("no --memory-limit 512Mi in %v", args)
+	}
+	if !slices.Contains(args, "--lease-clock-offset=-30s") {
+		t.Errorf("no --lease-clock-offset=-30s in %v", args)
+	}
+	c.audit = ""
+	plain := flagNames(replicaArgs(ModePlain, c))
+	if slices.Contains(plain, "memory-limit") || slices.Contains(plain, "lease-clock-offset") {
+		t.Errorf("the plain controller got kshard-only flags: %v", plain)
+	}
+	c = testReplicaConfig()
+	if names := flagNames(replicaArgs(ModeSharded, c)); slices.Contains(names, "memory-limit") || slices.Contains(names, "lease-clock-offset") {
+		t.Errorf("flags without a limit or an offset: %v", names)
+	}
+}
+
+// testProcess is a replica process that runs (or ended), for the ring
+// watch.
+func testProcess(started time.Time, offset time.Duration, running bool) *instance {
+	p := &process{started: started, done: make(chan struct{})}
+	if !running {
+		close(p.done)
+	}
+	return &instance{proc: p, clockOffset: offset}
+}
+
+func shardLeaseObject(shard int32, holder string, acquire, renew time.Time) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: sharding.ShardLeaseName(Ring, shard),
+			Labels: map[string]string{sharding.LabelRing: Ring, sharding.LabelLeaseKind: sharding.LeaseKindShard}},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To(holder),
+			LeaseDurationSeconds: ptr.To(int32(15)),
+			AcquireTime:          &metav1.MicroTime{Time: acquire},
+			RenewTime:            &metav1.MicroTime{Time: renew},
+		},
+	}
+}
+
+// TestRingWatchClockOffset: the times a replica with a clock offset writes
+// into Leases are read on the machine's clock, and a Lease is held only by
+// the process behind its holder identity, not by a later process of the
+// same replica.
+func TestRingWatchClockOffset(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ahead := testProcess(t0, 30*time.Second, true)   // kshard-0's first process
+	behind := testProcess(t0, -30*time.Second, true) // kshard-1's
+	procs := map[string][]*instance{"kshard-0": {ahead}, "kshard-1": {behind}}
+	w := newRingState(func(replica string, at time.Time) *instance {
+		var newest *instance
+		for _, in := range procs[replica] {
+			if !in.proc.started.After(at) {
+				newest = in
+			}
+		}
+		return newest
+	})
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+
+	// kshard-0 acquires shard 0 at 10s, writing 40s; kshard-1 shard 1 at
+	// 10s, writing -20s.
+	w.record(shardLeaseObject(0, "kshard-0_a", sec(40), sec(40)), false, sec(10))
+	w.record(shardLeaseObject(1, "kshard-1_b", sec(-20), sec(-20)), false, sec(10))
+	if l := w.shards[0]; !l.acquire.Equal(sec(10)) || !l.renew.Equal(sec(10)) {
+		t.Errorf("shard 0: acquired %s, renewed %s; want both at 10s", l.acquire, l.renew)
+	}
+	// Both held until 10s + 15s, whatever their clocks said.
+	for _, now := range []time.Time{sec(11), sec(24)} {
+		if h := w.holdersNow(now); h[0] != "kshard-0" || h[1] != "kshard-1" {
+			t.Errorf("at %s: holders %v", now.Sub(t0), h)
+		}
+	}
+	if h := w.holdersNow(sec(26)); len(h) != 0 {
+		t.Errorf("at 26s, unrenewed: holders %v, want none", h)
+	}
+
+	// kshard-1 releases shard 1 at 30s (writing 0s); kshard-0 takes it at
+	// 31s (writing 61s).
+	w.record(shardLeaseObject(1, "", sec(0), sec(0)), false, sec(30))
+	w.record(shardLeaseObject(1, "kshard-0_a", sec(61), sec(61)), false, sec(31))
+	tenures, changes := w.tenures()
+	want := []tenure{{Holder: "kshard-1_b", From: sec(10), To: sec(30)}, {Holder: "kshard-0_a", From: sec(31)}}
+	if got := tenures[1]; !slices.Equal(got, want) || changes != 4 {
+		t.Errorf("shard 1 tenures %v (%d changes), want %v (4)", got, changes, want)
+	}
+
+	// kshard-0 restarts at 40s with no offset. Its old identity's Lease,
+	// seen again (a renewal observed late), is not held by the new process.
+	close(ahead.proc.done)
+	restarted := testProcess(sec(40), 0, true)
+	procs["kshard-0"] = append(procs["kshard-0"], restarted)
+	w.record(shardLeaseObject(0, "kshard-0_a", sec(70), sec(70)), false, sec(41))
+	if h := w.holdersNow(sec(42)); h[0] != "" {
+		t.Errorf("shard 0 held by %q after its holder's process ended", h[0])
+	}
+	w.record(shardLeaseObject(0, "kshard-0_c", sec(45), sec(45)), false, sec(45))
+	if h := w.holdersNow(sec(46)); h[0] != "kshard-0" {
+		t.Errorf("shard 0 held by %q, want the restarted kshard-0", h[0])
+	}
+	if w.writers["kshard-0_c"] != restarted || w.writers["kshard-0_a"] != ahead {
+		t.Error("holder identities mapped to the wrong processes")
+	}
+}
+
+func TestTenuresOf(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+	got := tenuresOf([]leaseVersion{
+		{"a_1", sec(0)},
+		{"a_1", sec(5)}, // acquired again by its holder: one tenure
+		{"", sec(10)},   // released
+		{"b_1", sec(12)},
+		{"c_1", sec(40)}, // taken over after expiry
+		{"a_2", sec(50)},
+	})
+	want := []tenure{{"a_1", sec(0), sec(10)}, {"b_1", sec(12), sec(40)}, {"c_1", sec(40), sec(50)}, {"a_2", sec(50), time.Time{}}}
+	if !slices.Equal(got, want) {
+		t.Errorf("tenures %v\nwant    %v", got, want)
+	}
+	if got := tenuresOf([]leaseVersion{{"", sec(0)}}); len(got) != 0 {
+		t.Errorf("a Lease never held: tenures %v", got)
+	}
+}
+
+func TestStrayWrites(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+	tenures := map[int32][]tenure{0: {{"a_1", sec(0), sec(10)}, {"b_1", sec(12), sec(40)}, {"a_2", sec(40), time.Time{}}}}
+	write := func(replica string, shard int32, name string, at time.Time, until *time.Time) sharding.AuditRecord {
+		return sharding.AuditRecord{Time: at, Event: "write", Replica: replica, Shard: shard, Namespace: "ns", Name: name, Until: until}
+	}
+	stray := strayWrites([]sharding.AuditRecord{
+		write("a", 0, "in-first-tenure", sec(1), ptr.To(sec(9))),
+		write("a", 0, "after-release", sec(11), nil),
+		// b was paused: its write returned at 45s, after a's successor took
+		// the shard at 40s, but its hold ended at 38s: sent by then.
+		write("b", 0, "late-but-held", sec(45), ptr.To(sec(38))),
+		write("b", 0, "beyond-its-hold", sec(41), ptr.To(sec(42))),
+		write("b", 0, "at-takeover", sec(40), nil), // a tenure ends before its successor's
+		write("a", 0, "from-acquire", sec(40), nil),
+		write("a", 0, "restarted", sec(100), nil),
+		write("a", 1, "shard-never-held", sec(1), nil),
+	}, tenures)
+	var names []string
+	for _, s := range stray {
+		names = append(names, s.Write.Name)
+	}
+	want := []string{"shard-never-held", "after-release", "at-takeover", "beyond-its-hold"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("stray writes %v, want %v", names, want)
+	}
+	if s := stray[3]; s.Holder != "a_2" || !s.At.Equal(sec(41)) {
+		t.Errorf("%v: want it at 41s, in a_2's tenure", s)
+	}
+	if s := stray[1]; s.Holder != "" || !strings.Contains(s.String(), "held by nobody") {
+		t.Errorf("%v: want it in no tenure", s)
+	}
+	if n := lateWrites([]sharding.AuditRecord{write("b", 0, "x", sec(45), ptr.To(sec(38))), write("a", 0, "y", sec(1), ptr.To(sec(9)))}); n != 1 {
+		t.Errorf("%d late writes, want 1", n)
+	}
+}
+
+func TestAcrossPause(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+	iv := func(replica string, from, to int) reconcileInterval {
+		return reconcileInterval{Replica: replica, Start: sec(from), End: sec(to)}
+	}
+	pauses := map[string][]window{"a": {{sec(10), sec(35)}}, "c": {{From: sec(10)}}}
+	grace := 5 * time.Second
+	for _, tc := range []struct {
+		name string
+		a, b reconcileInterval
+		want bool
+	}{
+		{"a's reconcile spans its pause and b's", iv("a", 9, 36), iv("b", 27, 28), true},
+		{"either order", iv("b", 27, 28), iv("a", 9, 36), true},
+		{"a began right after it was let go on, before fencing", iv("a", 36, 37), iv("b", 30, 40), true},
+		{"a began after the grace", iv("a", 41, 42), iv("b", 30, 45), false},
+		{"b began before the pause: side by side without one", iv("a", 9, 36), iv("b", 8, 12), false},
+		{"no pause of either", iv("b", 0, 5), iv("d", 1, 2), false},
+		{"still paused at the end of the run", iv("c", 9, 60), iv("b", 30, 31), true},
+	} {
+		if got := acrossPause(overlap{Object: "ns/x", A: tc.a, B: tc.b}, pauses, grace); got != tc.want {
+			t.Errorf("%s: across a pause = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAuditWritesAndChecks: the write records are read from the audit
+// logs, a run without any fails the write check (it would prove nothing),
+// and the overlaps a pause explains are reported without failing.
+func TestAuditWritesAndChecks(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := rec("a", "write", "x", t0.Add(time.Second))
+	w.Until = ptr.To(t0.Add(2 * time.Second))
+	p := filepath.Join(dir, "a.0")
+	writeAudit(t, p, false, rec("a", "start", "x", t0), w, rec("a", "end", "x", t0.Add(3*time.Second)))
+	d, err := readAudit([]auditFile{{Path: p, Replica: "a"}}, t0.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.writes) != 1 || d.records != 3 || !d.writes[0].Until.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("writes %+v, %d records", d.writes, d.records)
+	}
+
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+	pauses := map[string][]window{"a": {{sec(10), sec(35)}}}
+	overlaps := []overlap{
+		{Object: "ns/x", A: reconcileInterval{Replica: "a", Start: sec(9), End: sec(36)}, B: reconcileInterval{Replica: "b", Start: sec(27), End: sec(28)}},
+		{Object: "ns/y", A: reconcileInterval{Replica: "b", Start: sec(50), End: sec(52)}, B: reconcileInterval{Replica: "c", Start: sec(51), End: sec(53)}},
+	}
+	a := auditSummary(d, 1, nil, 2, overlaps, pauses, 5*time.Second)
+	if a.Writes != 1 || a.OverlappingWrites != 0 || a.ReconcileOverlaps != 1 || a.OverlapsAcrossPause != 1 {
+		t.Errorf("summary %+v", a)
+	}
+	if c := a.writeCheck(""); !c.Passed || !strings.Contains(c.Detail, "0 overlapping writes") || !strings.Contains(c.Detail, "of 1 writes in the audit log") {
+		t.Errorf("write check %+v", c)
+	}
+	if c := a.reconcileCheck(""); c.Passed || !strings.Contains(c.Detail, "1 across a pause") || !strings.Contains(c.Detail, "OVERLAP ns/y") {
+		t.Errorf("reconcile check %+v: want it failed by ns/y only", c)
+	}
+	none := auditSummary(auditData{byObject: map[string][]reconcileInterval{}}, 1, nil, 0, nil, nil, 0)
+	if c := none.writeCheck(""); c.Passed || !strings.Contains(c.Detail, "proves nothing") {
+		t.Errorf("no writes: %+v, want a failure", c)
+	}
+}
+
+func TestPeakRSSAndMemoryCheck(t *testing.T) {
+	status := "Name:\tkshard\nVmPeak:\t 2000000 kB\nVmHWM:\t  307200 kB\nVmRSS:\t  204800 kB\n"
+	if b, ok := parsePeakRSS(status); !ok || b != 300<<20 {
+		t.Errorf("VmHWM %v (%v), want 300 MiB", b, ok)
+	}
+	if _, ok := parsePeakRSS("Name:\tkshard\n"); ok {
+		t.Error("no VmHWM, yet a peak")
+	}
+
+	fleets := []*FleetResult{
+		{Fleet: "sharded ×1", MemoryLimit: 512 << 20, RSSPeakMax: 300 << 20, RSSPeakReplica: "kshard-0"},
+		{Fleet: "plain controller-runtime ×1", Plain: true, RSSPeakMax: 900 << 20},
+	}
+	c := memoryCheck(fleets)
+	if !c.Passed || c.Detail != "largest: kshard-0 of sharded ×1, 300.0 MiB (0.59) of its 512.0 MiB limit" {
+		t.Errorf("memory check %+v", c)
+	}
+	if got := memoryLimitText(fleets[0]); got != "300.0 MiB ÷ 512.0 MiB = 0.59" {
+		t.Errorf("row %q", got)
+	}
+	if got := memoryLimitText(fleets[1]); !strings.HasPrefix(got, "n/a") {
+		t.Errorf("plain row %q", got)
+	}
+	fleets[0].RSSPeakMax = 512 << 20
+	if c := memoryCheck(fleets); c.Passed {
+		t.Errorf("at the limit: %+v, want a failure", c)
+	}
+	if c := memoryCheck(fleets[1:]); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
+		t.Errorf("no limit: %+v", c)
+	}
+}
+
+// TestReadmeLink: a report in a folder under loadtest/results links to the
+// guide as well as one in loadtest/results.
+func TestReadmeLink(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	for out, want := range map[string]string{
+		filepath.Join(root, "loadtest", "results"):           "../README.md",
+		filepath.Join(root, "loadtest", "results", "single"): "../../README.md",
+		t.TempDir(): "",
+	} {
+		if got := readmeFrom(out); got != want {
+			t.Errorf("from %s: %q, want %q", out, got, want)
+		}
+	}
+}
