@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"

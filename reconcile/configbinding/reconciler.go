@@ -191,20 +191,21 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 			return targetConflict(target.Name, owner), nil
 		}
 	}
+	ac := renderConfigMap(cb, shard, res.data)
 	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
 	if !ok {
 		return nil, nil
 	}
-	defer done()
-	ac := renderConfigMap(cb, shard, res.data)
-	if err := r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	err = r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
+	done()
+	if err != nil {
 		if apierrors.IsForbidden(err) {
 			return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetForbidden,
 				Message: fmt.Sprintf("writing ConfigMap %s was refused: %s", target.Name, apiMessage(err))}, nil
 		}
 		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
 	}
-	if err := r.removeForeignKeys(wctx, target, ac.Data, res.data); err != nil {
+	if err := r.removeForeignKeys(ctx, shard, target, ac.Data, res.data); err != nil {
 		return nil, err
 	}
 	r.writes.wrote(key, current.ResourceVersion, want)
@@ -216,7 +217,7 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 // that no other field manager owns: a key that an earlier controller or a
 // person (kubectl edit) wrote stays after it, and the ConfigMap would never
 // match its binding. A merge patch removes them whoever owns them.
-func (r *Reconciler) removeForeignKeys(ctx context.Context, target types.NamespacedName, got, want map[string]string) error {
+func (r *Reconciler) removeForeignKeys(ctx context.Context, shard int32, target types.NamespacedName, got, want map[string]string) error {
 	remove := map[string]any{}
 	for k := range got {
 		if _, ok := want[k]; !ok {
@@ -231,7 +232,12 @@ func (r *Reconciler) removeForeignKeys(ctx context.Context, target types.Namespa
 		return err
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: target.Namespace, Name: target.Name}}
-	if err := r.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldManager)); err != nil {
+	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
+	if !ok {
+		return nil
+	}
+	defer done()
+	if err := r.Client.Patch(wctx, cm, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(FieldManager)); err != nil {
 		return fmt.Errorf("removing keys of other writers from ConfigMap %s: %w", target.Name, err)
 	}
 	return nil
