@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // Mode is one way of running the controller: a name for the reports and the
@@ -226,7 +227,7 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 		f.sizes = append(f.sizes, n)
 	}
 	for len(f.slots) < n {
-		ports, err := freePorts(2)
+		ports, err := childproc.FreePorts(2)
 		if err != nil {
 			f.mu.Unlock()
 			return err
@@ -487,22 +488,6 @@ func (f *fleet) auditPaths() []string {
 		}
 	}
 	return out
-}
-
-// freePorts reserves n distinct loopback ports by listening on them all at
-// once, then frees them for a replica. Another process could take one in
-// between; the replica then fails to start, and the run says so.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // setDesired writes the StatefulSet's desired replica count, which replicas

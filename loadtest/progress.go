@@ -3,10 +3,11 @@ package loadtest
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // plainEvery is how often the status is printed as a new line when the
@@ -27,21 +28,7 @@ type progress struct {
 }
 
 func newProgress(w io.Writer) *progress {
-	return &progress{w: w, tty: isTerminal(w)}
-}
-
-// isTerminal reports whether w is a character device whose terminal
-// understands cursor movement (TERM is not "dumb").
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		return false
-	}
-	return os.Getenv("TERM") != "dumb"
+	return &progress{w: w, tty: childproc.IsTerminal(w)}
 }
 
 // printf writes a message line above the status.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
@@ -225,7 +225,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	r.report = r.newReport()
 
 	r.begin = time.Now()
-	stopSampling := goSafe(ctx, cancel, "sampler", r.sample)
+	stopSampling := childproc.GoSafe(ctx, cancel, "sampler", r.sample)
 	scenarioErr := r.sc.run(ctx, r)
 	if scenarioErr == nil {
 		scenarioErr = context.Cause(ctx)
@@ -381,7 +381,7 @@ func (r *run) prepare(ctx context.Context) error {
 // faults, and waits until it answers.
 func (r *run) startCenter(ctx context.Context) error {
 	o := r.opts
-	ports, err := freePorts(1)
+	ports, err := childproc.FreePorts(1)
 	if err != nil {
 		return err
 	}
@@ -495,24 +495,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// goSafe runs fn in a goroutine until the returned stop is called. A panic
-// cancels the run with the panic as the cause instead of killing the
-// process, so the deferred cleanup still stops every child.
-func goSafe(ctx context.Context, cancel context.CancelCauseFunc, what string, fn func(context.Context)) (stop func()) {
-	ctx, stopCtx := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			if p := recover(); p != nil {
-				cancel(fmt.Errorf("%s panicked: %v\n%s", what, p, debug.Stack()))
-			}
-		}()
-		fn(ctx)
-	}()
-	return func() { stopCtx(); <-done }
 }
 
 // errSettle marks a settle that timed out; the run reports it as a failed

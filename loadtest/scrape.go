@@ -12,9 +12,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/client-go/rest"
+
+	"github.com/kshard/kshard/internal/promtext"
 )
 
 // The metrics the load tester reads. Replicas serve them on their metrics
@@ -53,8 +53,7 @@ const (
 type families map[string]*dto.MetricFamily
 
 func parseFamilies(r io.Reader) (families, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	f, err := parser.TextToMetricFamilies(r)
+	f, err := promtext.Parse(r)
 	if err != nil {
 		return nil, fmt.Errorf("parsing metrics: %w", err)
 	}
@@ -67,7 +66,7 @@ func (f families) sum(name string, match map[string]string) float64 {
 	var total float64
 	for _, m := range f[name].GetMetric() {
 		if matches(m, match) {
-			total += value(m)
+			total += promtext.Value(m)
 		}
 	}
 	return total
@@ -78,7 +77,7 @@ func (f families) by(name, label string, match map[string]string) map[string]flo
 	out := map[string]float64{}
 	for _, m := range f[name].GetMetric() {
 		if matches(m, match) {
-			out[labelOf(m, label)] += value(m)
+			out[promtext.Label(m, label)] += promtext.Value(m)
 		}
 	}
 	return out
@@ -126,32 +125,11 @@ func (f families) histogramSum(name string, match map[string]string) (count, sum
 
 func matches(m *dto.Metric, match map[string]string) bool {
 	for k, v := range match {
-		if labelOf(m, k) != v {
+		if promtext.Label(m, k) != v {
 			return false
 		}
 	}
 	return true
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetUntyped() != nil:
-		return m.GetUntyped().GetValue()
-	}
-	return 0
-}
-
-func labelOf(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
 }
 
 // replicaSample is what one scrape of one replica process says.

@@ -200,7 +200,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 		want := map[string]float64{"kshard_shards_owned": shards, "kshard_ring_members": 3, "kshard_unowned_shards": 0,
 			"kshard_shard_objects": float64(len(keys)), "kshard_ring_shard_count_mismatch": 0}
 		for name, v := range want {
-			got, err := gathered(name)
+			got, err := gathered(name, ring)
 			if err != nil {
 				return err
 			}
@@ -656,8 +656,9 @@ func (p *cutProxy) cut() {
 	p.conns = nil
 }
 
-// gathered sums every series of a metric in controller-runtime's registry.
-func gathered(name string) (float64, error) {
+// gathered sums the series of one ring of a metric in controller-runtime's
+// registry: other tests' replicas of other rings run in the same process.
+func gathered(name, ring string) (float64, error) {
 	families, err := metrics.Registry.Gather()
 	if err != nil {
 		return 0, err
@@ -668,7 +669,11 @@ func gathered(name string) (float64, error) {
 		}
 		sum := 0.0
 		for _, m := range f.GetMetric() {
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "ring" && l.GetValue() == ring {
+					sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				}
+			}
 		}
 		return sum, nil
 	}

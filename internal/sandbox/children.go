@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,7 +86,7 @@ type replica struct {
 }
 
 func newSupervisor(opts supervisorOptions) (*supervisor, error) {
-	ports, err := freePorts(2 * opts.Replicas)
+	ports, err := childproc.FreePorts(2 * opts.Replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -121,22 +120,6 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 	}
 	s.spawn = childproc.NewSpawner()
 	return s, nil
-}
-
-// freePorts reserves n distinct loopback ports by listening on them all at
-// once, then frees them for the replicas. Another process could take one in
-// between; the replica would then fail to start and the run would say so.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func (s *supervisor) all() []*replica { return s.replicas }

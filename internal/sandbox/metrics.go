@@ -7,9 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/kshard/kshard/internal/promtext"
 )
 
 // The metrics a replica serves that the live view reads. They are the
@@ -120,51 +118,19 @@ func (s *scraper) ready(ctx context.Context, addr string) bool {
 
 // parseMetrics reads the Prometheus text format and keeps what the view shows.
 func parseMetrics(r io.Reader) (sample, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
+	families, err := promtext.Parse(r)
 	if err != nil {
-		return sample{}, fmt.Errorf("parsing metrics: %w", err)
+		return sample{}, err
 	}
 	s := sample{cache: map[string]float64{}}
-	s.shards = sum(families[metricShardsOwned])
-	s.objects = sum(families[metricShardObjects])
-	s.reconciles = sum(families[metricReconciles])
-	s.externalCalls = sum(families[metricExternalCalls])
+	s.shards = promtext.Sum(families[metricShardsOwned])
+	s.objects = promtext.Sum(families[metricShardObjects])
+	s.reconciles = promtext.Sum(families[metricReconciles])
+	s.externalCalls = promtext.Sum(families[metricExternalCalls])
 	if f := families[metricCacheRequests]; f != nil {
 		for _, m := range f.GetMetric() {
-			s.cache[label(m, "result")] += value(m)
+			s.cache[promtext.Label(m, "result")] += promtext.Value(m)
 		}
 	}
 	return s, nil
-}
-
-// sum adds up a family's series; a missing family sums to zero, as a
-// counter nobody incremented yet.
-func sum(f *dto.MetricFamily) float64 {
-	var total float64
-	for _, m := range f.GetMetric() {
-		total += value(m)
-	}
-	return total
-}
-
-func value(m *dto.Metric) float64 {
-	switch {
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetUntyped() != nil:
-		return m.GetUntyped().GetValue()
-	}
-	return 0
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
 }

@@ -19,7 +19,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -296,7 +295,7 @@ func (s *sandbox) run(parent context.Context) error {
 	}
 
 	v := newViewer(s, c)
-	stopView := goSafe(ctx, cancel, "live view", v.run)
+	stopView := childproc.GoSafe(ctx, cancel, "live view", v.run)
 	defer stopView()
 
 	if err := (&script{s: s, c: c, scraper: newScraper()}).run(ctx); err != nil {
@@ -355,22 +354,4 @@ func round(d time.Duration) time.Duration {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(100 * time.Millisecond)
-}
-
-// goSafe runs fn in a goroutine until the returned stop is called. A panic in
-// fn cancels the run with the panic as the cause instead of killing the
-// process, so the deferred cleanup still stops every child.
-func goSafe(ctx context.Context, cancel context.CancelCauseFunc, what string, fn func(context.Context)) (stop func()) {
-	ctx, stopCtx := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			if r := recover(); r != nil {
-				cancel(fmt.Errorf("%s panicked: %v\n%s", what, r, debug.Stack()))
-			}
-		}()
-		fn(ctx)
-	}()
-	return func() { stopCtx(); <-done }
 }

@@ -3,9 +3,10 @@ package sandbox
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // screen is the sandbox's only way to the person reading it. Messages scroll;
@@ -24,21 +25,7 @@ type screen struct {
 }
 
 func newScreen(w io.Writer) *screen {
-	return &screen{w: w, tty: isTerminal(w)}
-}
-
-// isTerminal reports whether w is a character device and the terminal
-// understands cursor movement (TERM is not "dumb").
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		return false
-	}
-	return os.Getenv("TERM") != "dumb"
+	return &screen{w: w, tty: childproc.IsTerminal(w)}
 }
 
 // printf writes a message (a newline is added) above the live view.
