@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
-
-	"github.com/kshard/kshard/internal/childproc"
 )
 
 // faultKind is one kind of fault the chaos scenario injects.
@@ -176,19 +174,14 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, 
 		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
 		return "", nil
 	case faultPause:
-		leader, in := f.isLeader(s), s.current()
 		r.mark("SIGSTOP %s", s.id)
 		at, err := f.pause(s)
 		if err == nil {
 			err = sleep(ctx, o.PauseFor)
 		}
-		if leader {
-			// Its leader-election Lease expired meanwhile and another
-			// replica took it: controller-runtime's manager exits once it
-			// runs again ("leader election lost").
-			in.proc.expectExit(true)
-		}
-		// Resumed on every way out: a stopped child would not stop.
+		// Resumed on every way out: a stopped child would not stop. It
+		// keeps running, labeler or not: sharding's own labeler election
+		// stops only the labeling when it is lost, so an exit fails the run.
 		r.mark("SIGCONT %s", s.id)
 		if rerr := f.resume(s); err == nil {
 			err = rerr
@@ -196,14 +189,8 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, 
 		if err != nil {
 			return "", err
 		}
-		note := ""
-		if leader {
-			if note, err = r.afterLeaderPause(ctx, f, s, in); err != nil {
-				return "", err
-			}
-		}
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
-		return note, nil
+		return "", nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(s)
@@ -218,40 +205,6 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, 
 		return "", nil
 	}
 	return "", fmt.Errorf("unknown fault %d", ft.kind)
-}
-
-// afterLeaderPause follows a pause of the replica elected to label
-// objects. Its leader-election Lease expired while it was stopped, so
-// controller-runtime's manager exits once it runs again and fails to renew
-// it ("leader election lost", within the renew deadline), as any
-// leader-elected controller does; in a pod the kubelet restarts the
-// container, so the load tester restarts it at once. An exit for another
-// reason fails the run; a replica that keeps running (nobody took its
-// leadership) is left alone. It says what happened.
-func (r *run) afterLeaderPause(ctx context.Context, f *fleet, s *slot, in *instance) (string, error) {
-	resumed := time.Now()
-	bound := r.opts.RenewDeadline + r.opts.LeaseDuration
-	select {
-	case <-in.proc.done:
-	case <-time.After(bound):
-		in.proc.expectExit(false)
-		return fmt.Sprintf("the elected labeler, kept running (no exit within %s of SIGCONT)", bound), nil
-	case <-ctx.Done():
-		return "", context.Cause(ctx)
-	}
-	ended, exitErr := in.proc.wait()
-	tail := childproc.Tail(in.proc.logPath, 15)
-	if !strings.Contains(tail, "leader election lost") {
-		return "", fmt.Errorf("%s (pid %d) exited after its pause (%s), not for losing the leader election; the end of %s:\n%s",
-			s.id, in.proc.pid(), childproc.ExitText(exitErr), in.proc.logPath, tail)
-	}
-	after := ended.Sub(resumed)
-	r.mark("%s exited: leader election lost", s.id)
-	r.mark("restart %s", s.id)
-	if err := f.restart(s, 0); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("the elected labeler: exited %s after SIGCONT (leader election lost, %s) and was restarted at once, as the kubelet would", round(after), childproc.ExitText(exitErr)), nil
 }
 
 // faultsFinding says which faults ran, so a report shows whether each kind

@@ -398,18 +398,6 @@ func (f *fleet) resume(s *slot) error {
 	return err
 }
 
-// isLeader says whether the replica's process was the elected labeler at
-// its last sample (controller-runtime's leader_election_master_status).
-func (f *fleet) isLeader(s *slot) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	in := s.current()
-	if in == nil || len(in.samples) == 0 {
-		return false
-	}
-	return in.samples[len(in.samples)-1].Leader > 0
-}
-
 // pauseWindows lists, per replica, the times its processes were paused.
 func (f *fleet) pauseWindows() map[string][]window {
 	f.mu.Lock()

@@ -113,16 +113,6 @@ func (p *process) running() bool {
 	}
 }
 
-// expectExit marks an exit the child may make on its own as expected, or
-// no longer (when it did not exit): it does not end the run.
-func (p *process) expectExit(expected bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.running() {
-		p.stopping = expected
-	}
-}
-
 // terminate sends SIGTERM, and SIGCONT after it: a child paused by the
 // chaos scenario handles the SIGTERM only once it runs again.
 func (p *process) terminate() error {

@@ -27,7 +27,6 @@ const (
 	metricShardsOwned    = "kshard_shards_owned"
 	metricShardObjects   = "kshard_shard_objects"
 	metricUnlabeled      = "kshard_unlabeled_objects"
-	metricLeader         = "leader_election_master_status"
 	metricReconciles     = "controller_runtime_reconcile_total"
 	metricReconcileTime  = "controller_runtime_reconcile_time_seconds"
 	metricQueueDepth     = "workqueue_depth"
@@ -156,9 +155,6 @@ type replicaSample struct {
 	// elected labeler's shard label, as the labeler's watch counts them. Only
 	// the elected leader sets it; the others export 0.
 	Unlabeled float64
-	// Leader is 1 on the replica elected to label objects (controller-
-	// runtime's leader_election_master_status), 0 elsewhere.
-	Leader float64
 	// Metric is the value of an extra family the run asked for (the HPA's
 	// per-pod metric), summed.
 	Metric float64
@@ -199,7 +195,6 @@ func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (re
 		Cache:           f.by(metricCacheRequests, "result", nil),
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
 		Unlabeled:       f.sum(metricUnlabeled, nil),
-		Leader:          f.sum(metricLeader, nil),
 	}
 	s.ReconcileBounds, s.ReconcileCounts = f.histogram(metricReconcileTime, ctl)
 	if extra != "" {

@@ -16,14 +16,14 @@ import (
 	"github.com/kshard/kshard/sharding"
 )
 
-// A controller's main: the manager elects the labeler; the Replica claims
-// shards and feeds one controller; the reconciler reads the shard's
+// A controller's main: the Replica claims shards, elects the labeler and
+// feeds one controller; the reconciler reads the shard's
 // objects through Reader and asks WriteContext before each write. Run it
 // as a StatefulSet, with the Replica's Ready as its readiness check.
 func ExampleNew() {
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), manager.Options{
-		LeaderElection: true, LeaderElectionID: "bindings-labeler", LeaderElectionNamespace: "bindings-system",
-	})
+	// No manager leader election: the Replica elects its labeler itself,
+	// and every replica runs its own shards.
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), manager.Options{})
 	if err != nil {
 		panic(err)
 	}

@@ -194,18 +194,11 @@ func (r *replica) stop(t testing.TB) {
 func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 	cfg := rest.CopyConfig(rc.restConfig)
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme:                        newScheme(),
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
-		LeaderElection:                true,
-		LeaderElectionNamespace:       rc.namespace,
-		LeaderElectionID:              rc.ring + "-labeler",
-		LeaseDuration:                 ptr.To(rc.timing.lease),
-		RenewDeadline:                 ptr.To(rc.timing.renew),
-		RetryPeriod:                   ptr.To(rc.timing.retry),
-		LeaderElectionReleaseOnCancel: true,
-		Controller:                    config.Controller{SkipNameValidation: ptr.To(true)},
-		GracefulShutdownTimeout:       ptr.To(time.Minute),
+		Scheme:                  newScheme(),
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
+		GracefulShutdownTimeout: ptr.To(time.Minute),
 	})
 	if err != nil {
 		return nil, nil, err

@@ -6,6 +6,10 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -30,8 +34,12 @@ type labeler struct {
 	refused   atomic.Bool // logged that the shard counts disagree
 }
 
-// NeedLeaderElection is true: one labeler per ring is enough.
-func (l *labeler) NeedLeaderElection() bool { return true }
+// NeedLeaderElection is false: the labeler runs its own election, on Lease
+// <ring>-labeler. A manager's lost election ends the whole process, so a
+// replica paused past its lease while it labels would take its shards down
+// with it; losing this election stops the labeling only, and the replica
+// campaigns again.
+func (l *labeler) NeedLeaderElection() bool { return false }
 
 // unlabeledSelector matches objects whose shard label is missing or is not
 // one of the ring's shards.
@@ -47,8 +55,54 @@ func unlabeledSelector(shards int32) (labels.Selector, error) {
 	return labels.NewSelector().Add(*req), nil
 }
 
+// Start campaigns for the labeler Lease until ctx is done, labeling while
+// it holds it.
 func (l *labeler) Start(ctx context.Context) error {
 	r := l.r
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: r.opts.LeaseNamespace, Name: LabelerLeaseName(r.opts.Ring)},
+		Client:     r.leases.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: r.holder},
+	}
+	for ctx.Err() == nil {
+		done := make(chan struct{})
+		var led atomic.Bool
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   r.opts.LeaseDuration,
+			RenewDeadline:   r.opts.RenewDeadline,
+			RetryPeriod:     r.opts.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            LabelerLeaseName(r.opts.Ring),
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(lctx context.Context) {
+					led.Store(true)
+					defer close(done)
+					if err := l.lead(lctx); err != nil && lctx.Err() == nil {
+						r.log.Error(err, "Labeling")
+					}
+				},
+				OnStoppedLeading: func() {},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("creating the labeler's election: %w", err)
+		}
+		le.Run(ctx)
+		if led.Load() {
+			<-done
+			r.log.Info("Stopped labeling: the labeler Lease was lost or released")
+		}
+	}
+	return nil
+}
+
+// lead labels unlabeled objects until ctx (the labeler's term) ends.
+func (l *labeler) lead(ctx context.Context) error {
+	r := l.r
+	r.metrics.labeler.Set(1)
+	defer r.metrics.labeler.Set(0)
+	l.unlabeled.Store(0) // this term's cache counts them afresh
 	sel, err := unlabeledSelector(r.opts.Shards)
 	if err != nil {
 		return err
@@ -89,7 +143,7 @@ func (l *labeler) Start(ctx context.Context) error {
 	if err := ctl.Watch(ctrlsource.Kind(c, r.opts.For.Object, &handler.EnqueueRequestForObject{})); err != nil {
 		return fmt.Errorf("creating labeler: %w", err)
 	}
-	r.log.Info("Labeling unlabeled objects as the elected leader")
+	r.log.Info("Labeling unlabeled objects as the elected labeler")
 	errs := make(chan error, 2)
 	go func() { errs <- c.Start(ctx) }()
 	go func() { errs <- ctl.Start(ctx) }()

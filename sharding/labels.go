@@ -58,6 +58,10 @@ func newIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
+// LabelerLeaseName is the name of the Lease whose holder labels the ring's
+// unlabeled objects.
+func LabelerLeaseName(ring string) string { return ring + "-labeler" }
+
 // MemberLeaseName is the name of a replica's member Lease in a ring. Names
 // carry the ring, so rings can share a namespace: with the default ring
 // "kshard" they are kshard-member-<replica> and kshard-shard-<n>.

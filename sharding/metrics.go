@@ -41,6 +41,10 @@ var (
 		Name: "kshard_unlabeled_objects",
 		Help: "Primary objects without a valid shard label, as the labeling leader sees them.",
 	}, []string{"ring"})
+	labelerLeader = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kshard_labeler_leader",
+		Help: "1 while this replica holds the ring's labeler Lease and labels unlabeled objects.",
+	}, []string{"ring"})
 	shardCountMismatch = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_ring_shard_count_mismatch",
 		Help: "1 while this replica's shard count differs from the ring's, so it claims nothing.",
@@ -49,15 +53,15 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
-		shardAcquireDuration, unownedShards, unlabeledObjects, shardCountMismatch)
+		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch)
 }
 
 // ringMetrics are the metrics of one Replica, with its ring's label bound.
 type ringMetrics struct {
-	members, owned, unowned, unlabeled, mismatch prometheus.Gauge
-	objects                                      *prometheus.GaugeVec   // by shard
-	handovers                                    *prometheus.CounterVec // by direction and reason
-	acquire                                      prometheus.Observer
+	members, owned, unowned, unlabeled, labeler, mismatch prometheus.Gauge
+	objects                                               *prometheus.GaugeVec   // by shard
+	handovers                                             *prometheus.CounterVec // by direction and reason
+	acquire                                               prometheus.Observer
 }
 
 // newRingMetrics binds the ring's label, which also exports every gauge at
@@ -69,6 +73,7 @@ func newRingMetrics(ring string) ringMetrics {
 		owned:     shardsOwned.With(l),
 		unowned:   unownedShards.With(l),
 		unlabeled: unlabeledObjects.With(l),
+		labeler:   labelerLeader.With(l),
 		mismatch:  shardCountMismatch.With(l),
 		objects:   shardObjects.MustCurryWith(l),
 		handovers: shardHandovers.MustCurryWith(l),

@@ -2,12 +2,17 @@ package sharding_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
@@ -19,7 +24,9 @@ import (
 // reconciles and queued requests resume before its renewal loop can notice
 // the lost Leases; only a time-based hold (Replica.WriteContext) stops
 // their writes. Every write in the audit log falls inside its writer's
-// tenure of the shard's Lease, as the Lease's own history shows it.
+// tenure of the shard's Lease, as the Lease's own history shows it. The
+// paused replica is the elected labeler, which must come back (its lost
+// labeler election costs the labeling only) and rejoin the ring.
 func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -37,8 +44,23 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 
 	stopUpdates := updateContinuously(t, c, keys)
 
+	// Pause the elected labeler, the harder case: its labeler Lease expires
+	// too, and losing it must cost the labeling only, not the process.
+	var victim, other string
+	controlplane.Eventually(t, time.Minute, "a labeler elected", func() error {
+		var l coordinationv1.Lease
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.LabelerLeaseName(ring)}, &l); err != nil {
+			return err
+		}
+		victim = holderOf(l)
+		if victim != "p-0" && victim != "p-1" {
+			return fmt.Errorf("labeler Lease held by %q", victim)
+		}
+		return nil
+	})
+	other = map[string]string{"p-0": "p-1", "p-1": "p-0"}[victim]
 	time.Sleep(2 * time.Second) // the paused replica has reconciles in flight
-	paused := procs["p-0"].cmd.Process
+	paused := procs[victim].cmd.Process
 	if err := paused.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +74,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 		}
 	}
 	defer thaw()
-	expectRingHeld(t, c, ns, ring, []string{"p-1"})
+	expectRingHeld(t, c, ns, ring, []string{other})
 	time.Sleep(2 * time.Second) // the new holder writes the moved shards' objects
 	thaw()
 	expectRingHeld(t, c, ns, ring, []string{"p-0", "p-1"})
@@ -85,7 +107,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 		}
 		f.Close()
 	}
-	t.Logf("writes in the audit log: %v", writes)
+	t.Logf("paused the labeler %s; writes in the audit log: %v", victim, writes)
 	if writes["p-0"] == 0 || writes["p-1"] == 0 {
 		t.Fatalf("want writes from both replicas, got %v", writes)
 	}

@@ -67,8 +67,8 @@ func registerWebhook(mgr manager.Manager, keys configbinding.KeyKnowledge) error
 }
 
 // newManager creates the replica's manager: metrics and probes, the leader
-// election of the labeler (of the single active replica with sharding off),
-// and its cache: owned ConfigMaps only, without their data.
+// election of the single active replica (sharding off), and its cache:
+// owned ConfigMaps only, without their data.
 func newManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	shutdown := opts.RenewDeadline + sharding.DefaultDrainTimeout + 10*time.Second
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
@@ -80,9 +80,11 @@ func newManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 			FilterProvider: filterProvider(opts.MetricsSecure),
 			TLSOpts:        tlsOpts(opts.EnableHTTP2),
 		},
-		HealthProbeBindAddress:        opts.HealthProbeBindAddress,
-		PprofBindAddress:              opts.PprofBindAddress,
-		LeaderElection:                true,
+		HealthProbeBindAddress: opts.HealthProbeBindAddress,
+		PprofBindAddress:       opts.PprofBindAddress,
+		// With sharding, the labeler runs its own election (sharding/); a
+		// manager's lost election would end the process and its shards.
+		LeaderElection:                !opts.Sharding,
 		LeaderElectionNamespace:       opts.LeaseNamespace,
 		LeaderElectionID:              "kshard-" + opts.Ring + "-leader",
 		LeaderElectionReleaseOnCancel: true,
