@@ -33,6 +33,11 @@ import (
 
 var cp *controlplane.ControlPlane
 
+// TestMain shares one control plane. Tests that count the API server's
+// requests (writes_test.go) or register a cluster-wide webhook
+// (admission_test.go) run alone, first; the others, each with its own
+// namespaces, ring, Lease namespace and config center, run in parallel
+// after them.
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
 	os.Exit(controlplane.RunTests(m, &cp))
@@ -218,6 +223,7 @@ func (e *env) waitData(t *testing.T, cmName string, want map[string]string) {
 // in its ConfigMap, owned by it, labeled with its shard; status names the
 // shard.
 func TestReadyWithData(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "ready", externalcache.Options{})
 	if _, err := e.cc.Put("domain-1", "key-0", "v-zero"); err != nil {
 		t.Fatal(err)
@@ -245,6 +251,7 @@ func TestReadyWithData(t *testing.T) {
 // TestConfigCenterChangeReachesConfigMap: a PUT in the config center reaches
 // the ConfigMap through the change feed, with no spec change and long TTLs.
 func TestConfigCenterChangeReachesConfigMap(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "feed", externalcache.Options{SoftTTL: time.Hour, HardTTL: 2 * time.Hour})
 	e.create(t, "app", "domain-2", "key-1")
 	before := e.waitReason(t, "app", configbinding.ReasonSynced)
@@ -265,6 +272,7 @@ func TestConfigCenterChangeReachesConfigMap(t *testing.T) {
 // TestMissingKeyNoHotLoop: a missing key is a KeyNotFound condition naming
 // it, the object is not reconciled in a loop, and creating the key heals it.
 func TestMissingKeyNoHotLoop(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "missing", externalcache.Options{NegativeTTL: time.Hour})
 	e.create(t, "app", "domain-0", "key-0", "no-such-key")
 	cb := e.waitReason(t, "app", configbinding.ReasonKeyNotFound)
@@ -289,6 +297,7 @@ func TestMissingKeyNoHotLoop(t *testing.T) {
 // during an outage (its spec gained a key) says ExternalUnavailable, its
 // ConfigMap keeps the last values, and it recovers by itself afterwards.
 func TestOutageKeepsDataAndRecovers(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "outage", externalcache.Options{
 		SoftTTL: time.Second, TTLJitter: 0.01, HardTTL: time.Hour,
 		Breaker: externalcache.BreakerOptions{ConsecutiveFailures: 2, Timeout: 2 * time.Second},
@@ -327,6 +336,7 @@ func TestOutageKeepsDataAndRecovers(t *testing.T) {
 
 // TestConfigMapRestored: deleting or editing the owned ConfigMap restores it.
 func TestConfigMapRestored(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "drift", externalcache.Options{})
 	e.create(t, "app", "domain-0", "key-3")
 	e.waitReason(t, "app", configbinding.ReasonSynced)
@@ -354,6 +364,7 @@ func TestConfigMapRestored(t *testing.T) {
 // TestBaselines: the benchmark baselines (one active replica; synchronous
 // config-center calls) reconcile the same way.
 func TestBaselines(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	for _, tc := range []struct {
 		name     string
 		sharding bool
@@ -380,6 +391,7 @@ func TestBaselines(t *testing.T) {
 // created is never taken over; the binding says why, and proceeds once the
 // name is free.
 func TestTargetConflict(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "conflict", externalcache.Options{})
 	theirs := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "app-config"},
@@ -416,6 +428,7 @@ func TestTargetConflict(t *testing.T) {
 // and took it from each other while both said Synced); it takes the name
 // over once the first binding and its ConfigMap are gone.
 func TestTwoBindingsOneTarget(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "twotargets", externalcache.Options{})
 	first := e.create(t, "first", "domain-0", "key-0")
 	e.waitReason(t, "first", configbinding.ReasonSynced)

@@ -18,6 +18,7 @@ var shortTTLs = externalcache.Options{HardTTL: 2 * time.Second, SoftTTL: time.Se
 // requeues the key's bindings whatever the cache holds), instead of waiting
 // for the informers' resync (10 h).
 func TestChangeOfExpiredKeyPropagates(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "expired", shortTTLs)
 	if _, err := e.cc.Put("domain-1", "key-0", "before"); err != nil {
 		t.Fatal(err)
@@ -38,6 +39,7 @@ func TestChangeOfExpiredKeyPropagates(t *testing.T) {
 // exist (KeyNotFound); the key is created after the cached not-found answer
 // expired; the binding heals through the change feed.
 func TestKeyCreatedAfterNegativeTTLHeals(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "negative", shortTTLs)
 	e.create(t, "app", "domain-1", "key-0", "late-key")
 	e.waitReason(t, "app", configbinding.ReasonKeyNotFound)

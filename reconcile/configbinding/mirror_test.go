@@ -65,6 +65,7 @@ func mirrored(key, value string) func(*configv1alpha1.ExternalDomain) error {
 // keys are mirrored into its ExternalDomain (sharded like its bindings), and
 // a config-center change reaches the mirror and then the ConfigMap.
 func TestMirrorChangeReachesConfigMap(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnvWith(t, "mirror", mirrorMode)
 	const domain = "mirror-feed"
 	e.deleteMirrors(t, domain)
@@ -104,6 +105,7 @@ func TestMirrorChangeReachesConfigMap(t *testing.T) {
 // TooLarge condition instead of a failed write loop, its bindings say
 // DomainTooLarge, and both recover when the domain fits again.
 func TestMirrorTooLarge(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnvWith(t, "mirror-big", func(o *replica.Options) { mirrorMode(o); o.MirrorMaxBytes = 1024 })
 	const domain = "mirror-big"
 	e.deleteMirrors(t, domain)
@@ -143,6 +145,7 @@ func TestMirrorTooLarge(t *testing.T) {
 // every mirror write shows no domain ever written by its old holder after
 // the new one started writing.
 func TestMirrorMovesWithShard(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnvWith(t, "mirror-move", mirrorMode)
 	second := e.opts
 	second.Identity = "mirror-move-1"

@@ -17,6 +17,7 @@ import (
 // meanwhile, and once the service is back it becomes Ready within the cap
 // (--cache-max-retry-after), not an hour later.
 func TestLongRetryAfterIsCapped(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	e := startEnv(t, "retryafter", externalcache.Options{MaxRetryAfter: 2 * time.Second,
 		Retry: externalcache.RetryOptions{FailureRetryInterval: 2 * time.Second}})
 	if err := e.cc.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
