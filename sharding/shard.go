@@ -408,6 +408,11 @@ func (s *shard) renew(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	if lastErr == nil {
+		// The deadline passed before a renewal could be tried: the process
+		// was paused (GC, throttling, SIGSTOP) or starved.
+		return fmt.Errorf("renew deadline passed %s ago, before a renewal could be tried", time.Since(deadline).Round(time.Millisecond))
+	}
 	return fmt.Errorf("renew deadline passed: %w", lastErr)
 }
 
