@@ -116,11 +116,9 @@ func runChaos(ctx context.Context, r *run) error {
 			}
 			s := victims[rng.IntN(len(victims))]
 			in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
-			note, err := r.inject(ctx, f, s, ft)
-			if err != nil {
+			if err := r.inject(ctx, f, s, ft); err != nil {
 				return err
 			}
-			in.note = note
 			done = append(done, in)
 		}
 	})
@@ -131,13 +129,11 @@ func runChaos(ctx context.Context, r *run) error {
 	return r.endFleet(ctx, f)
 }
 
-// injected is a fault that ran: on which replica, when into the run, and
-// what else it did, if anything.
+// injected is a fault that ran: on which replica, and when into the run.
 type injected struct {
 	fault
 	replica string
 	at      time.Duration
-	note    string
 }
 
 func (i injected) String() string {
@@ -145,34 +141,30 @@ func (i injected) String() string {
 	if i.kind == faultClock {
 		s = fmt.Sprintf("%s %s on %s at %s", i.kind, signed(i.offset), i.replica, round(i.at))
 	}
-	if i.note != "" {
-		s += ", " + i.note
-	}
 	return s
 }
 
 // inject runs one fault on replica s and waits for the fleet to settle
-// after it (a handover under load, from the fault's signal). It says what
-// else happened, if anything.
-func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, error) {
+// after it (a handover under load, from the fault's signal).
+func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 	o := r.opts
 	switch ft.kind {
 	case faultKill:
 		r.mark("SIGKILL %s", s.id)
 		at, err := f.kill(s)
 		if err != nil {
-			return "", err
+			return err
 		}
 		if err := sleep(ctx, o.RestartDelay); err != nil {
-			return "", err
+			return err
 		}
 		// A restart by another fault ends a clock offset.
 		r.mark("restart %s", s.id)
 		if err := f.restart(s, 0); err != nil {
-			return "", err
+			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
-		return "", nil
+		return nil
 	case faultPause:
 		r.mark("SIGSTOP %s", s.id)
 		at, err := f.pause(s)
@@ -187,24 +179,24 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) (string, 
 			err = rerr
 		}
 		if err != nil {
-			return "", err
+			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
-		return "", nil
+		return nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(s)
 		if err != nil {
-			return "", err
+			return err
 		}
 		r.mark("start %s, Lease clock %s", s.id, signed(ft.offset))
 		if err := f.restart(s, ft.offset); err != nil {
-			return "", err
+			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("restart of %s with its Lease clock %s (--lease-clock-offset)", s.id, signed(ft.offset)), at)
-		return "", nil
+		return nil
 	}
-	return "", fmt.Errorf("unknown fault %d", ft.kind)
+	return fmt.Errorf("unknown fault %d", ft.kind)
 }
 
 // faultsFinding says which faults ran, so a report shows whether each kind
