@@ -31,8 +31,10 @@ import (
 //
 //	KSHARD_MEASURE_FOOTPRINT=5000 go test -run TestMeasureFootprint -v ./deploy/
 //
-// KSHARD_FOOTPRINT_PROFILE=FILE also keeps the profile, for
-// `go tool pprof -top -sample_index=inuse_space FILE`.
+// KSHARD_FOOTPRINT_PROFILE=FILE also keeps the profile with the objects in
+// FILE and the one before them in FILE.empty, for
+// `go tool pprof -top -sample_index=inuse_space -diff_base FILE.empty FILE`:
+// what the objects cost, by allocation site.
 func TestMeasureFootprint(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("KSHARD_MEASURE_FOOTPRINT"))
 	if n <= 0 {
@@ -77,7 +79,12 @@ func TestMeasureFootprint(t *testing.T) {
 		return out
 	}
 	before := sample()
-	liveBefore := liveHeap(t, pprofAddr, "")
+	keep := os.Getenv("KSHARD_FOOTPRINT_PROFILE")
+	keepEmpty := ""
+	if keep != "" {
+		keepEmpty = keep + ".empty"
+	}
+	liveBefore := liveHeap(t, pprofAddr, keepEmpty)
 
 	app := uniqueName("footprint")
 	createNamespace(ctx, t, c, app, targets)
@@ -113,7 +120,7 @@ func TestMeasureFootprint(t *testing.T) {
 	})
 	took := time.Since(start)
 	after := sample()
-	liveAfter := liveHeap(t, pprofAddr, os.Getenv("KSHARD_FOOTPRINT_PROFILE"))
+	liveAfter := liveHeap(t, pprofAddr, keep)
 	t.Logf("%-32s %12s empty, %12s with %d objects: %.1f KiB per object", "live heap (profile after GC)",
 		fmt.Sprintf("%.1f MiB", float64(liveBefore)/(1<<20)), fmt.Sprintf("%.1f MiB", float64(liveAfter)/(1<<20)), n,
 		float64(liveAfter-liveBefore)/float64(n)/1024)

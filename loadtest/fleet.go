@@ -115,6 +115,9 @@ type slot struct {
 	id          string
 	metricsAddr string
 	healthAddr  string
+	// pprofAddr serves the replica's pprof endpoint with --profile; empty
+	// otherwise.
+	pprofAddr string
 	// clockOffset is the Lease clock offset its next process starts with
 	// (--lease-clock-offset): set by the chaos scenario's clock fault, kept
 	// until another fault restarts the replica.
@@ -227,17 +230,21 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 		f.sizes = append(f.sizes, n)
 	}
 	for len(f.slots) < n {
-		ports, err := childproc.FreePorts(2)
+		ports, err := childproc.FreePorts(3)
 		if err != nil {
 			f.mu.Unlock()
 			return err
 		}
 		i := len(f.slots)
-		f.slots = append(f.slots, &slot{
+		s := &slot{
 			id:          fmt.Sprintf("%s-%d", StatefulSet, i),
 			metricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
 			healthAddr:  fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		})
+		}
+		if f.r.opts.Profile && !f.mode.Plain {
+			s.pprofAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
+		}
+		f.slots = append(f.slots, s)
 	}
 	slots := slices.Clone(f.slots)
 	f.mu.Unlock()
@@ -291,6 +298,7 @@ func (f *fleet) start(s *slot) error {
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
 		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
 		memoryLimit: limit, clockOffset: in.clockOffset,
+		pprofAddr: s.pprofAddr, extra: o.ReplicaArgs,
 	})
 	p, err := f.r.procs.start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
 	if err != nil {
@@ -316,6 +324,10 @@ type replicaConfig struct {
 	// no such flag.
 	memoryLimit string
 	clockOffset time.Duration
+	// pprofAddr is --pprof-bind-address (empty: none); extra are flags
+	// appended last (Options.ReplicaArgs). Neither reaches a plain mode.
+	pprofAddr string
+	extra     []string
 }
 
 // replicaArgs is the command line of one replica process of the mode:
@@ -352,7 +364,12 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		// "=" keeps a negative offset from reading as a flag.
 		args = append(args, "--lease-clock-offset="+c.clockOffset.String())
 	}
-	return append(args, mode.Args...)
+	if c.pprofAddr != "" {
+		args = append(args, "--pprof-bind-address", c.pprofAddr)
+	}
+	args = append(args, mode.Args...)
+	// Last, so that a flag given twice takes this value.
+	return append(args, c.extra...)
 }
 
 // restart starts a stopped or crashed replica again, same identity, its

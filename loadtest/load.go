@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -262,6 +264,30 @@ func (g *generator) deleteNewest(ctx context.Context, n int, perSecond float64) 
 		g.tracker.forget(Namespace + "/" + cb.Name)
 		return nil
 	})
+}
+
+// deleteAll deletes every ConfigBinding and ConfigMap of the namespace (the
+// ConfigMaps too: no garbage collector runs on the load tester's control
+// plane) and forgets the objects, so that createRange makes them anew: no
+// label, status or ConfigMap, generation 1.
+func (g *generator) deleteAll(ctx context.Context) error {
+	in := client.InNamespace(Namespace)
+	if err := g.c.DeleteAllOf(ctx, &configv1alpha1.ConfigBinding{}, in); err != nil {
+		return fmt.Errorf("deleting the ConfigBindings: %w", err)
+	}
+	// The namespace's own root CA ConfigMap stays.
+	keep := client.MatchingFieldsSelector{Selector: fields.OneTermNotEqualSelector("metadata.name", "kube-root-ca.crt")}
+	if err := g.c.DeleteAllOf(ctx, &corev1.ConfigMap{}, in, keep); err != nil {
+		return fmt.Errorf("deleting the ConfigMaps: %w", err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	clear(g.created)
+	g.live = g.live[:0]
+	for i := range g.set.updates {
+		g.set.updates[i].Store(0)
+	}
+	return nil
 }
 
 // writeTimeout bounds one write of the load generator.

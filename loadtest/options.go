@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,6 +131,20 @@ type Options struct {
 	// HPATarget, when set, replaces the HPA's target average value, so a
 	// small run crosses it. The report says so.
 	HPATarget float64
+
+	// Fleets replaces the columns of compare-sharding and compare-external:
+	// mode:replicas, comma-separated, with the modes sharded, off (sharding
+	// off), plain (plain controller-runtime), cache, mirror and direct; for
+	// example "off:1,sharded:4". Default: the scenario's own columns.
+	Fleets string
+	// ReplicaArgs are appended to every kshard replica's command line (a
+	// plain fleet gets none), to measure what a flag does, such as
+	// "--max-concurrent-reconciles=16". The report lists them.
+	ReplicaArgs []string
+	// Profile serves pprof on every kshard replica, takes a CPU profile of
+	// each over every measured phase and a heap profile at its end, and
+	// writes them into the work folder's profiles/ (keep it with WorkDir).
+	Profile bool
 
 	// Out is the report folder. Default <repository>/loadtest/results.
 	Out string
@@ -264,6 +281,10 @@ func (o *Options) validate(sc *scenario) error {
 	if _, err := o.memoryLimitBytes(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := parseFleets(o.Fleets); err != nil {
+		errs = append(errs, err)
+	}
+	check(o.Fleets != "" && !sc.fleets, "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
 	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
@@ -291,4 +312,32 @@ func scenarioNames() string {
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
+}
+
+// fleetModes names the modes Fleets may list.
+var fleetModes = map[string]Mode{
+	"sharded": ModeSharded, "off": ModeSingleton, "plain": ModePlain,
+	"cache": ModeCache, "mirror": ModeMirror, "direct": ModeDirect,
+}
+
+// parseFleets reads Fleets; nil for "".
+func parseFleets(s string) ([]fleetSpec, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []fleetSpec
+	for _, item := range strings.Split(s, ",") {
+		name, n, ok := strings.Cut(strings.TrimSpace(item), ":")
+		mode, known := fleetModes[name]
+		replicas, err := strconv.Atoi(n)
+		if !ok || !known || err != nil || replicas < 1 || replicas > 64 {
+			modes := slices.Sorted(maps.Keys(fleetModes))
+			return nil, fmt.Errorf("fleet %q must be mode:replicas, mode one of %s and replicas within 1..64", item, strings.Join(modes, ", "))
+		}
+		if mode.Plain && replicas != 1 {
+			return nil, fmt.Errorf("fleet %q: the plain controller runs one active replica", item)
+		}
+		out = append(out, fleetSpec{mode, replicas})
+	}
+	return out, nil
 }

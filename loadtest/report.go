@@ -478,12 +478,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	row("throughput: generations Ready per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Throughput) })
 	row("reconciles per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Reconciles) })
 	row("replicas' CPU in the phase, all replicas (cores)", func(f *FleetResult) string { return fmt.Sprintf("%.2f", f.CPUCores) })
-	row("reconcile p99 (controller-runtime histogram)", func(f *FleetResult) string {
-		if f.ReconcileP99 < 0 {
+	seconds := func(v float64) string {
+		if v < 0 {
 			return "n/a"
 		}
-		return fmtDur(time.Duration(f.ReconcileP99 * float64(time.Second)))
-	})
+		return fmtDur(time.Duration(v * float64(time.Second)))
+	}
+	row("workqueue wait p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.QueueWaitP99) })
+	row("reconcile p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.ReconcileP99) })
+	row("API server's status patch p99 (its own histogram)", func(f *FleetResult) string { return seconds(f.StatusPatchP99) })
 	row("config-center key reads in the phase", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.CenterGets) })
 	row("… per spec update", func(f *FleetResult) string {
 		if f.Updates.Count == 0 {

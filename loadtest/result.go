@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -133,6 +134,15 @@ type FleetResult struct {
 	// ReconcileP99 is from controller_runtime_reconcile_time_seconds over
 	// the window, summed over replicas (seconds; -1 without data).
 	ReconcileP99 float64
+	// QueueWaitP99 is from workqueue_queue_duration_seconds over the window,
+	// summed over replicas: how long a request waited for a worker (seconds;
+	// -1 without data). With ReconcileP99 it splits end-to-end latency into
+	// waiting and working inside the replicas.
+	QueueWaitP99 float64
+	// StatusPatchP99 is the API server's p99 of serving a ConfigBinding
+	// status patch within the window (apiserver_request_duration_seconds;
+	// seconds, -1 without data).
+	StatusPatchP99 float64
 
 	// HeapPeakMax and HeapPeakMean are the largest and the mean per-replica
 	// peak of go_memstats_heap_inuse_bytes over the fleet's life; RSS the
@@ -231,7 +241,11 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	label := f.label()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: f.mode.Args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, UnlabeledPeak: -1, StartOverClaim: -1}
+	args := f.mode.Args
+	if !f.mode.Plain {
+		args = append(slices.Clone(args), r.opts.ReplicaArgs...)
+	}
+	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, QueueWaitP99: -1, StatusPatchP99: -1, UnlabeledPeak: -1, StartOverClaim: -1}
 	res.Storm = f.storm
 	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
@@ -248,7 +262,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	}
 
 	var hits, lookups float64
-	var bounds, counts []float64
+	var reconcile, queueWait cumulative
 	var heapPeaks, rssPeaks, heapEnds []float64
 	for _, s := range f.slots {
 		if len(s.instances) == 0 {
@@ -294,8 +308,8 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				return t
 			})
 			slotHits, slotLookups = slotHits+h, slotLookups+l
-			b, c := in.bucketDelta(from, to)
-			bounds, counts = addBuckets(bounds, counts, b, c)
+			reconcile = reconcile.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.Reconcile }))
+			queueWait = queueWait.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.QueueWait }))
 		}
 		hits, lookups = hits+slotHits, lookups+slotLookups
 		if slotLookups > 0 {
@@ -328,8 +342,11 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	if lookups > 0 {
 		res.CacheHitRatio = hits / lookups
 	}
-	if q, ok := bucketQuantile(0.99, bounds, counts); ok {
+	if q, ok := bucketQuantile(0.99, reconcile.Bounds, reconcile.Counts); ok {
 		res.ReconcileP99 = q
+	}
+	if q, ok := bucketQuantile(0.99, queueWait.Bounds, queueWait.Counts); ok {
+		res.QueueWaitP99 = q
 	}
 	res.Offered = r.offeredBetween(from, to)
 	res.LoadMean, res.LoadMax = r.loadBetween(from, to)
@@ -347,6 +364,12 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.LeaseWritesPerSec = api.LeaseWrites / s
 		res.WritesPerSec = api.Writes / s
 	}
+	if f.loadWritesFrom.valid() && f.loadWritesTo.valid() {
+		h := f.loadWritesTo.api.StatusPatches.minus(f.loadWritesFrom.api.StatusPatches)
+		if q, ok := bucketQuantile(0.99, h.Bounds, h.Counts); ok {
+			res.StatusPatchP99 = q
+		}
+	}
 	writes, own, counted := controllerWrites(f.loadWritesFrom, f.loadWritesTo)
 	res.WritesCounted, res.ControllerWrites, res.OwnWrites = counted, writes, own
 	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
@@ -358,36 +381,38 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	return res
 }
 
-// bucketDelta is the growth of the reconcile-time histogram within
-// [from, to].
-func (in *instance) bucketDelta(from, to time.Time) (bounds, counts []float64) {
+// histogramDelta is the growth of one of the instance's histograms within
+// [from, to]: its counts at to less those at from.
+func (in *instance) histogramDelta(from, to time.Time, pick func(replicaSample) cumulative) cumulative {
 	end, ok := in.at(to)
 	if !ok {
-		return nil, nil
+		return cumulative{}
 	}
-	start, ok := in.at(from)
-	counts = append([]float64(nil), end.ReconcileCounts...)
-	if ok && len(start.ReconcileCounts) == len(counts) {
-		for i := range counts {
-			counts[i] -= start.ReconcileCounts[i]
+	h := pick(end)
+	counts := append([]float64(nil), h.Counts...)
+	if start, ok := in.at(from); ok {
+		if s := pick(start); len(s.Counts) == len(counts) {
+			for i := range counts {
+				counts[i] -= s.Counts[i]
+			}
 		}
 	}
-	return end.ReconcileBounds, counts
+	return cumulative{Bounds: h.Bounds, Counts: counts}
 }
 
-// addBuckets sums two cumulative histograms with the same bounds; an empty
-// one is the identity.
-func addBuckets(ab, ac, bb, bc []float64) ([]float64, []float64) {
-	if len(ab) == 0 {
-		return bb, append([]float64(nil), bc...)
+// add sums two histograms with the same bounds; an empty one is the
+// identity.
+func (h cumulative) add(o cumulative) cumulative {
+	if len(h.Bounds) == 0 {
+		return cumulative{Bounds: o.Bounds, Counts: append([]float64(nil), o.Counts...)}
 	}
-	if len(bb) != len(ab) {
-		return ab, ac
+	if len(o.Bounds) != len(h.Bounds) {
+		return h
 	}
-	for i := range ac {
-		ac[i] += bc[i]
+	for i := range h.Counts {
+		h.Counts[i] += o.Counts[i]
 	}
-	return ab, ac
+	return h
 }
 
 func maxMean(v []float64) (mx, mean float64) {

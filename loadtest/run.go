@@ -261,11 +261,20 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	return r.report, nil
 }
 
+// needsPlain says whether a fleet of the run is the plain controller: the
+// scenario's own, or one --fleets lists.
+func (r *run) needsPlain() bool {
+	if chosen, _ := parseFleets(r.opts.Fleets); chosen != nil {
+		return hasPlain(chosen)
+	}
+	return r.sc.plain
+}
+
 // binaries builds kshard and configcenter, and plaincontroller for a
 // scenario with a plain fleet, unless BinDir has them.
 func (r *run) binaries(ctx context.Context) error {
 	names := []string{"kshard", "configcenter"}
-	if r.sc.plain {
+	if r.needsPlain() {
 		names = append(names, "plaincontroller")
 	}
 	dir := r.opts.BinDir
@@ -296,7 +305,7 @@ func (r *run) binaries(ctx context.Context) error {
 		r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	r.kshardBin, r.centerBin = filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
-	if r.sc.plain {
+	if r.needsPlain() {
 		r.plainBin = filepath.Join(dir, "plaincontroller")
 	}
 	return nil

@@ -37,6 +37,9 @@ type scenario struct {
 	// plain says the scenario runs a fleet of a plain mode, so the run
 	// builds cmd/plaincontroller (or finds it in --bin-dir).
 	plain bool
+	// fleets says the scenario compares fleets, whose list --fleets may
+	// replace.
+	fleets bool
 	// prepare runs before anything starts (reading the HPA).
 	prepare func(*run) error
 	// metric names an extra replica metric to sample (the HPA's).
@@ -281,8 +284,9 @@ func init() {
 		run:     runAutoscale,
 	})
 	register(&scenario{
-		name:  "compare-sharding",
-		plain: hasPlain(shardingFleets),
+		name:   "compare-sharding",
+		plain:  hasPlain(shardingFleets),
+		fleets: true,
 		doc: "Side by side on the same objects and load: a plain controller-runtime controller with no kshard code " +
 			"(cmd/plaincontroller: one replica, one cache of everything, synchronous config-center calls; the floor), " +
 			"the classic single active replica (--sharding=off, one cache of every object) and 2 and 4 sharded " +
@@ -297,8 +301,7 @@ func init() {
 			}
 		},
 		run: func(ctx context.Context, r *run) error {
-			specs := shardingFleets
-			return r.compare(ctx, specs)
+			return r.compare(ctx, shardingFleets)
 		},
 	})
 	register(&scenario{
@@ -319,6 +322,7 @@ func init() {
 				o.ValueChangeInterval = 2 * time.Second
 			}
 		},
+		fleets: true,
 		run: func(ctx context.Context, r *run) error {
 			specs := make([]fleetSpec, 0, len(externalModes))
 			for _, m := range externalModes {
@@ -386,11 +390,51 @@ func (r *run) createAll(ctx context.Context, f *fleet) error {
 	return err
 }
 
+// recreateAll deletes the objects and creates them again while no fleet
+// runs, as fast as the API server takes them, so the next fleet starts on
+// new objects; it returns once the load tester's watch saw them all.
+func (r *run) recreateAll(ctx context.Context) error {
+	r.mark("delete and create %d objects again", r.opts.Objects)
+	r.setPhase("recreating the objects")
+	if err := r.gen.deleteAll(ctx); err != nil {
+		return err
+	}
+	gone := func() bool { return r.tracker.count() == 0 }
+	if err := waitFor(ctx, r.opts.SettleTimeout, gone); err != nil {
+		return fmt.Errorf("waiting for the deletions to reach the watch: %w", err)
+	}
+	if err := r.gen.createRange(ctx, 0, r.opts.Objects, recreateRate, false); err != nil {
+		return err
+	}
+	seen := func() bool { return r.tracker.count() == r.opts.Objects }
+	if err := waitFor(ctx, r.opts.SettleTimeout, seen); err != nil {
+		return fmt.Errorf("waiting for the creations to reach the watch: %w", err)
+	}
+	return nil
+}
+
+// recreateRate is the creates per second of recreateAll: above what this
+// machine's API server takes, so it is the limit.
+const recreateRate = 2000
+
+// waitFor polls done every settlePoll until it is true, ctx ends or d passed.
+func waitFor(ctx context.Context, d time.Duration, done func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for !done() {
+		if err := sleep(ctx, settlePoll); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // withLoad runs spec updates at the configured rate while actions run, for
 // at least d, and marks the fleet's measured phase.
 func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions func(context.Context) error) error {
 	perSecond := float64(r.gen.existing()) * r.opts.UpdateRate
 	r.beginLoad(ctx, f)
+	prof := r.beginProfiles(ctx, f, d)
 	r.mark("load: %.1f spec updates/s", perSecond)
 	r.setPhase("load on %s, %.1f updates/s for %s", f.label(), perSecond, d)
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -418,6 +462,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	stopLoad()
 	<-done
 	r.endLoad(ctx, f)
+	prof.end(ctx, r, f)
 	<-probed
 	r.mark("load ends")
 	return err
@@ -451,11 +496,23 @@ func (r *run) handover(ctx context.Context, f *fleet, name string, at time.Time)
 }
 
 // compare runs the fleets one after another on the same objects and load.
+//
+// Every fleet starts on the same objects in the same state: new, with no
+// label, status or ConfigMap. Before each fleet after the first, the
+// objects are deleted and created again, so that each fleet's start is the
+// same create storm rather than a check of what the fleet before it did.
 func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
-	if err := r.createAll(ctx, nil); err != nil {
-		return err
+	if chosen, _ := parseFleets(r.opts.Fleets); chosen != nil {
+		specs = chosen
 	}
-	for _, s := range specs {
+	for i, s := range specs {
+		if i > 0 {
+			if err := r.recreateAll(ctx); err != nil {
+				return err
+			}
+		} else if err := r.createAll(ctx, nil); err != nil {
+			return err
+		}
 		f, err := r.startFleet(ctx, s.Mode, s.Replicas)
 		if err != nil {
 			return err

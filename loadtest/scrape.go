@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,9 +31,11 @@ const (
 	metricReconciles     = "controller_runtime_reconcile_total"
 	metricReconcileTime  = "controller_runtime_reconcile_time_seconds"
 	metricQueueDepth     = "workqueue_depth"
+	metricQueueWait      = "workqueue_queue_duration_seconds"
 	metricCacheRequests  = "kshard_externalcache_requests_total"
 	metricExternalCalls  = "kshard_external_calls_total"
 	metricAPIRequests    = "apiserver_request_total"
+	metricAPIDuration    = "apiserver_request_duration_seconds"
 	metricAPIRespSizes   = "apiserver_response_sizes"
 	metricAPIListFetched = "apiserver_storage_list_fetched_objects_total"
 	metricAPIWatchLists  = "apiserver_watch_list_duration_seconds"
@@ -131,6 +134,12 @@ func matches(m *dto.Metric, match map[string]string) bool {
 	return true
 }
 
+// cumulative is a histogram as scraped: cumulative counts per upper bound,
+// ascending, +Inf last.
+type cumulative struct {
+	Bounds, Counts []float64
+}
+
 // replicaSample is what one scrape of one replica process says.
 type replicaSample struct {
 	At        time.Time
@@ -143,10 +152,11 @@ type replicaSample struct {
 	Shards, Objects float64
 	Reconciles      float64
 	ReconcileErrors float64
-	// ReconcileBounds and ReconcileCounts are the cumulative buckets of the
-	// configbinding controller's reconcile time.
-	ReconcileBounds, ReconcileCounts []float64
-	QueueDepth                       float64
+	// Reconcile is the configbinding controller's reconcile time, and
+	// QueueWait the time its requests waited in the workqueue before a worker
+	// took them: the two parts of end-to-end latency inside a replica.
+	Reconcile, QueueWait cumulative
+	QueueDepth           float64
 	// Cache counts external-cache lookups by result.
 	Cache map[string]float64
 	// ExternalCalls counts the replica's calls to the config center.
@@ -196,7 +206,8 @@ func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (re
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
 		Unlabeled:       f.sum(metricUnlabeled, nil),
 	}
-	s.ReconcileBounds, s.ReconcileCounts = f.histogram(metricReconcileTime, ctl)
+	s.Reconcile.Bounds, s.Reconcile.Counts = f.histogram(metricReconcileTime, ctl)
+	s.QueueWait.Bounds, s.QueueWait.Counts = f.histogram(metricQueueWait, map[string]string{"name": controllerName})
 	if extra != "" {
 		s.Metric = f.sum(extra, nil)
 	}
@@ -247,6 +258,11 @@ type apiServerSample struct {
 	ObjectWrites float64
 	// Writes counts every mutating request, all resources.
 	Writes float64
+	// StatusPatches is the API server's own latency of ConfigBinding status
+	// patches (apiserver_request_duration_seconds): the reconcile's last
+	// write, timed where it is served, so a report can tell a slower server
+	// from a slower client.
+	StatusPatches cumulative
 }
 
 // scrapeAPIServer reads the API server's /metrics with the load tester's
@@ -278,6 +294,7 @@ func apiSampleOf(f families) apiServerSample {
 	_, watchBytes := f.histogramSum(metricAPIWatchSizes, res)
 	s.Bytes = listBytes + watchBytes
 	s.OpenWatches = f.sum(metricAPILongRunning, map[string]string{"verb": "WATCH", "resource": resourceBindings})
+	s.StatusPatches.Bounds, s.StatusPatches.Counts = f.histogram(metricAPIDuration, map[string]string{"verb": "PATCH", "resource": resourceBindings, "subresource": "status"})
 	for verb, n := range f.by(metricAPIRequests, "verb", map[string]string{"resource": resourceLeases}) {
 		if mutating(verb) {
 			s.LeaseWrites += n
@@ -318,15 +335,28 @@ func mutating(verb string) bool {
 // minus is the difference of two API server samples (counters).
 func (s apiServerSample) minus(o apiServerSample) apiServerSample {
 	return apiServerSample{
-		At:           s.At,
-		Syncs:        s.Syncs - o.Syncs,
-		Scanned:      s.Scanned - o.Scanned,
-		Bytes:        s.Bytes - o.Bytes,
-		OpenWatches:  s.OpenWatches,
-		LeaseWrites:  s.LeaseWrites - o.LeaseWrites,
-		ObjectWrites: s.ObjectWrites - o.ObjectWrites,
-		Writes:       s.Writes - o.Writes,
+		At:            s.At,
+		Syncs:         s.Syncs - o.Syncs,
+		Scanned:       s.Scanned - o.Scanned,
+		Bytes:         s.Bytes - o.Bytes,
+		OpenWatches:   s.OpenWatches,
+		LeaseWrites:   s.LeaseWrites - o.LeaseWrites,
+		ObjectWrites:  s.ObjectWrites - o.ObjectWrites,
+		Writes:        s.Writes - o.Writes,
+		StatusPatches: s.StatusPatches.minus(o.StatusPatches),
 	}
+}
+
+// minus is the growth of a histogram since o (same bounds; h itself
+// otherwise).
+func (h cumulative) minus(o cumulative) cumulative {
+	counts := slices.Clone(h.Counts)
+	if len(o.Counts) == len(counts) {
+		for i := range counts {
+			counts[i] -= o.Counts[i]
+		}
+	}
+	return cumulative{Bounds: h.Bounds, Counts: counts}
 }
 
 // writeMark is the API server's counts at one moment with the object writes

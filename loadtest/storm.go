@@ -97,7 +97,7 @@ func (s CreateStorm) describe() string {
 	case stormCreates:
 		return fmt.Sprintf("%d creates at %g/s", s.Objects, s.CreateRate)
 	case stormStart:
-		return fmt.Sprintf("fleet start on %d existing objects", s.Objects)
+		return fmt.Sprintf("fleet start on %d new objects", s.Objects)
 	case stormRamp:
 		return fmt.Sprintf("%d creates at %.3g/s under the HPA (Ready not awaited)", s.Objects, s.CreateRate)
 	}

@@ -225,7 +225,7 @@ func TestRenderStormAndLabelRows(t *testing.T) {
 	}
 	md := renderMarkdown(rep)
 	for _, want := range []string{
-		"| create storm | fleet start on 5000 existing objects | fleet start on 5000 existing objects | 1000 creates at 200/s |",
+		"| create storm | fleet start on 5000 new objects | fleet start on 5000 new objects | 1000 creates at 200/s |",
 		"| create storm: until every object Ready | 25.00 s | 10.00 s | not settled |",
 		"| create storm: objects Ready per second | 200.00 | 500.00 | — |",
 		"| create storm: controller writes per object | 2.00 | 1.00 | — |",

@@ -296,10 +296,17 @@ func (sr shardReader) List(ctx context.Context, list client.ObjectList, opts ...
 func (r *Replica) joinBatch(ctx context.Context, s *shard) {
 	r.mu.Lock()
 	b := r.open
-	if b == nil {
-		b = &batch{}
+	switch {
+	case b == nil:
+		b = &batch{opened: time.Now()}
 		r.open = b
-		time.AfterFunc(r.opts.BatchWindow, func() { r.closeBatch(ctx, b) })
+		b.timer = time.AfterFunc(r.opts.BatchWindow, func() { r.closeBatch(ctx, b) })
+	case time.Since(b.opened) < maxBatchWait*r.opts.BatchWindow:
+		// Acquisitions still arrive: wait for the rest, as a slow API
+		// server (a loaded machine, a fleet starting together) acquires 64
+		// shards over seconds, and each cache closed early is one more
+		// scan of the whole collection.
+		b.timer.Reset(r.opts.BatchWindow)
 	}
 	b.shards = append(b.shards, s)
 	complete := r.batchCompleteLocked()
@@ -308,6 +315,10 @@ func (r *Replica) joinBatch(ctx context.Context, s *shard) {
 		r.closeBatch(ctx, b)
 	}
 }
+
+// maxBatchWait bounds, in BatchWindows from its first shard, how long a
+// batch keeps waiting for more: the first shard runs at the latest then.
+const maxBatchWait = 10
 
 // batchCompleteLocked reports whether every shard the ring gives this
 // replica has passed acquisition. Caller holds r.mu.

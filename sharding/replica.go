@@ -74,6 +74,10 @@ type Replica struct {
 // for all of them.
 type batch struct {
 	shards []*shard
+	// opened is when its first shard joined; timer closes it BatchWindow
+	// after the last join, at most maxBatchWait after opened.
+	opened time.Time
+	timer  *time.Timer
 }
 
 // New creates a Replica and adds it to the manager.

@@ -78,6 +78,12 @@ func run() int {
 	fs.StringVar(&o.HPAFile, "hpa-file", "", "autoscale: the HorizontalPodAutoscaler to follow (default deploy/autoscaling/hpa.yaml)")
 	fs.Float64Var(&o.HPATimeScale, "hpa-time-scale", 0, "autoscale: multiply the HPA's windows, policy periods and sync period by this, in (0, 1] (default 1)")
 	fs.Float64Var(&o.HPATarget, "hpa-target", 0, "autoscale: replace the HPA's target average value (the report says so)")
+	fs.StringVar(&o.Fleets, "fleets", "", "compare-sharding, compare-external: the fleets to compare instead of the scenario's, as mode:replicas,… with modes sharded, off, plain, cache, mirror, direct (e.g. off:1,sharded:4)")
+	fs.Func("replica-args", "flags appended to every kshard replica's command line, space-separated, to measure one (e.g. \"--max-concurrent-reconciles=16\"); the report lists them", func(v string) error {
+		o.ReplicaArgs = append(o.ReplicaArgs, strings.Fields(v)...)
+		return nil
+	})
+	fs.BoolVar(&o.Profile, "profile", false, "serve pprof on every kshard replica and write a CPU profile over each measured phase and a heap profile at its end into the work folder's profiles/ (give --work-dir to keep them)")
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")

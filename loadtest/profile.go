@@ -1,0 +1,96 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// profiles takes the pprof profiles of one fleet's measured phase
+// (Options.Profile): a CPU profile of every replica over the phase, and a
+// heap profile of each at its end. They answer where a fleet's time and
+// memory go, which the report's counts only locate.
+type profiles struct {
+	dir string
+	hc  *http.Client
+	wg  sync.WaitGroup
+}
+
+// beginProfiles starts a CPU profile of every running replica of f for
+// the phase's duration d; nil without Options.Profile.
+func (r *run) beginProfiles(ctx context.Context, f *fleet, d time.Duration) *profiles {
+	if !r.opts.Profile {
+		return nil
+	}
+	p := &profiles{dir: filepath.Join(r.work, "profiles"), hc: &http.Client{Timeout: d + time.Minute}}
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		r.log.Error(err, "Creating the profile folder")
+		return nil
+	}
+	secs := max(int(d.Seconds()), 1)
+	for _, s := range f.runningSlots() {
+		if s.pprofAddr == "" {
+			continue
+		}
+		p.wg.Go(func() {
+			if err := p.fetch(ctx, s.pprofAddr, fmt.Sprintf("profile?seconds=%d", secs), p.file(f, s, "cpu")); err != nil {
+				r.log.Error(err, "Taking a CPU profile", "replica", s.id)
+			}
+		})
+	}
+	return p
+}
+
+// end takes the heap profiles and waits for the CPU profiles.
+func (p *profiles) end(ctx context.Context, r *run, f *fleet) {
+	if p == nil {
+		return
+	}
+	for _, s := range f.runningSlots() {
+		if s.pprofAddr == "" {
+			continue
+		}
+		if err := p.fetch(ctx, s.pprofAddr, "heap?gc=1", p.file(f, s, "heap")); err != nil {
+			r.log.Error(err, "Taking a heap profile", "replica", s.id)
+		}
+	}
+	p.wg.Wait()
+	r.progress.printf("profiles of %s in %s", f.label(), p.dir)
+}
+
+// file names a profile after its fleet, replica and kind:
+// sharded-x4.kshard-0.cpu.pprof.
+func (p *profiles) file(f *fleet, s *slot, kind string) string {
+	fleet := strings.NewReplacer(" ", "-", "×", "x", "→", "-").Replace(f.label())
+	return filepath.Join(p.dir, fmt.Sprintf("%s.%s.%s.pprof", fleet, s.id, kind))
+}
+
+func (p *profiles) fetch(ctx context.Context, addr, what, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/debug/pprof/"+what, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("fetching %s from %s: %w", what, addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetching %s from %s: %s", what, addr, resp.Status)
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return out.Close()
+}
