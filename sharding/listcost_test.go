@@ -1,14 +1,10 @@
 package sharding_test
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kshard/kshard/internal/controlplane"
@@ -24,38 +20,8 @@ func bindingSyncs(t *testing.T) (syncs, scanned float64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	if err != nil {
-		t.Fatalf("reading the API server's metrics: %v", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("parsing the API server's metrics: %v", err)
-	}
-	for _, name := range []string{"apiserver_request_total", "apiserver_watch_list_duration_seconds",
-		"apiserver_storage_list_fetched_objects_total", "apiserver_init_events_total"} {
-		for _, m := range fams[name].GetMetric() {
-			l := map[string]string{}
-			for _, p := range m.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			if l["resource"] != "configbindings" {
-				continue
-			}
-			switch name {
-			case "apiserver_request_total":
-				if l["verb"] == "LIST" {
-					syncs += m.GetCounter().GetValue()
-				}
-			case "apiserver_watch_list_duration_seconds":
-				syncs += float64(m.GetHistogram().GetSampleCount())
-			default:
-				scanned += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return syncs, scanned
+	c := apiCounts(t, cs)
+	return c.requests, c.scanned
 }
 
 // quietSyncs waits until the count of syncs has not changed for a while (a
