@@ -484,6 +484,13 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		}
 		return fmtDur(time.Duration(v * float64(time.Second)))
 	}
+	row("end-to-end p50 / p99 split: write → its reconcile starts + reconcile starts → Ready seen (audit log)", func(f *FleetResult) string {
+		if f.Split == nil {
+			return "n/a (no audit log)"
+		}
+		return fmt.Sprintf("%s + %s / %s + %s (%d of %d updates)", fmtDur(f.Split.ToReconcile.P50), fmtDur(f.Split.FromReconcile.P50),
+			fmtDur(f.Split.ToReconcile.P99), fmtDur(f.Split.FromReconcile.P99), f.Split.Joined, f.Split.Updates)
+	})
 	row("workqueue wait p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.QueueWaitP99) })
 	row("reconcile p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.ReconcileP99) })
 	row("API server's status patch p99 (its own histogram)", func(f *FleetResult) string { return seconds(f.StatusPatchP99) })

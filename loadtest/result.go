@@ -139,6 +139,10 @@ type FleetResult struct {
 	// -1 without data). With ReconcileP99 it splits end-to-end latency into
 	// waiting and working inside the replicas.
 	QueueWaitP99 float64
+	// Split divides the end-to-end latency of the phase's spec updates at
+	// the reconcile that made each Ready (from the audit log; sharded fleets
+	// only, nil otherwise).
+	Split *LatencySplit `json:",omitempty"`
 	// StatusPatchP99 is the API server's p99 of serving a ConfigBinding
 	// status patch within the window (apiserver_request_duration_seconds;
 	// seconds, -1 without data).
@@ -619,6 +623,11 @@ func (r *run) finish(runErr error) {
 	default:
 		tenures, changes := r.ring.tenures()
 		rep.Audit = auditSummary(data, len(files), strayWrites(data.writes, tenures), changes, findOverlaps(data.byObject), pauses, r.opts.RetryPeriod)
+		for _, f := range r.fleets {
+			if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
+				f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.byObject)
+			}
+		}
 		rep.Checks = append(rep.Checks, rep.Audit.writeCheck(notAudited), rep.Audit.reconcileCheck(notAudited))
 	}
 

@@ -36,6 +36,10 @@ type latencySample struct {
 	Done    time.Time
 	Latency time.Duration
 	Kind    writeKind
+	// Key and Gen name the object and the generation the write made, so
+	// the sample can be split at its reconcile (the audit log).
+	Key string
+	Gen int64
 }
 
 // tracker watches the ConfigBindings and measures, for every generation the
@@ -213,9 +217,10 @@ func (t *tracker) observe(obj any) {
 		return
 	}
 	now := time.Now()
+	key := cb.Namespace + "/" + cb.Name
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.state(cb.Namespace + "/" + cb.Name)
+	s := t.state(key)
 	s.generation = max(s.generation, cb.Generation)
 	was := s.shard
 	s.shard = -1
@@ -242,7 +247,7 @@ func (t *tracker) observe(obj any) {
 	s.ready, s.seenGen = ready, cb.Generation
 	if cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Status.ObservedGeneration && cb.Status.ObservedGeneration > s.readyGen {
 		s.readyGen, s.readyAt = cb.Status.ObservedGeneration, now
-		t.complete(s)
+		t.complete(key, s)
 	}
 }
 
@@ -258,16 +263,16 @@ func (t *tracker) wrote(key string, gen int64, start time.Time, kind writeKind) 
 	s.pending = append(s.pending, pendingWrite{gen: gen, at: start, kind: kind})
 	t.writes = append(t.writes, pendingWrite{at: start, kind: kind})
 	// The watch may have shown it Ready before the write's response arrived.
-	t.complete(s)
+	t.complete(key, s)
 }
 
 // complete turns the pending writes that the latest Ready generation covers
 // into samples.
-func (t *tracker) complete(s *objectState) {
+func (t *tracker) complete(key string, s *objectState) {
 	kept := s.pending[:0]
 	for _, p := range s.pending {
 		if p.gen <= s.readyGen {
-			t.samples = append(t.samples, latencySample{Done: s.readyAt, Latency: max(s.readyAt.Sub(p.at), 0), Kind: p.kind})
+			t.samples = append(t.samples, latencySample{Done: s.readyAt, Latency: max(s.readyAt.Sub(p.at), 0), Kind: p.kind, Key: key, Gen: p.gen})
 		} else {
 			kept = append(kept, p)
 		}
@@ -293,6 +298,19 @@ func (t *tracker) latencies(from, to time.Time, kind writeKind) *histogram {
 		}
 	}
 	return h
+}
+
+// samplesBetween returns the samples of a kind completed within [from, to).
+func (t *tracker) samplesBetween(from, to time.Time, kind writeKind) []latencySample {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []latencySample
+	for _, s := range t.samples {
+		if s.Kind == kind && !s.Done.Before(from) && s.Done.Before(to) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // flapsBetween counts the Ready flaps within [from, to).
