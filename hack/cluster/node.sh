@@ -174,6 +174,7 @@ start kube-apiserver "$BIN_K8S/kube-apiserver" \
 	--service-cluster-ip-range "$SERVICE_CIDR" \
 	--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
 	--allow-privileged=true \
+	--kubelet-preferred-address-types InternalIP,Hostname \
 	--kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
 	--kubelet-client-key "$pki/apiserver-kubelet-client.key" \
 	--kubelet-certificate-authority "$pki/ca.crt" \

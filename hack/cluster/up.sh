@@ -81,6 +81,8 @@ if ((${#missing[@]} > 0)); then
 fi
 
 mkdir -p "$pki" "$etc/cni" "$run" "$state" "$logs"
+# The previous run's logs stay until the next one (down.sh keeps them).
+rm -f "$logs"/*.log
 
 # ------------------------------------------------------------- certificates
 
@@ -170,6 +172,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   disable_apparmor = true
+  # Without CAP_SYS_RESOURCE (this machine's root lacks it) no process may
+  # lower its oom_score_adj: the kubelet asks -998 for the pause container
+  # and runc fails. This keeps every container's at containerd's own or above.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
