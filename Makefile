@@ -121,3 +121,7 @@ cluster: controlplane node-binaries node-images ## Start the single-node cluster
 .PHONY: cluster-down
 cluster-down: ## Stop the cluster and remove its processes, network namespace, cgroups and state.
 	hack/cluster/down.sh
+
+.PHONY: cluster-smoke
+cluster-smoke: ## On the running cluster: a kshard:dev pod runs, deploy/node's 3 replicas become Ready, a ConfigBinding syncs.
+	hack/cluster/smoke.sh

@@ -77,4 +77,15 @@ fi
 holders=$(grep -l -F "$dir/" /proc/[0-9]*/mountinfo 2>/dev/null || true)
 [[ -z $holders ]] || die "mounts under $dir are still held by $(sed 's|/proc/\([0-9]*\)/mountinfo|\1|' <<<"$holders" | tr '\n' ' '); state kept"
 rm -rf "$pki" "$etc" "$run" "$state" "$KUBECONFIG_OUT"
-say "cluster down in $((SECONDS - start))s (logs kept in $logs)"
+
+# What is left, checked rather than assumed.
+problems=()
+ip netns list | grep -q "^$NETNS\( \|$\)" && problems+=("network namespace $NETNS")
+ip link show "$VETH_HOST" >/dev/null 2>&1 && problems+=("link $VETH_HOST")
+ls -d /sys/fs/cgroup/*/"$CGROUP" >/dev/null 2>&1 && problems+=("cgroups /sys/fs/cgroup/*/$CGROUP")
+[[ -n $(left || true) ]] && problems+=("processes in the node's cgroup")
+grep -q -F "$dir/" /proc/[0-9]*/mountinfo 2>/dev/null && problems+=("mounts of $dir")
+if ((${#problems[@]} > 0)); then
+	die "left behind: ${problems[*]}"
+fi
+say "cluster down in $((SECONDS - start))s: no process, mount, cgroup or network namespace of it is left (logs kept in $logs)"
