@@ -125,3 +125,7 @@ cluster-down: ## Stop the cluster and remove its processes, network namespace, c
 .PHONY: cluster-smoke
 cluster-smoke: ## On the running cluster: a kshard:dev pod runs, deploy/node's 3 replicas become Ready, a ConfigBinding syncs.
 	hack/cluster/smoke.sh
+
+.PHONY: cluster-images
+cluster-images: node-images ## Rebuild the images and import them into the running cluster's containerd.
+	hack/cluster/images.sh

@@ -152,11 +152,8 @@ for ((i = 0; i < 60; i++)); do
 	sleep 0.5
 done
 ctr --address "$run/containerd.sock" version >/dev/null 2>&1 || fail "containerd did not answer on $run/containerd.sock within 30s"
-for image in "$IMAGES"/*.tar; do
-	ctr --address "$run/containerd.sock" -n k8s.io images import "$image" >>"$logs/images.log" 2>&1 ||
-		fail "importing $image failed (log: $logs/images.log)"
-	log "imported $image"
-done
+"$repo/hack/cluster/images.sh" >>"$logs/images.log" 2>&1 || fail "importing the images of $IMAGES failed (log: $logs/images.log)"
+log "imported the images of $IMAGES"
 
 start etcd "$BIN_K8S/etcd" --name "$NODE_NAME" --data-dir "$state/etcd" \
 	--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
