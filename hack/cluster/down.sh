@@ -9,7 +9,7 @@
 # Safe to run when nothing is up, and again after a failed run.
 set -euo pipefail
 
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 say() { printf '%s\n' "$*"; }
@@ -60,7 +60,7 @@ while read -r _ _ _ _ mountpoint _ rest; do
 	[[ -d $mountpoint/$CGROUP ]] && say "warning: cannot remove cgroup $mountpoint/$CGROUP"
 done </proc/self/mountinfo
 
-if ip netns list | grep -q "^$NETNS\( \|$\)"; then
+if netns_exists; then
 	others=$(ip netns pids "$NETNS" 2>/dev/null || true)
 	[[ -z $others ]] || say "warning: processes not started by make cluster are still in $NETNS: $(tr '\n' ' ' <<<"$others")"
 	ip netns del "$NETNS"
@@ -75,12 +75,12 @@ fi
 
 # Nothing may still hold a mount of the cluster's folders before they go.
 holders=$(grep -l -F "$dir/" /proc/[0-9]*/mountinfo 2>/dev/null || true)
-[[ -z $holders ]] || die "mounts under $dir are still held by $(sed 's|/proc/\([0-9]*\)/mountinfo|\1|' <<<"$holders" | tr '\n' ' '); state kept"
+[[ -z $holders ]] || die "mounts under $dir are still held by processes $(tr '\n' ' ' <<<"$holders"); state kept"
 rm -rf "$pki" "$etc" "$run" "$state" "$KUBECONFIG_OUT"
 
 # What is left, checked rather than assumed.
 problems=()
-ip netns list | grep -q "^$NETNS\( \|$\)" && problems+=("network namespace $NETNS")
+netns_exists && problems+=("network namespace $NETNS")
 ip link show "$VETH_HOST" >/dev/null 2>&1 && problems+=("link $VETH_HOST")
 ls -d /sys/fs/cgroup/*/"$CGROUP" >/dev/null 2>&1 && problems+=("cgroups /sys/fs/cgroup/*/$CGROUP")
 [[ -n $(left || true) ]] && problems+=("processes in the node's cgroup")

@@ -2,7 +2,7 @@
 # and which addresses it uses. Every address lives inside network namespace
 # $NETNS, except HOST_IP, the host's end of the one veth that lets kubectl on
 # the host reach the API server.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # the sourcing scripts use these
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
@@ -36,6 +36,11 @@ run=$dir/run
 state=$dir/state
 logs=$dir/log
 KUBECONFIG_OUT=$dir/kubeconfig
+
+# netns_exists tells whether `ip netns add $NETNS` made the namespace (its
+# name is a file there), without piping `ip netns list` into an early-exiting
+# grep, which pipefail turns into a false answer.
+netns_exists() { [[ -e /run/netns/$NETNS ]]; }
 
 # Host paths that containerd 1.6 and the kubelet use whatever their
 # configuration says. node.sh bind-mounts a folder of $state over each, in

@@ -5,7 +5,7 @@
 # on a running cluster after a rebuild (then restart the pods to use it).
 set -euo pipefail
 
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 [[ -S $run/containerd.sock ]] || { echo "images: the cluster's containerd is not running ($run/containerd.sock): run \`make cluster\`" >&2; exit 1; }

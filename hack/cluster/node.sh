@@ -10,7 +10,7 @@
 # included, and exits.
 set -euo pipefail
 
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 echo $$ >"$run/node.pid"
@@ -115,7 +115,7 @@ stop() { # name seconds
 kill_cgroup() { # folder signal
 	local p
 	[[ -d $1 ]] || return 0
-	for p in $(find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+	find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r p; do
 		[[ $p == "$$" ]] || kill "-$2" "$p" 2>/dev/null || true
 	done
 }

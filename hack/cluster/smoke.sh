@@ -7,12 +7,12 @@
 # removes everything).
 set -euo pipefail
 
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 export KUBECONFIG=$KUBECONFIG_OUT
 k=("$BIN_NODE/kubectl")
-step() { printf '%-60s %ss\n' "$1" "$(($SECONDS - t))"; }
+step() { printf '%-60s %ss\n' "$1" "$((SECONDS - t))"; }
 
 t=$SECONDS
 "${k[@]}" -n default delete pod kshard-help --ignore-not-found >/dev/null

@@ -11,7 +11,7 @@
 # (down.sh) undoes all of it.
 set -euo pipefail
 
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 say() { printf '%s\n' "$*"; }
@@ -27,7 +27,7 @@ if [[ -s $run/node.pid ]] && kill -0 "$(cat "$run/node.pid")" 2>/dev/null; then
 	say "the cluster is already up (node.sh pid $(cat "$run/node.pid")); KUBECONFIG=$KUBECONFIG_OUT"
 	exit 0
 fi
-if ip netns list | grep -qx "$NETNS\( (id: [0-9]*)\)\?"; then
+if netns_exists; then
 	die "network namespace $NETNS exists but no node runs in it: run \`make cluster-down\` first"
 fi
 
