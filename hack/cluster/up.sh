@@ -308,6 +308,11 @@ ip -n "$NETNS" link set "$VETH_NODE" up
 # namespace's own addresses. The namespace has no default route, so nothing
 # leaves it except answers to the host on the veth.
 ip netns exec "$NETNS" sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+# The host reaches pod and Service addresses through the node, as a machine
+# on the node's network would (tests and the load tester on the host). These
+# routes go with the veth.
+ip route add "$POD_CIDR" via "$NODE_IP" dev "$VETH_HOST"
+ip route add "$SERVICE_CIDR" via "$NODE_IP" dev "$VETH_HOST"
 
 # -------------------------------------------------------------------- start
 
