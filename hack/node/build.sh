@@ -19,7 +19,7 @@ k8s_dir=$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 pause_version=$(sed -n 's/^TAG ?= *//p' "$k8s_dir/build/pause/Makefile")
 
 # progress turns `go build -v` (one line per package) into a line every 100
-# packages, so a twenty-minute first build shows it is alive.
+# packages, so a first build of minutes shows it is alive.
 progress() {
 	awk '{ n++; if (n % 100 == 0) { printf "  node binaries: %d packages compiled\n", n; fflush() } }'
 }
@@ -52,7 +52,7 @@ if ((${#missing[@]} > 0)); then
 	for name in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
 	tmp="$out/.tmp"
 	rm -rf "$tmp" && mkdir -p "$tmp"
-	echo "building ${missing[*]} into $out in one go build (first build: tens of minutes on 2 cores)"
+	echo "building ${missing[*]} into $out in one go build (first build: 2-3 minutes on 2 cores after make controlplane)"
 	start=$SECONDS
 	(cd "$here" && go build -v -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}") 2>&1 | progress
 	# pipefail makes a failed build fail here; the renames keep a half-written
