@@ -129,3 +129,8 @@ cluster-smoke: ## On the running cluster: a kshard:dev pod runs, deploy/node's 3
 .PHONY: cluster-images
 cluster-images: node-images ## Rebuild the images and import them into the running cluster's containerd.
 	hack/cluster/images.sh
+
+.PHONY: lint-node
+lint-node: ## Vet the image tool's module and shellcheck the node and cluster scripts (if shellcheck is installed).
+	cd hack/image && go vet ./...
+	@if command -v shellcheck >/dev/null; then shellcheck -x hack/cluster/*.sh hack/node/build.sh hack/image/build.sh; else echo "shellcheck not installed: scripts not checked"; fi

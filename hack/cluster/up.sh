@@ -298,7 +298,13 @@ done
 # ------------------------------------------------------------------ network
 
 ip netns add "$NETNS"
-ip link add "$VETH_HOST" type veth peer name "$VETH_NODE" netns "$NETNS"
+# What can only be tried: a bridge (the CNI network) and iptables' nat table
+# (kube-proxy), in the new namespace, which goes again if either fails.
+kernel_fail() { ip netns del "$NETNS"; die "this kernel cannot $1 in a network namespace: $2"; }
+ip -n "$NETNS" link add kshard-probe type bridge 2>/dev/null || kernel_fail "create a bridge" "the CNI bridge plugin needs it (CONFIG_BRIDGE)"
+ip -n "$NETNS" link del kshard-probe
+ip netns exec "$NETNS" iptables -t nat -S >/dev/null 2>&1 || kernel_fail "use iptables' nat table" "kube-proxy needs it (nf_tables or the legacy iptables modules, with NAT)"
+ip link add "$VETH_HOST" type veth peer name "$VETH_NODE" netns "$NETNS" || kernel_fail "create a veth pair" "the host reaches the node through one (CONFIG_VETH)"
 ip addr add "$HOST_IP/30" dev "$VETH_HOST"
 ip link set "$VETH_HOST" up
 ip -n "$NETNS" link set lo up
