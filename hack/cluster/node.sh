@@ -15,11 +15,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 echo $$ >"$run/node.pid"
 log() { printf '%s node: %s\n' "$(date +%T)" "$*"; }
+# fail tells up.sh why the node did not come up, and stops what had started.
 fail() {
 	log "FAILED: $*"
 	echo "$*" >"$run/failed"
-	exit 1
+	shutdown
 }
+# Any other early exit (set -e) still answers up.sh, which waits for one.
+trap 'rc=$?; [[ -e $run/ready || -e $run/failed ]] || echo "node.sh stopped before the node was up (status $rc; log: $logs/node.log)" >"$run/failed"' EXIT
 
 # ------------------------------------------------------------------- mounts
 
@@ -139,6 +142,7 @@ shutdown() {
 	sleep 1
 	kill_cgroup "$pids_root/$CGROUP" KILL
 	log "stopped"
+	[[ -e $run/failed ]] && exit 1
 	exit 0
 }
 trap shutdown TERM INT

@@ -331,6 +331,11 @@ setsid ip netns exec "$NETNS" "$repo/hack/cluster/node.sh" </dev/null >"$logs/no
 for ((i = 0; i < 300; i++)); do
 	[[ -e $run/ready ]] && break
 	if [[ -e $run/failed ]]; then
+		# node.sh stops what it had started; give it the time to.
+		for ((j = 0; j < 60; j++)); do
+			[[ -s $run/node.pid ]] && kill -0 "$(cat "$run/node.pid")" 2>/dev/null || break
+			sleep 1
+		done
 		cat "$run/failed" >&2
 		die "the node did not start (logs in $logs); run \`make cluster-down\` to clean up"
 	fi
