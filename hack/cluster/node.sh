@@ -116,9 +116,12 @@ stop() { # name seconds
 
 # kill_cgroup signals every process under a pids cgroup, except this one.
 kill_cgroup() { # folder signal
-	local p
+	local p procs
 	[[ -d $1 ]] || return 0
-	find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r p; do
+	# Read all first: a pipeline's subshell would be in the cgroup too, and
+	# would signal itself.
+	mapfile -t procs < <(find "$1" -name cgroup.procs -exec cat {} + 2>/dev/null)
+	for p in "${procs[@]}"; do
 		[[ $p == "$$" ]] || kill "-$2" "$p" 2>/dev/null || true
 	done
 }

@@ -333,7 +333,7 @@ for ((i = 0; i < 300; i++)); do
 	if [[ -e $run/failed ]]; then
 		# node.sh stops what it had started; give it the time to.
 		for ((j = 0; j < 60; j++)); do
-			[[ -s $run/node.pid ]] && kill -0 "$(cat "$run/node.pid")" 2>/dev/null || break
+			if ! [[ -s $run/node.pid ]] || ! kill -0 "$(cat "$run/node.pid")" 2>/dev/null; then break; fi
 			sleep 1
 		done
 		cat "$run/failed" >&2
