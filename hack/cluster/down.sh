@@ -69,6 +69,9 @@ fi
 # The veth goes with the namespace; this covers a half-made one.
 ip link del "$VETH_HOST" 2>/dev/null || true
 
+if [[ -s $run/created-mounts ]] && mountpoint -q /run/netns && [[ -z $(ls -A /run/netns) ]]; then
+	umount /run/netns && say "unmounted /run/netns (made by this cluster's ip netns add)"
+fi
 if [[ -s $run/created-paths ]]; then
 	while read -r p; do rmdir "$p" 2>/dev/null || say "warning: $p was made by make cluster but is not empty; kept"; done <"$run/created-paths"
 fi

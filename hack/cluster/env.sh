@@ -45,4 +45,5 @@ netns_exists() { [[ -e /run/netns/$NETNS ]]; }
 # Host paths that containerd 1.6 and the kubelet use whatever their
 # configuration says. node.sh bind-mounts a folder of $state over each, in
 # the node's own mount namespace only, so nothing of the host's is touched.
-HARDCODED_PATHS=(/run/containerd /run/netns /var/lib/cni /var/log/pods /var/log/containers)
+# (/var/lib/kubelet: the device plugin socket ignores --root-dir.)
+HARDCODED_PATHS=(/run/containerd /run/netns /var/lib/cni /var/lib/kubelet /var/log/pods /var/log/containers)

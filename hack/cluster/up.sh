@@ -297,6 +297,10 @@ done
 
 # ------------------------------------------------------------------ network
 
+# The first `ip netns add` on a machine makes /run/netns a mount point of its
+# own, and iproute2 leaves it; down.sh undoes it if this run made it.
+rm -f "$run/created-mounts"
+mountpoint -q /run/netns || echo /run/netns >"$run/created-mounts"
 ip netns add "$NETNS"
 # What can only be tried: a bridge (the CNI network) and iptables' nat table
 # (kube-proxy), in the new namespace, which goes again if either fails.
