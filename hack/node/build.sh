@@ -14,7 +14,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=$(mkdir -p "${1:-$here/../../bin/node}" && cd "${1:-$here/../../bin/node}" && pwd)
 
 k8s_version=$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+# go list -m names the module's folder only once it is in the module cache,
+# which on a fresh machine it is not before the first build.
+(cd "$here" && go mod download k8s.io/kubernetes)
 k8s_dir=$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+[[ -f $k8s_dir/build/pause/linux/pause.c ]] || { echo "node: no build/pause/linux/pause.c in k8s.io/kubernetes ($k8s_dir)" >&2; exit 1; }
 # The pause version upstream stamps into its image (build/pause/Makefile TAG).
 pause_version=$(sed -n 's/^TAG ?= *//p' "$k8s_dir/build/pause/Makefile")
 
