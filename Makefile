@@ -99,3 +99,38 @@ kind-webhook-cert: ## Generate the self-signed certificate deploy/kind-webhook u
 .PHONY: undeploy
 undeploy: ## Delete what `make deploy` applied, the CRDs included: every ConfigBinding goes with them.
 	kubectl delete --ignore-not-found -k deploy/kind
+
+##@ Node
+
+# A real single-node Kubernetes v1.37.2 on this machine, inside network
+# namespace kshard-node (needs root): docs/cluster.md.
+CLUSTER_KUBECONFIG := $(BIN)/cluster/kubeconfig
+
+.PHONY: node-binaries
+node-binaries: ## Build kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl and pause into bin/node (skipped when present).
+	hack/node/build.sh $(BIN)/node
+
+.PHONY: node-images
+node-images: node-binaries ## Write the kshard:dev and pause images as archives into bin/images, with no container engine.
+	hack/image/build.sh $(BIN)
+
+.PHONY: cluster
+cluster: controlplane node-binaries node-images ## Start the single-node cluster (kubeconfig: bin/cluster/kubeconfig).
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the cluster and remove its processes, network namespace, cgroups and state.
+	hack/cluster/down.sh
+
+.PHONY: cluster-smoke
+cluster-smoke: ## On the running cluster: a kshard:dev pod runs, deploy/node's 3 replicas become Ready, a ConfigBinding syncs.
+	hack/cluster/smoke.sh
+
+.PHONY: cluster-images
+cluster-images: node-images ## Rebuild the images and import them into the running cluster's containerd.
+	hack/cluster/images.sh
+
+.PHONY: lint-node
+lint-node: ## Vet the image tool's module and shellcheck the node and cluster scripts (if shellcheck is installed).
+	cd hack/image && go vet ./...
+	@if command -v shellcheck >/dev/null; then shellcheck -x hack/cluster/*.sh hack/node/build.sh hack/image/build.sh; else echo "shellcheck not installed: scripts not checked"; fi
