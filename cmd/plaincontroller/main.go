@@ -10,7 +10,7 @@
 // It exists as the floor of the load tester's compare-sharding scenario (the
 // column "plain controller-runtime ×1"): every kshard fleet must beat it on
 // time to Ready and heap per replica, or kshard's machinery does not pay for
-// itself. Its worker count defaults to kshard's (8), so the comparison is one
+// itself. Its worker count defaults to kshard's (16), so the comparison is one
 // of architecture, not of concurrency.
 //
 // Being plain, it does not follow the config center's change feed: a value
@@ -86,7 +86,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.centerTimeout, "configcenter-timeout", 10*time.Second, "bound of one config-center call")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
-	fs.IntVar(&o.workers, "max-concurrent-reconciles", 8, "reconcile workers (kshard's default, for a comparison of architecture)")
+	fs.IntVar(&o.workers, "max-concurrent-reconciles", 16, "reconcile workers (kshard's default, for a comparison of architecture)")
 	o.zap.BindFlags(fs)
 }
 

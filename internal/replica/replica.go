@@ -92,7 +92,12 @@ type Options struct {
 	// off by default (see tlsOpts).
 	EnableHTTP2 bool
 
+	// MaxConcurrentReconciles is the reconcile workers of the replica,
+	// whatever the number of shards it holds. Default 16.
 	MaxConcurrentReconciles int
+	// LabelerWorkers is how many label patches the elected labeler sends
+	// at once (sharding.Options.LabelerWorkers). Default 64.
+	LabelerWorkers int
 	// RequeueBaseDelay and RequeueMaxDelay bound the per-object exponential
 	// backoff of failed reconciles. Defaults 50ms and 5 minutes.
 	RequeueBaseDelay time.Duration
@@ -177,7 +182,7 @@ func (o *Options) setDefaults() error {
 		o.RetryPeriod = sharding.DefaultRetryPeriod
 	}
 	if o.MaxConcurrentReconciles == 0 {
-		o.MaxConcurrentReconciles = 8
+		o.MaxConcurrentReconciles = 16
 	}
 	if o.RequeueBaseDelay == 0 {
 		o.RequeueBaseDelay = 50 * time.Millisecond
@@ -308,6 +313,7 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, rec *co
 		StatefulSet:    opts.StatefulSet,
 		Namespaces:     opts.Namespaces,
 		AuditLog:       opts.AuditLog,
+		LabelerWorkers: opts.LabelerWorkers,
 		OnAcquire:      func(shard int32) { src.acquired(ctx, shard) },
 		OnRelease:      src.released,
 	})
