@@ -42,8 +42,8 @@ func TestLoadTesterCommandLine(t *testing.T) {
 		o.probeAddr != "127.0.0.1:2001" || o.leaseDuration != 15*time.Second || o.retryPeriod != 5*time.Second {
 		t.Errorf("parsed %+v", o)
 	}
-	if o.workers != 8 {
-		t.Errorf("--max-concurrent-reconciles defaults to %d, want kshard's 8", o.workers)
+	if o.workers != 16 {
+		t.Errorf("--max-concurrent-reconciles defaults to %d, want kshard's 16", o.workers)
 	}
 	// kshard's own flags do not exist here: a load tester passing one
 	// would fail loudly rather than be ignored.
