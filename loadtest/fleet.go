@@ -241,7 +241,7 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 			metricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]),
 			healthAddr:  fmt.Sprintf("127.0.0.1:%d", ports[1]),
 		}
-		if f.r.opts.Profile && !f.mode.Plain {
+		if f.r.opts.Profile {
 			s.pprofAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
 		}
 		f.slots = append(f.slots, s)
@@ -324,8 +324,9 @@ type replicaConfig struct {
 	// no such flag.
 	memoryLimit string
 	clockOffset time.Duration
-	// pprofAddr is --pprof-bind-address (empty: none); extra are flags
-	// appended last (Options.ReplicaArgs). Neither reaches a plain mode.
+	// pprofAddr is --pprof-bind-address (empty: none), which the plain
+	// controller has too; extra are flags appended last
+	// (Options.ReplicaArgs), which do not reach a plain mode.
 	pprofAddr string
 	extra     []string
 }
@@ -348,6 +349,9 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		"--retry-period", c.retryPeriod.String(),
 		"--zap-log-level=info",
 	}
+	if c.pprofAddr != "" {
+		common = append(common, "--pprof-bind-address", c.pprofAddr)
+	}
 	if mode.Plain {
 		return append(common, mode.Args...)
 	}
@@ -363,9 +367,6 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 	if c.clockOffset != 0 {
 		// "=" keeps a negative offset from reading as a flag.
 		args = append(args, "--lease-clock-offset="+c.clockOffset.String())
-	}
-	if c.pprofAddr != "" {
-		args = append(args, "--pprof-bind-address", c.pprofAddr)
 	}
 	args = append(args, mode.Args...)
 	// Last, so that a flag given twice takes this value.

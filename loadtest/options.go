@@ -141,9 +141,10 @@ type Options struct {
 	// plain fleet gets none), to measure what a flag does, such as
 	// "--max-concurrent-reconciles=16". The report lists them.
 	ReplicaArgs []string
-	// Profile serves pprof on every kshard replica, takes a CPU profile of
-	// each over every measured phase and a heap profile at its end, and
-	// writes them into the work folder's profiles/ (keep it with WorkDir).
+	// Profile serves pprof on every replica (the plain controller's too),
+	// takes a CPU profile of each over every measured phase and a heap
+	// profile at its end, and writes them into the work folder's profiles/
+	// (keep it with WorkDir).
 	Profile bool
 
 	// Out is the report folder. Default <repository>/loadtest/results.

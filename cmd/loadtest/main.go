@@ -83,7 +83,7 @@ func run() int {
 		o.ReplicaArgs = append(o.ReplicaArgs, strings.Fields(v)...)
 		return nil
 	})
-	fs.BoolVar(&o.Profile, "profile", false, "serve pprof on every kshard replica and write a CPU profile over each measured phase and a heap profile at its end into the work folder's profiles/ (give --work-dir to keep them)")
+	fs.BoolVar(&o.Profile, "profile", false, "serve pprof on every replica (the plain controller too) and write a CPU profile over each measured phase and a heap profile at its end into the work folder's profiles/ (give --work-dir to keep them)")
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")

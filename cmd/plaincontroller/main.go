@@ -66,6 +66,7 @@ type options struct {
 	centerTimeout   time.Duration
 	metricsAddr     string
 	probeAddr       string
+	pprofAddr       string
 	workers         int
 	zap             zap.Options
 }
@@ -86,6 +87,7 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.centerTimeout, "configcenter-timeout", 10*time.Second, "bound of one config-center call")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of the pprof endpoint (empty disables it), as kshard's")
 	fs.IntVar(&o.workers, "max-concurrent-reconciles", 16, "reconcile workers (kshard's default, for a comparison of architecture)")
 	o.zap.BindFlags(fs)
 }
@@ -147,6 +149,7 @@ func run(o options) error {
 		Scheme:                        scheme,
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                true,
 		LeaderElectionID:              leaderElectionID,
 		LeaderElectionNamespace:       o.leaseNamespace,
