@@ -18,7 +18,8 @@ all: build
 
 .PHONY: run
 run: controlplane ## Start the local sandbox (control plane, config center, three replicas).
-	go run ./cmd/kshard dev $(RUN_ARGS)
+	go build -o $(BIN)/ ./cmd/kshard ./cmd/kshard-dev
+	$(BIN)/kshard-dev $(RUN_ARGS)
 
 .PHONY: test
 test: controlplane-if-needed ## Run every test with the race detector against a real control plane.

@@ -1,5 +1,5 @@
-// Command kshard runs a replica of the sharded ConfigBinding controller, shows
-// the state of a ring, and starts the local sandbox.
+// Command kshard runs a replica of the sharded ConfigBinding controller and
+// shows the state of a ring. The local sandbox is cmd/kshard-dev.
 package main
 
 import (
@@ -42,6 +42,6 @@ func newRootCommand() *cobra.Command {
 	}
 	zapFlags := flagSetOf(zapOpts.BindFlags)
 	root.PersistentFlags().AddGoFlagSet(zapFlags)
-	root.AddCommand(newControllerCommand(), newDevCommand(), newStatusCommand())
+	root.AddCommand(newControllerCommand(), newStatusCommand())
 	return root
 }

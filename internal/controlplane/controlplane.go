@@ -5,7 +5,7 @@
 // kshard's promises are about what a real API server does: admission,
 // resourceVersion conflicts, Lease semantics, label-selected watches. A fake
 // client cannot break any of them, so every integration test, the local
-// sandbox (`kshard dev`) and the load tester start their cluster here. The
+// sandbox (cmd/kshard-dev) and the load tester start their cluster here. The
 // package is a thin layer over controller-runtime's envtest that adds the
 // repository's conventions: binaries from bin/k8s (or KUBEBUILDER_ASSETS), the
 // CRDs from deploy/crd, and an optional kubeconfig file for kubectl. Setting

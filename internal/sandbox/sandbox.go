@@ -93,9 +93,8 @@ type Options struct {
 	// so a log stays readable.
 	Out io.Writer
 	// Executable is the kshard binary the replicas run (`<Executable>
-	// controller ...`). Defaults to this process's own executable, which is
-	// kshard when run as `kshard dev`; tests, whose executable is the test
-	// binary, build kshard and name it here.
+	// controller ...`). Required: cmd/kshard-dev finds it beside itself;
+	// tests build kshard and name it here.
 	Executable string
 	// OnReplicaStarted, when set, is called with the process id of every
 	// replica process the sandbox starts, restarts included, so a caller (a
@@ -144,11 +143,7 @@ func (o *Options) setDefaults() error {
 		return fmt.Errorf("duration must not be negative, not %s", o.Duration)
 	}
 	if o.Executable == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("finding the kshard executable for the replicas: %w", err)
-		}
-		o.Executable = exe
+		return errors.New("the kshard binary the replicas run (Executable) is required")
 	}
 	if o.Dir == "" {
 		if root, err := controlplane.RepoRoot(); err == nil {
