@@ -51,6 +51,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
 	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
+	r.chosen, _ = parseFleets(opts.Fleets) // validated by setDefaults
 	if sc.prepare != nil {
 		if err := sc.prepare(r); err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
@@ -63,8 +64,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 // it measured.
 type run struct {
 	opts Options
-	sc   *scenario
-	log  logr.Logger
+	// chosen are the comparison's columns from Options.Fleets; nil for the
+	// scenario's own.
+	chosen []fleetSpec
+	sc     *scenario
+	log    logr.Logger
 
 	work       string
 	begin      time.Time
@@ -264,8 +268,8 @@ func (r *run) run(parent context.Context) (*Report, error) {
 // needsPlain says whether a fleet of the run is the plain controller: the
 // scenario's own, or one --fleets lists.
 func (r *run) needsPlain() bool {
-	if chosen, _ := parseFleets(r.opts.Fleets); chosen != nil {
-		return hasPlain(chosen)
+	if r.chosen != nil {
+		return hasPlain(r.chosen)
 	}
 	return r.sc.plain
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -399,15 +401,15 @@ func (r *run) recreateAll(ctx context.Context) error {
 	if err := r.gen.deleteAll(ctx); err != nil {
 		return err
 	}
-	gone := func() bool { return r.tracker.count() == 0 }
-	if err := waitFor(ctx, r.opts.SettleTimeout, gone); err != nil {
+	gone := func(context.Context) (bool, error) { return r.tracker.count() == 0, nil }
+	if err := wait.PollUntilContextTimeout(ctx, settlePoll, r.opts.SettleTimeout, true, gone); err != nil {
 		return fmt.Errorf("waiting for the deletions to reach the watch: %w", err)
 	}
 	if err := r.gen.createRange(ctx, 0, r.opts.Objects, recreateRate, false); err != nil {
 		return err
 	}
-	seen := func() bool { return r.tracker.count() == r.opts.Objects }
-	if err := waitFor(ctx, r.opts.SettleTimeout, seen); err != nil {
+	seen := func(context.Context) (bool, error) { return r.tracker.count() == r.opts.Objects, nil }
+	if err := wait.PollUntilContextTimeout(ctx, settlePoll, r.opts.SettleTimeout, true, seen); err != nil {
 		return fmt.Errorf("waiting for the creations to reach the watch: %w", err)
 	}
 	return nil
@@ -416,18 +418,6 @@ func (r *run) recreateAll(ctx context.Context) error {
 // recreateRate is the creates per second of recreateAll: above what this
 // machine's API server takes, so it is the limit.
 const recreateRate = 2000
-
-// waitFor polls done every settlePoll until it is true, ctx ends or d passed.
-func waitFor(ctx context.Context, d time.Duration, done func() bool) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	for !done() {
-		if err := sleep(ctx, settlePoll); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // withLoad runs spec updates at the configured rate while actions run, for
 // at least d, and marks the fleet's measured phase.
@@ -502,8 +492,8 @@ func (r *run) handover(ctx context.Context, f *fleet, name string, at time.Time)
 // objects are deleted and created again, so that each fleet's start is the
 // same create storm rather than a check of what the fleet before it did.
 func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
-	if chosen, _ := parseFleets(r.opts.Fleets); chosen != nil {
-		specs = chosen
+	if r.chosen != nil {
+		specs = r.chosen
 	}
 	for i, s := range specs {
 		if i > 0 {

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -16,11 +14,7 @@ import (
 // count, from its /metrics.
 func bindingSyncs(t *testing.T) (syncs, scanned float64) {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := apiCounts(t, cs)
+	c := apiCounts(t, cp)
 	return c.requests, c.scanned
 }
 

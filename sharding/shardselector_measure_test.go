@@ -1,7 +1,6 @@
 package sharding_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -11,20 +10,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -59,7 +56,6 @@ func TestMeasureShardSelector(t *testing.T) {
 		t.Fatal(err)
 	}
 	dyn := dynamic.NewForConfigOrDie(gated.Config)
-	cs := kubernetes.NewForConfigOrDie(gated.Config)
 
 	const namespaces = 100
 	for i := range namespaces {
@@ -115,7 +111,7 @@ func TestMeasureShardSelector(t *testing.T) {
 
 	type cost struct{ requests, scanned, returned, items, bytes float64 }
 	measure := func(opts []metav1.ListOptions, watchList bool) (cost, []string) {
-		before := apiCounts(t, cs)
+		before := apiCounts(t, gated)
 		var got cost
 		var names []string
 		echoed := 0
@@ -156,7 +152,7 @@ func TestMeasureShardSelector(t *testing.T) {
 			}
 		}
 		time.Sleep(time.Second) // the counters of a finished watch settle
-		after := apiCounts(t, cs)
+		after := apiCounts(t, gated)
 		got.requests = after.requests - before.requests
 		got.scanned = after.scanned - before.scanned
 		got.returned = after.returned - before.returned
@@ -192,42 +188,34 @@ func TestMeasureShardSelector(t *testing.T) {
 	}
 }
 
-// apiCounts is what the API server counted for ConfigBindings so far:
+// apiCounts is what an API server counted for ConfigBindings so far:
 // initial syncs (LISTs and watch-lists), objects scanned for them, objects
 // returned by LISTs, and bytes sent (LIST responses and watch events).
-func apiCounts(t *testing.T, cs kubernetes.Interface) (c struct{ requests, scanned, returned, bytes float64 }) {
+func apiCounts(t *testing.T, server *controlplane.ControlPlane) (c struct{ requests, scanned, returned, bytes float64 }) {
 	t.Helper()
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	fams, err := server.Metrics(context.Background())
 	if err != nil {
-		t.Fatalf("reading the API server's metrics: %v", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("parsing the API server's metrics: %v", err)
+		t.Fatal(err)
 	}
 	for name, fam := range fams {
 		for _, m := range fam.GetMetric() {
-			l := map[string]string{}
-			for _, p := range m.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			if l["resource"] != "configbindings" {
+			if promtext.Label(m, "resource") != "configbindings" {
 				continue
 			}
+			verb := promtext.Label(m, "verb")
 			switch name {
 			case "apiserver_request_total":
-				if l["verb"] == "LIST" {
-					c.requests += m.GetCounter().GetValue()
+				if verb == "LIST" {
+					c.requests += promtext.Value(m)
 				}
 			case "apiserver_watch_list_duration_seconds":
 				c.requests += float64(m.GetHistogram().GetSampleCount())
 			case "apiserver_storage_list_fetched_objects_total", "apiserver_init_events_total":
-				c.scanned += m.GetCounter().GetValue()
+				c.scanned += promtext.Value(m)
 			case "apiserver_storage_list_returned_objects_total":
-				c.returned += m.GetCounter().GetValue()
+				c.returned += promtext.Value(m)
 			case "apiserver_response_sizes":
-				if l["verb"] == "LIST" {
+				if verb == "LIST" {
 					c.bytes += m.GetHistogram().GetSampleSum()
 				}
 			case "apiserver_watch_events_sizes":

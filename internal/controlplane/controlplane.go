@@ -13,6 +13,7 @@
 package controlplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -20,8 +21,12 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/kshard/kshard/internal/promtext"
 )
 
 // AssetsEnv is the environment variable that points at a folder holding
@@ -148,6 +153,26 @@ func (c *ControlPlane) AddUser(name string, groups ...string) (*rest.Config, err
 		return nil, fmt.Errorf("adding user %s: %w", name, err)
 	}
 	return u.Config(), nil
+}
+
+// Metrics reads the API server's own /metrics, by family: what tests count
+// costs with (requests by verb and resource, objects scanned), as the server
+// counted them rather than as a client thinks it sent them.
+func (c *ControlPlane) Metrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
+	cs, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	body, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").Stream(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	defer body.Close()
+	fams, err := promtext.Parse(body)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's metrics: %w", err)
+	}
+	return fams, nil
 }
 
 // Stop stops kube-apiserver and etcd and removes their data.

@@ -346,11 +346,6 @@ func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *con
 		return err
 	}
 	rec.Shards, rec.Values = single, src.values()
-	if opts.WebhookPort != 0 {
-		if err := registerWebhook(mgr, src.knowledge()); err != nil {
-			return err
-		}
-	}
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}

@@ -12,16 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
 )
@@ -31,34 +29,22 @@ import (
 // the server's own count, not the controller's idea of it.
 func objectWrites(t *testing.T) map[string]float64 {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(cp.Config)
+	fams, err := cp.Metrics(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	if err != nil {
-		t.Fatalf("reading the API server's metrics: %v", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("parsing the API server's metrics: %v", err)
-	}
 	out := map[string]float64{}
 	for _, m := range fams["apiserver_request_total"].GetMetric() {
-		l := map[string]string{}
-		for _, p := range m.GetLabel() {
-			l[p.GetName()] = p.GetValue()
-		}
-		if !slices.Contains([]string{"configbindings", "configmaps"}, l["resource"]) ||
-			!slices.Contains([]string{"POST", "PUT", "PATCH", "APPLY", "DELETE"}, l["verb"]) {
+		resource, verb := promtext.Label(m, "resource"), promtext.Label(m, "verb")
+		if !slices.Contains([]string{"configbindings", "configmaps"}, resource) ||
+			!slices.Contains([]string{"POST", "PUT", "PATCH", "APPLY", "DELETE"}, verb) {
 			continue
 		}
-		key := l["verb"] + " " + l["resource"]
-		if l["subresource"] != "" {
-			key += "/" + l["subresource"]
+		key := verb + " " + resource
+		if sub := promtext.Label(m, "subresource"); sub != "" {
+			key += "/" + sub
 		}
-		out[key] += m.GetCounter().GetValue()
+		out[key] += promtext.Value(m)
 	}
 	return out
 }
