@@ -1,15 +1,14 @@
 package loadtest
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"time"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -38,119 +37,27 @@ type auditFile struct {
 	Ended time.Time
 }
 
-// reconcileInterval is one reconcile of one object by one replica.
-type reconcileInterval struct {
-	Replica    string
-	Start, End time.Time
-	Generation int64
-	// Open says the process died inside this reconcile; End is its death.
-	Open bool
-}
-
-// overlap is two reconciles of one object, by different replicas, that ran
-// at the same time.
-type overlap struct {
-	Object string
-	A, B   reconcileInterval
-}
-
-func (o overlap) String() string {
-	return fmt.Sprintf("%s: %s [%s, %s] and %s [%s, %s]", o.Object,
-		o.A.Replica, o.A.Start.Format(time.StampMicro), o.A.End.Format(time.StampMicro),
-		o.B.Replica, o.B.Start.Format(time.StampMicro), o.B.End.Format(time.StampMicro))
-}
-
-// auditData is what the audit logs of a run say.
-type auditData struct {
-	// byObject are the reconcile intervals per object ("namespace/name").
-	byObject map[string][]reconcileInterval
-	// writes are the "write" records.
-	writes []sharding.AuditRecord
-	// records counts the lines read.
-	records int
-}
-
 // readAudit merges audit files into reconcile intervals per object and the
 // writes. A start without an end lasts until its process ended, or until
 // now for a process still running. Lines cut short by SIGKILL are skipped.
-func readAudit(files []auditFile, now time.Time) (auditData, error) {
-	d := auditData{byObject: map[string][]reconcileInterval{}}
+func readAudit(files []auditFile, now time.Time) (*audit.Log, error) {
+	d := audit.NewLog()
 	for _, af := range files {
 		f, err := os.Open(af.Path)
 		if err != nil {
 			return d, fmt.Errorf("reading audit log %s: %w", af.Path, err)
 		}
-		err = d.add(f, af, now)
+		end := af.Ended
+		if end.IsZero() {
+			end = now
+		}
+		err = d.Add(f, end)
 		_ = f.Close()
 		if err != nil {
 			return d, fmt.Errorf("reading audit log %s: %w", af.Path, err)
 		}
 	}
 	return d, nil
-}
-
-// add reads one process instance's audit log.
-func (d *auditData) add(r io.Reader, af auditFile, now time.Time) error {
-	byObject := d.byObject
-	// One process reconciles one object at a time (the work queue
-	// guarantees it), so an end closes that object's open start.
-	open := map[string]sharding.AuditRecord{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		var rec sharding.AuditRecord
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			continue // a line cut by SIGKILL
-		}
-		d.records++
-		obj := rec.Namespace + "/" + rec.Name
-		switch rec.Event {
-		case "start":
-			open[obj] = rec
-		case "end":
-			if s, ok := open[obj]; ok {
-				byObject[obj] = append(byObject[obj], reconcileInterval{Replica: rec.Replica, Start: s.Time, End: rec.Time, Generation: s.Generation})
-				delete(open, obj)
-			}
-		case "write":
-			d.writes = append(d.writes, rec)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	end := af.Ended
-	if end.IsZero() {
-		end = now
-	}
-	for obj, s := range open {
-		byObject[obj] = append(byObject[obj], reconcileInterval{Replica: s.Replica, Start: s.Time, End: end, Generation: s.Generation, Open: true})
-	}
-	return nil
-}
-
-// findOverlaps returns every pair of intersecting intervals of one object on
-// different replicas, sorted by object and time. Intervals that merely touch
-// (one ends the instant the other starts) do not overlap.
-func findOverlaps(byObject map[string][]reconcileInterval) []overlap {
-	var found []overlap
-	for obj, ivs := range byObject {
-		sort.Slice(ivs, func(i, j int) bool { return ivs[i].Start.Before(ivs[j].Start) })
-		for i := range ivs {
-			for j := i + 1; j < len(ivs) && ivs[j].Start.Before(ivs[i].End); j++ {
-				if ivs[i].Replica != ivs[j].Replica {
-					found = append(found, overlap{Object: obj, A: ivs[i], B: ivs[j]})
-				}
-			}
-		}
-	}
-	sort.Slice(found, func(i, j int) bool {
-		if found[i].Object != found[j].Object {
-			return found[i].Object < found[j].Object
-		}
-		return found[i].A.Start.Before(found[j].A.Start)
-	})
-	return found
 }
 
 // acrossPause says whether a pause explains an overlap: one side's replica
@@ -160,8 +67,8 @@ func findOverlaps(byObject map[string][]reconcileInterval) []overlap {
 // began after the pause did. The paused replica lost the shard without
 // knowing; its successor took it over meanwhile. Two reconciles side by side
 // with no pause between are never explained.
-func acrossPause(o overlap, pauses map[string][]window, grace time.Duration) bool {
-	spans := func(x, y reconcileInterval) bool {
+func acrossPause(o audit.Overlap, pauses map[string][]window, grace time.Duration) bool {
+	spans := func(x, y audit.Interval) bool {
 		for _, p := range pauses[x.Replica] {
 			to := p.To
 			if to.IsZero() {
@@ -174,102 +81,6 @@ func acrossPause(o overlap, pauses map[string][]window, grace time.Duration) boo
 		return false
 	}
 	return spans(o.A, o.B) || spans(o.B, o.A)
-}
-
-// tenure is one holder's uninterrupted hold of a shard Lease.
-type tenure struct {
-	// Holder is the holder identity, "<replica>_<incarnation>".
-	Holder string
-	// From is its acquire time; To the next holder's, or the release's;
-	// zero while it lasts.
-	From, To time.Time
-}
-
-// tenuresOf turns a shard Lease's history into its holders' tenures. A
-// holder acquiring again what it holds (a new acquire time, the same
-// identity) continues its tenure; a release ends it.
-func tenuresOf(hist []leaseVersion) []tenure {
-	var out []tenure
-	for _, v := range hist {
-		if n := len(out); n > 0 && out[n-1].To.IsZero() {
-			if out[n-1].Holder == v.Holder {
-				continue
-			}
-			out[n-1].To = v.Acquired
-		}
-		if v.Holder != "" {
-			out = append(out, tenure{Holder: v.Holder, From: v.Acquired})
-		}
-	}
-	return out
-}
-
-// writeTime is when a write reached the API server at the latest: when it
-// returned, or when the hold it was granted under ended, if earlier (the
-// write's context ended then, so it was sent before).
-func writeTime(w sharding.AuditRecord) time.Time {
-	if w.Until != nil && w.Until.Before(w.Time) {
-		return *w.Until
-	}
-	return w.Time
-}
-
-// strayWrite is a write outside every tenure of its replica on its shard:
-// a write beside another replica's, which the Leases exist to prevent.
-type strayWrite struct {
-	Write sharding.AuditRecord
-	// At is writeTime(Write); Holder is the holder identity of the shard's
-	// Lease then, "" for none.
-	At     time.Time
-	Holder string
-}
-
-func (w strayWrite) String() string {
-	holder := w.Holder
-	if holder == "" {
-		holder = "nobody"
-	}
-	return fmt.Sprintf("%s/%s (shard %d) written by %s at %s, when the Lease was held by %s", w.Write.Namespace, w.Write.Name,
-		w.Write.Shard, w.Write.Replica, w.At.Format(time.StampMicro), holder)
-}
-
-// strayWrites returns the writes whose time (writeTime) falls outside every
-// tenure of their replica of their shard's Lease, in time order. A tenure
-// runs from its acquire time, inclusive, to the next one's, exclusive.
-func strayWrites(writes []sharding.AuditRecord, tenures map[int32][]tenure) []strayWrite {
-	var out []strayWrite
-	for _, w := range writes {
-		at := writeTime(w)
-		held, holder := false, ""
-		for _, t := range tenures[w.Shard] {
-			if at.Before(t.From) || (!t.To.IsZero() && !at.Before(t.To)) {
-				continue
-			}
-			if sharding.HolderReplica(t.Holder) == w.Replica {
-				held = true
-				break
-			}
-			holder = t.Holder
-		}
-		if !held {
-			out = append(out, strayWrite{Write: w, At: at, Holder: holder})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
-	return out
-}
-
-// lateWrites counts the writes that returned after their hold ended: in
-// flight when a pause (or a slow API server) outlasted the hold; their
-// context ended with it.
-func lateWrites(writes []sharding.AuditRecord) int {
-	n := 0
-	for _, w := range writes {
-		if w.Until != nil && w.Time.After(*w.Until) {
-			n++
-		}
-	}
-	return n
 }
 
 // auditTail follows the audit logs while a run goes on and remembers, for
@@ -379,8 +190,8 @@ type AuditSummary struct {
 // maxExamples bounds the examples a check names.
 const maxExamples = 3
 
-func auditSummary(d auditData, processes int, stray []strayWrite, changes int, overlaps []overlap, pauses map[string][]window, grace time.Duration) *AuditSummary {
-	a := &AuditSummary{Records: d.records, Processes: processes, Objects: len(d.byObject), Writes: len(d.writes), LateWrites: lateWrites(d.writes),
+func auditSummary(d *audit.Log, processes int, stray []audit.StrayWrite, changes int, overlaps []audit.Overlap, pauses map[string][]window, grace time.Duration) *AuditSummary {
+	a := &AuditSummary{Records: d.Records, Processes: processes, Objects: len(d.ByObject), Writes: len(d.Writes), LateWrites: audit.LateWrites(d.Writes),
 		LeaseChanges: changes, OverlappingWrites: len(stray)}
 	for i, x := range stray {
 		if i == maxExamples {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -56,14 +57,14 @@ func TestFindOverlaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byObject, n := d.byObject, d.records
+	byObject, n := d.ByObject, d.Records
 	if n != 9 {
 		t.Errorf("read %d records, want 9 (the cut line skipped)", n)
 	}
 	if got := len(byObject["ns/y"]); got != 3 {
 		t.Fatalf("object y has %d intervals, want 3: %+v", got, byObject["ns/y"])
 	}
-	o := findOverlaps(byObject)
+	o := audit.Overlaps(byObject)
 	if len(o) != 1 {
 		t.Fatalf("overlaps %v, want exactly the one of object y", o)
 	}
@@ -78,19 +79,8 @@ func TestFindOverlaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := findOverlaps(d.byObject); len(o) != 0 {
+	if o := audit.Overlaps(d.ByObject); len(o) != 0 {
 		t.Errorf("overlaps %v, want none", o)
-	}
-}
-
-func TestFindOverlapsSameReplicaIsNotAnOverlap(t *testing.T) {
-	t0 := time.Now()
-	byObject := map[string][]reconcileInterval{"ns/x": {
-		{Replica: "a", Start: t0, End: t0.Add(time.Second)},
-		{Replica: "a", Start: t0.Add(time.Millisecond), End: t0.Add(2 * time.Second)},
-	}}
-	if o := findOverlaps(byObject); len(o) != 0 {
-		t.Errorf("overlaps %v: intervals of one replica are not a violation", o)
 	}
 }
 

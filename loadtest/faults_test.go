@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -179,7 +180,7 @@ func TestRingWatchClockOffset(t *testing.T) {
 	w.record(shardLeaseObject(1, "", sec(0), sec(0)), false, sec(30))
 	w.record(shardLeaseObject(1, "kshard-0_a", sec(61), sec(61)), false, sec(31))
 	tenures, changes := w.tenures()
-	want := []tenure{{Holder: "kshard-1_b", From: sec(10), To: sec(30)}, {Holder: "kshard-0_a", From: sec(31)}}
+	want := []audit.Tenure{{Holder: "kshard-1_b", From: sec(10), To: sec(30)}, {Holder: "kshard-0_a", From: sec(31)}}
 	if got := tenures[1]; !slices.Equal(got, want) || changes != 4 {
 		t.Errorf("shard 1 tenures %v (%d changes), want %v (4)", got, changes, want)
 	}
@@ -202,75 +203,17 @@ func TestRingWatchClockOffset(t *testing.T) {
 	}
 }
 
-func TestTenuresOf(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
-	got := tenuresOf([]leaseVersion{
-		{"a_1", sec(0)},
-		{"a_1", sec(5)}, // acquired again by its holder: one tenure
-		{"", sec(10)},   // released
-		{"b_1", sec(12)},
-		{"c_1", sec(40)}, // taken over after expiry
-		{"a_2", sec(50)},
-	})
-	want := []tenure{{"a_1", sec(0), sec(10)}, {"b_1", sec(12), sec(40)}, {"c_1", sec(40), sec(50)}, {"a_2", sec(50), time.Time{}}}
-	if !slices.Equal(got, want) {
-		t.Errorf("tenures %v\nwant    %v", got, want)
-	}
-	if got := tenuresOf([]leaseVersion{{"", sec(0)}}); len(got) != 0 {
-		t.Errorf("a Lease never held: tenures %v", got)
-	}
-}
-
-func TestStrayWrites(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
-	tenures := map[int32][]tenure{0: {{"a_1", sec(0), sec(10)}, {"b_1", sec(12), sec(40)}, {"a_2", sec(40), time.Time{}}}}
-	write := func(replica string, shard int32, name string, at time.Time, until *time.Time) sharding.AuditRecord {
-		return sharding.AuditRecord{Time: at, Event: "write", Replica: replica, Shard: shard, Namespace: "ns", Name: name, Until: until}
-	}
-	stray := strayWrites([]sharding.AuditRecord{
-		write("a", 0, "in-first-tenure", sec(1), ptr.To(sec(9))),
-		write("a", 0, "after-release", sec(11), nil),
-		// b was paused: its write returned at 45s, after a's successor took
-		// the shard at 40s, but its hold ended at 38s: sent by then.
-		write("b", 0, "late-but-held", sec(45), ptr.To(sec(38))),
-		write("b", 0, "beyond-its-hold", sec(41), ptr.To(sec(42))),
-		write("b", 0, "at-takeover", sec(40), nil), // a tenure ends before its successor's
-		write("a", 0, "from-acquire", sec(40), nil),
-		write("a", 0, "restarted", sec(100), nil),
-		write("a", 1, "shard-never-held", sec(1), nil),
-	}, tenures)
-	var names []string
-	for _, s := range stray {
-		names = append(names, s.Write.Name)
-	}
-	want := []string{"shard-never-held", "after-release", "at-takeover", "beyond-its-hold"}
-	if !slices.Equal(names, want) {
-		t.Fatalf("stray writes %v, want %v", names, want)
-	}
-	if s := stray[3]; s.Holder != "a_2" || !s.At.Equal(sec(41)) {
-		t.Errorf("%v: want it at 41s, in a_2's tenure", s)
-	}
-	if s := stray[1]; s.Holder != "" || !strings.Contains(s.String(), "held by nobody") {
-		t.Errorf("%v: want it in no tenure", s)
-	}
-	if n := lateWrites([]sharding.AuditRecord{write("b", 0, "x", sec(45), ptr.To(sec(38))), write("a", 0, "y", sec(1), ptr.To(sec(9)))}); n != 1 {
-		t.Errorf("%d late writes, want 1", n)
-	}
-}
-
 func TestAcrossPause(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
-	iv := func(replica string, from, to int) reconcileInterval {
-		return reconcileInterval{Replica: replica, Start: sec(from), End: sec(to)}
+	iv := func(replica string, from, to int) audit.Interval {
+		return audit.Interval{Replica: replica, Start: sec(from), End: sec(to)}
 	}
 	pauses := map[string][]window{"a": {{sec(10), sec(35)}}, "c": {{From: sec(10)}}}
 	grace := 5 * time.Second
 	for _, tc := range []struct {
 		name string
-		a, b reconcileInterval
+		a, b audit.Interval
 		want bool
 	}{
 		{"a's reconcile spans its pause and b's", iv("a", 9, 36), iv("b", 27, 28), true},
@@ -281,7 +224,7 @@ func TestAcrossPause(t *testing.T) {
 		{"no pause of either", iv("b", 0, 5), iv("d", 1, 2), false},
 		{"still paused at the end of the run", iv("c", 9, 60), iv("b", 30, 31), true},
 	} {
-		if got := acrossPause(overlap{Object: "ns/x", A: tc.a, B: tc.b}, pauses, grace); got != tc.want {
+		if got := acrossPause(audit.Overlap{Object: "ns/x", A: tc.a, B: tc.b}, pauses, grace); got != tc.want {
 			t.Errorf("%s: across a pause = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -301,15 +244,15 @@ func TestAuditWritesAndChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(d.writes) != 1 || d.records != 3 || !d.writes[0].Until.Equal(t0.Add(2*time.Second)) {
-		t.Fatalf("writes %+v, %d records", d.writes, d.records)
+	if len(d.Writes) != 1 || d.Records != 3 || !d.Writes[0].Until.Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("writes %+v, %d records", d.Writes, d.Records)
 	}
 
 	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
 	pauses := map[string][]window{"a": {{sec(10), sec(35)}}}
-	overlaps := []overlap{
-		{Object: "ns/x", A: reconcileInterval{Replica: "a", Start: sec(9), End: sec(36)}, B: reconcileInterval{Replica: "b", Start: sec(27), End: sec(28)}},
-		{Object: "ns/y", A: reconcileInterval{Replica: "b", Start: sec(50), End: sec(52)}, B: reconcileInterval{Replica: "c", Start: sec(51), End: sec(53)}},
+	overlaps := []audit.Overlap{
+		{Object: "ns/x", A: audit.Interval{Replica: "a", Start: sec(9), End: sec(36)}, B: audit.Interval{Replica: "b", Start: sec(27), End: sec(28)}},
+		{Object: "ns/y", A: audit.Interval{Replica: "b", Start: sec(50), End: sec(52)}, B: audit.Interval{Replica: "c", Start: sec(51), End: sec(53)}},
 	}
 	a := auditSummary(d, 1, nil, 2, overlaps, pauses, 5*time.Second)
 	if a.Writes != 1 || a.OverlappingWrites != 0 || a.ReconcileOverlaps != 1 || a.OverlapsAcrossPause != 1 {
@@ -321,7 +264,7 @@ func TestAuditWritesAndChecks(t *testing.T) {
 	if c := a.reconcileCheck(""); c.Passed || !strings.Contains(c.Detail, "1 across a pause") || !strings.Contains(c.Detail, "OVERLAP ns/y") {
 		t.Errorf("reconcile check %+v: want it failed by ns/y only", c)
 	}
-	none := auditSummary(auditData{byObject: map[string][]reconcileInterval{}}, 1, nil, 0, nil, nil, 0)
+	none := auditSummary(audit.NewLog(), 1, nil, 0, nil, nil, 0)
 	if c := none.writeCheck(""); c.Passed || !strings.Contains(c.Detail, "proves nothing") {
 		t.Errorf("no writes: %+v, want a failure", c)
 	}

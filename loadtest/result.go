@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kshard/kshard/internal/audit"
 )
 
 // Report is what a run measured and concluded. It is written as Markdown
@@ -622,10 +624,10 @@ func (r *run) finish(runErr error) {
 		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na}, Check{Name: checkReconciles, Passed: true, Detail: na})
 	default:
 		tenures, changes := r.ring.tenures()
-		rep.Audit = auditSummary(data, len(files), strayWrites(data.writes, tenures), changes, findOverlaps(data.byObject), pauses, r.opts.RetryPeriod)
+		rep.Audit = auditSummary(data, len(files), audit.StrayWrites(data.Writes, tenures), changes, audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
 		for _, f := range r.fleets {
 			if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
-				f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.byObject)
+				f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
 			}
 		}
 		rep.Checks = append(rep.Checks, rep.Audit.writeCheck(notAudited), rep.Audit.reconcileCheck(notAudited))

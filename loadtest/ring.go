@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
@@ -65,7 +66,7 @@ type ringWatch struct {
 	lastHolder map[string]string
 	// leaseHistory is each shard Lease's holders as written, in the order
 	// seen: the tenures against which the audit logs' writes are checked.
-	leaseHistory map[int32][]leaseVersion
+	leaseHistory map[int32][]audit.LeaseVersion
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
@@ -105,18 +106,6 @@ type shardLease struct {
 
 func (l shardLease) live(now time.Time) bool {
 	return l.holder != "" && now.Before(l.renew.Add(l.duration))
-}
-
-// leaseVersion is a shard Lease's holder from an acquisition on, as written.
-type leaseVersion struct {
-	// Holder is the holder identity, "<replica>_<incarnation>"; "" for a
-	// released (or deleted) Lease.
-	Holder string
-	// Acquired is the Lease's acquire time on the machine's clock: taken by
-	// the acquirer before its write, so no later than the moment the Lease
-	// changed hands. For a release, when it was released; for a deletion,
-	// when the watch saw it.
-	Acquired time.Time
 }
 
 type memberLease = shardLease
@@ -171,7 +160,7 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, processOf func(string, 
 // newRingState is a ring watch with nothing seen yet, not watching.
 func newRingState(processOf func(string, time.Time) *instance) *ringWatch {
 	return &ringWatch{processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
-		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, leaseHistory: map[int32][]leaseVersion{}}
+		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, leaseHistory: map[int32][]audit.LeaseVersion{}}
 }
 
 // hasIncarnation says whether a holder identity names a process
@@ -256,7 +245,7 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 		w.shards[n] = st
 		hist := w.leaseHistory[n]
 		if last := len(hist) - 1; last < 0 || hist[last].Holder != identity || !hist[last].Acquired.Equal(st.acquire) {
-			w.leaseHistory[n] = append(hist, leaseVersion{Holder: identity, Acquired: st.acquire})
+			w.leaseHistory[n] = append(hist, audit.LeaseVersion{Holder: identity, Acquired: st.acquire})
 		}
 	}
 }
@@ -477,13 +466,13 @@ type movedShard struct {
 
 // tenures returns every shard Lease's tenures so far, and the number of
 // holder changes (acquisitions and releases) they come from.
-func (w *ringWatch) tenures() (map[int32][]tenure, int) {
+func (w *ringWatch) tenures() (map[int32][]audit.Tenure, int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := map[int32][]tenure{}
+	out := map[int32][]audit.Tenure{}
 	changes := 0
 	for n, hist := range w.leaseHistory {
-		out[n] = tenuresOf(hist)
+		out[n] = audit.Tenures(hist)
 		changes += len(hist)
 	}
 	return out, changes

@@ -2,6 +2,8 @@ package loadtest
 
 import (
 	"sort"
+
+	"github.com/kshard/kshard/internal/audit"
 )
 
 // LatencySplit divides end-to-end latency at the start of the reconcile
@@ -23,10 +25,10 @@ type LatencySplit struct {
 // update of generation g is done by the first reconcile of the object that
 // started after the write, and before Ready was seen, reading generation g
 // or later.
-func splitLatencies(samples []latencySample, byObject map[string][]reconcileInterval) *LatencySplit {
-	sorted := map[string][]reconcileInterval{}
+func splitLatencies(samples []latencySample, byObject map[string][]audit.Interval) *LatencySplit {
+	sorted := map[string][]audit.Interval{}
 	for k, iv := range byObject {
-		iv = append([]reconcileInterval(nil), iv...)
+		iv = append([]audit.Interval(nil), iv...)
 		sort.Slice(iv, func(i, j int) bool { return iv[i].Start.Before(iv[j].Start) })
 		sorted[k] = iv
 	}

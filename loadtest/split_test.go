@@ -3,12 +3,14 @@ package loadtest
 import (
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/internal/audit"
 )
 
 func TestSplitLatenciesJoinsTheReconcileThatDidTheWork(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	byObject := map[string][]reconcileInterval{
+	byObject := map[string][]audit.Interval{
 		"ns/a": {
 			{Start: ms(-50), End: ms(-40), Generation: 1}, // before the write
 			{Start: ms(30), End: ms(45), Generation: 2},   // did the work
