@@ -68,7 +68,13 @@ func newControllerCommand() *cobra.Command {
 				}
 				opts.ConfigCenterToken = strings.TrimSpace(string(b))
 			}
-			if auditPath != "" {
+			switch auditPath {
+			case "":
+			case "-":
+				// In a pod the container's log is where records survive
+				// the pod: `kubectl logs` and the end-to-end suite read it.
+				opts.AuditLog = os.Stdout
+			default:
 				f, err := os.OpenFile(auditPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 				if err != nil {
 					return fmt.Errorf("opening --audit-log: %w", err)
@@ -116,6 +122,6 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&opts.WebhookHost, "webhook-host", "", "address the admission webhook listens on (default: all)")
 	f.StringVar(&opts.WebhookCertDir, "webhook-cert-dir", "", "directory holding the webhook's tls.crt and tls.key (default: controller-runtime's temp dir)")
 	f.StringVar(&shardingArg, "sharding", "on", "on: sharded ring; off: one active replica by leader election (baseline)")
-	f.StringVar(&auditPath, "audit-log", "", "append JSON lines of reconcile start and end to this file")
+	f.StringVar(&auditPath, "audit-log", "", "append JSON lines of reconcile start and end to this file (\"-\": standard output; the logs go to standard error)")
 	return cmd
 }
