@@ -58,27 +58,7 @@ for f in kshard.tar pause.tar; do
 	[[ -s $IMAGES/$f ]] || die "$IMAGES/$f is missing: run \`make node-images\`"
 done
 
-# What the kernel must offer. Each check says what is missing.
-missing=()
-declare -A cgroup_v1=()
-while read -r _ _ _ _ mountpoint _ rest; do
-	fstype=${rest#*- }
-	fstype=${fstype%% *}
-	[[ $fstype == cgroup ]] || continue
-	opts=${rest##* }
-	for o in ${opts//,/ }; do cgroup_v1[$o]=$mountpoint; done
-done </proc/self/mountinfo
-for c in cpu cpuacct cpuset memory pids devices freezer; do
-	[[ -n ${cgroup_v1[$c]:-} ]] || missing+=("cgroup v1 controller '$c' (kubelet with containerd 1.6 runs pods with the cgroupfs driver on cgroup v1 hierarchies; a pure cgroup v2 host needs containerd 2.x and another configuration)")
-done
-grep -qw overlay /proc/filesystems || missing+=("overlay file system (containerd's overlayfs snapshotter)")
-[[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || missing+=("br_netfilter (/proc/sys/net/bridge): Services need bridged pod traffic to pass iptables")
-[[ -e /proc/self/ns/net ]] || missing+=("network namespaces")
-if ((${#missing[@]} > 0)); then
-	printf 'cluster: this kernel lacks what a node needs:\n' >&2
-	printf '  - %s\n' "${missing[@]}" >&2
-	exit 1
-fi
+"$(dirname "${BASH_SOURCE[0]}")/preflight.sh" || exit 1
 
 mkdir -p "$pki" "$etc/cni" "$run" "$state" "$logs"
 # The previous run's logs stay until the next one (down.sh keeps them).
