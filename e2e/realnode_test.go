@@ -249,11 +249,11 @@ func (s *suite) killAndRecover(ctx context.Context, t *testing.T, rec *recorder,
 // the same time, and no write reached the API server outside its writer's
 // tenure of the shard's Lease.
 func checkAudit(t *testing.T, rec *recorder) {
-	d, pods := rec.auditLog()
+	d, processes := rec.auditLog()
 	overlaps := audit.Overlaps(d.ByObject)
 	stray := audit.StrayWrites(d.Writes, rec.tenures())
-	t.Logf("audit: %d records of %d objects from %d pods, %d writes (%d returned after their hold ended); %d overlapping reconciles, %d writes outside their writer's tenure",
-		d.Records, len(d.ByObject), pods, len(d.Writes), audit.LateWrites(d.Writes), len(overlaps), len(stray))
+	t.Logf("audit: %d records of %d objects from %d replica processes, %d writes (%d returned after their hold ended); %d overlapping reconciles, %d writes outside their writer's tenure",
+		d.Records, len(d.ByObject), processes, len(d.Writes), audit.LateWrites(d.Writes), len(overlaps), len(stray))
 	if d.Records == 0 || len(d.Writes) == 0 {
 		t.Fatal("no audit records or no writes read from the pods' logs: the checks would prove nothing")
 	}
