@@ -62,7 +62,8 @@ const fieldOwner = "kshard-deploy-test"
 
 // folders are the kustomize folders users apply, in an order in which each
 // one's namespace exists before it is applied.
-var folders = []string{"crd", "base", "configcenter", "kind", "node", "monitoring", "autoscaling", "autoscaling/keda"}
+var folders = []string{"crd", "base", "configcenter", "kind", "node", "monitoring", "autoscaling", "autoscaling/keda",
+	"metrics-adapter", "autoscaling-adapter"}
 
 func deployDir(t testing.TB) string {
 	t.Helper()
@@ -153,15 +154,32 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 		t.Fatal(err)
 	}
 	objs := buildIn(t, mem, overlay)
+	ownClusterRoles := map[string]bool{}
+	for _, o := range byKind(objs, "ClusterRole") {
+		ownClusterRoles[o.GetName()] = true
+	}
 	for _, o := range objs {
 		switch o.GetKind() {
 		case "ClusterRole":
 			o.SetName(o.GetName() + "-" + namespace)
 		case "ClusterRoleBinding":
 			o.SetName(o.GetName() + "-" + namespace)
+			// A binding to a ClusterRole of the cluster's own
+			// (system:auth-delegator) keeps its reference.
 			ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+			if !ownClusterRoles[ref] {
+				break
+			}
 			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "roleRef", "name"); err != nil {
 				t.Fatal(err)
+			}
+		case "RoleBinding":
+			// `namespace:` moves the metrics adapter's binding to
+			// kube-system's Role too: the test moves it back, as a user's
+			// overlay must, under a name of its own.
+			if ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name"); ref == "extension-apiserver-authentication-reader" {
+				o.SetNamespace("kube-system")
+				o.SetName(o.GetName() + "-" + namespace)
 			}
 		case "ValidatingAdmissionPolicy":
 			// Kustomize does not rewrite the ServiceAccount's namespace in
