@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/restmapper"
 	cmv1beta2 "k8s.io/metrics/pkg/apis/custom_metrics/v1beta2"
+	custommetricsclient "k8s.io/metrics/pkg/client/custom_metrics"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -39,11 +46,10 @@ import (
 // the ServiceMonitor's server name) that holds one ConfigBinding and whose
 // Pod object points at it. The HPA controller's identity,
 // kube-system/horizontal-pod-autoscaler, reads kshard_objects_held = 1 for
-// the pod from the adapter, by selector and by name, as the aggregation
-// layer forwards the HPA's queries; an unbound identity is refused; and no
-// request of the adapter was forbidden. (The test API server has no route
-// to a loopback Service, so the test queries the adapter directly; the
-// APIService is applied by TestManifestsApply.)
+// the pod from the adapter directly, by selector and by name, and through
+// the API server's aggregation layer (the shipped APIService) with the HPA
+// controller's own custom metrics client; an unbound identity is refused;
+// and no request of the adapter was forbidden.
 func TestMetricsAdapterServesTheHPA(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
@@ -178,6 +184,63 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 		})
 	}
 
+	// Through the aggregation layer, as the HPA controller reads it: the
+	// shipped APIService, its Service an ExternalName for the adapter's
+	// loopback address (the test API server routes no Service IPs), and
+	// the custom metrics client of the HPA controller, with its identity.
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kshard-metrics-adapter"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "localhost",
+			Ports: []corev1.ServicePort{{Name: "https", Port: int32(mustAtoi(t, securePort))}}},
+	}
+	if err := c.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), svc) })
+	apiService := byKind(built, "APIService")[0].DeepCopy()
+	for field, v := range map[string]any{"namespace": ns, "name": svc.Name, "port": float64(mustAtoi(t, securePort))} {
+		if err := unstructured.SetNestedField(apiService.Object, v, "spec", "service", field); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(ctx, t, c, []*unstructured.Unstructured{apiService})
+	t.Cleanup(func() { remove(context.Background(), t, c, []*unstructured.Unstructured{apiService}) })
+	controlplane.Eventually(t, 2*time.Minute, "APIService Available", func() error {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(apiService.GroupVersionKind())
+		if err := c.Get(ctx, client.ObjectKeyFromObject(apiService), got); err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+		for _, cond := range conds {
+			if m := cond.(map[string]any); m["type"] == "Available" && m["status"] == "True" {
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", conds)
+	})
+	hpaConfig := tokenConfig(hpa)
+	disco, err := discovery.NewDiscoveryClientForConfig(hpaConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+	metricsClient := custommetricsclient.NewForConfig(hpaConfig, mapper, custommetricsclient.NewAvailableAPIsGetter(disco))
+	stsSelector, err := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, time.Minute, "kshard_objects_held through the aggregation layer", func() error {
+		list, err := metricsClient.NamespacedMetrics(ns).GetForObjects(schema.GroupKind{Kind: "Pod"}, stsSelector, "kshard_objects_held", labels.Everything())
+		if err != nil {
+			return err
+		}
+		if len(list.Items) != 1 || list.Items[0].DescribedObject.Name != "kshard-0" || list.Items[0].Value.String() != "1" {
+			return fmt.Errorf("want kshard-0 holding 1 object, got %+v", list.Items)
+		}
+		return nil
+	})
+
 	createServiceAccount(ctx, t, c, ns, "nobody")
 	code, body, err := get(insecure, base+"*/kshard_objects_held?"+selector, serviceAccountToken(ctx, t, ns, "nobody"))
 	if err != nil {
@@ -247,6 +310,15 @@ func createServiceAccount(ctx context.Context, t *testing.T, c client.Client, ns
 	default:
 		t.Cleanup(func() { _ = c.Delete(context.Background(), sa) })
 	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // buildAdapter builds kshard-metrics-adapter from this checkout.
