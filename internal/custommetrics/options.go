@@ -14,22 +14,39 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-// Defaults of Options. The period matches the HPA controller's default sync
-// period (15 s), so each HPA decision sees a snapshot at most one period old.
+// Defaults of Options: what deploy/base and deploy/metrics-adapter deploy.
 const (
-	DefaultNamespace          = "kshard-system"
-	DefaultPodSelector        = "app.kubernetes.io/name=kshard"
-	DefaultMetric             = "kshard_objects_held"
-	DefaultSourceMetric       = "kshard_shard_objects"
-	DefaultPeriod             = 15 * time.Second
-	DefaultTimeout            = 5 * time.Second
-	DefaultConcurrency        = 8
-	DefaultPort               = 8443
-	DefaultPath               = "/metrics"
-	DefaultTokenFile          = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-	DefaultTLSVerify          = TLSVerifyAuto
-	maxScrapeBytes      int64 = 32 << 20
+	// DefaultNamespace is deploy/base's namespace.
+	DefaultNamespace = "kshard-system"
+	// DefaultPodSelector is the label of deploy/base's replica pods (the
+	// StatefulSet's selector).
+	DefaultPodSelector = "app.kubernetes.io/name=kshard"
+	// DefaultMetric is the metric deploy/autoscaling's HPA asks for.
+	DefaultMetric = "kshard_objects_held"
+	// DefaultSourceMetric is the sharding package's per-shard gauge.
+	DefaultSourceMetric = "kshard_shard_objects"
+	// DefaultPeriod matches the HPA controller's default sync period, so
+	// each HPA decision sees a round at most one period old.
+	DefaultPeriod = 15 * time.Second
+	// DefaultTimeout leaves a slow replica a third of the period.
+	DefaultTimeout = 5 * time.Second
+	// DefaultConcurrency scrapes a ring of up to 8 replicas at once (the
+	// HPA's bound is 10).
+	DefaultConcurrency = 8
+	// DefaultPort is deploy/base's --metrics-bind-address=:8443.
+	DefaultPort = 8443
+	// DefaultPath is controller-runtime's metrics path.
+	DefaultPath = "/metrics"
+	// DefaultTokenFile is where the kubelet mounts the pod's
+	// ServiceAccount token.
+	DefaultTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+	// DefaultTLSVerify verifies when a CA is given.
+	DefaultTLSVerify = TLSVerifyAuto
 )
+
+// maxScrapeBytes bounds what is read of one scrape: a replica's metrics are
+// a few hundred KiB.
+const maxScrapeBytes int64 = 32 << 20
 
 // TLSVerification says whether scrapes check the replicas' serving
 // certificates. The replicas' metrics endpoint has a self-signed certificate
@@ -82,10 +99,11 @@ type Options struct {
 	// DefaultConcurrency.
 	Concurrency int
 
-	// Port and Path make the default URL, https://<pod IP>:<Port><Path>: the
-	// base's --metrics-bind-address=:8443 and controller-runtime's path.
-	// Defaults DefaultPort and DefaultPath.
+	// Port is the replicas' metrics port, in the default URL
+	// https://<pod IP>:<Port><Path>. Default DefaultPort.
 	Port int
+	// Path is the replicas' metrics path, in the default URL. Default
+	// DefaultPath.
 	Path string
 
 	// URL maps a replica pod to the address of its metrics. Default
