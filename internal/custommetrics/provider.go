@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/transport"
 	"k8s.io/klog/v2"
 	"k8s.io/metrics/pkg/apis/custom_metrics"
@@ -53,7 +54,6 @@ type Provider struct {
 	pods      corelisters.PodLister
 	podsSync  func() bool
 	client    *http.Client
-	insecure  bool
 	snap      atomic.Pointer[snapshot]
 	failing   map[types.NamespacedName]bool // touched by Run's goroutine only
 	scrapes   *prometheus.CounterVec
@@ -70,16 +70,16 @@ func New(ctx context.Context, client kubernetes.Interface, opts Options) (*Provi
 	}
 	log := klog.FromContext(ctx)
 	p := &Provider{opts: opts, failing: map[types.NamespacedName]bool{}}
-	p.insecure = opts.insecure(log)
+	insecure := opts.insecure(log)
 
 	tc := &transport.Config{
 		UserAgent: "kshard-metrics-adapter",
-		TLS:       transport.TLSConfig{CAFile: opts.CAFile, ServerName: opts.ServerName, Insecure: p.insecure},
+		TLS:       transport.TLSConfig{CAFile: opts.CAFile, ServerName: opts.ServerName, Insecure: insecure},
 	}
 	if opts.TokenFile != "-" {
 		tc.BearerTokenFile = opts.TokenFile
 	}
-	if p.insecure {
+	if insecure {
 		// client-go refuses a CA together with Insecure.
 		tc.TLS.CAFile = ""
 	}
@@ -114,14 +114,15 @@ func New(ctx context.Context, client kubernetes.Interface, opts Options) (*Provi
 }
 
 // Run watches the replica pods and scrapes them every period until ctx is
-// done; the first round starts once the pods are listed.
+// done; the first round starts once the pods are listed (until then, the
+// pod informer logs why it cannot list them, e.g. missing RBAC).
 func (p *Provider) Run(ctx context.Context) error {
 	log := klog.FromContext(ctx).WithValues("namespace", p.opts.Namespace, "selector", p.opts.Selector.String())
 	ctx = klog.NewContext(ctx, log)
 	p.factory.Start(ctx.Done())
 	defer p.factory.Shutdown()
-	if !cacheSynced(ctx, p.podsSync) {
-		return fmt.Errorf("listing the replica pods: %w", context.Cause(ctx))
+	if !cache.WaitForCacheSync(ctx.Done(), p.podsSync) {
+		return nil // stopped before the pods were listed
 	}
 	log.Info("scraping replicas", "period", p.opts.Period, "metric", p.opts.Metric, "source", p.opts.SourceMetric)
 	wait.UntilWithContext(ctx, p.round, p.opts.Period)
@@ -131,12 +132,6 @@ func (p *Provider) Run(ctx context.Context) error {
 // HasSynced says whether a scrape round has completed, so queries have an
 // answer: the adapter's readiness.
 func (p *Provider) HasSynced() bool { return p.snap.Load() != nil }
-
-func cacheSynced(ctx context.Context, synced func() bool) bool {
-	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
-		return synced(), nil
-	}) == nil
-}
 
 // round scrapes every selected replica once and publishes the snapshot.
 func (p *Provider) round(ctx context.Context) {
@@ -210,7 +205,7 @@ func (p *Provider) scrapePod(ctx context.Context, pod *corev1.Pod) (podSample, e
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return podSample{}, fmt.Errorf("scraping %s: %w", u, err)
+		return podSample{}, fmt.Errorf("scraping: %w", err) // names the URL
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
