@@ -36,6 +36,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
 )
 
@@ -43,13 +44,14 @@ import (
 // nothing but deploy/metrics-adapter's ServiceAccount and RBAC, and the
 // Deployment's flags with its metrics-cert component's, against a real
 // replica (the base's ServiceAccount, secure metrics on a certificate for
-// the ServiceMonitor's server name) that holds one ConfigBinding and whose
+// the ServiceMonitor's server name) that holds a ConfigBinding and whose
 // Pod object points at it. The HPA controller's identity,
-// kube-system/horizontal-pod-autoscaler, reads kshard_objects_held = 1 for
-// the pod from the adapter directly, by selector and by name, and through
-// the API server's aggregation layer (the shipped APIService) with the HPA
-// controller's own custom metrics client; an unbound identity is refused;
-// and no request of the adapter was forbidden.
+// kube-system/horizontal-pod-autoscaler, reads kshard_objects_held for the
+// pod (what the replica's own kshard_shard_objects sum to) from the adapter
+// directly, by selector and by name, and through the API server's
+// aggregation layer (the shipped APIService) with the HPA controller's own
+// custom metrics client; an unbound identity is refused; and no request of
+// the adapter was forbidden.
 func TestMetricsAdapterServesTheHPA(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
@@ -159,6 +161,29 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 		return nil
 	})
 
+	// What the replica says it holds, read as Prometheus would: its
+	// kshard_shard_objects summed, at least the binding above (the replica
+	// watches every namespace, so other tests' bindings count too).
+	scraper := bindMetricsReader(ctx, t, c, ns)
+	held := func() (string, error) {
+		code, body, err := metrics.scrape(scraper)
+		if err != nil {
+			return "", err
+		}
+		if code != http.StatusOK {
+			return "", fmt.Errorf("scraping the replica: %d %s", code, tail(body, 300))
+		}
+		fams, err := promtext.Parse(strings.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		n := promtext.Sum(fams["kshard_shard_objects"])
+		if n < 1 {
+			return "", fmt.Errorf("the replica holds %v objects, want the binding at least", n)
+		}
+		return fmt.Sprint(int64(n)), nil
+	}
+
 	// The HPA controller's queries, with its identity.
 	createServiceAccount(ctx, t, c, "kube-system", "horizontal-pod-autoscaler")
 	hpa := serviceAccountToken(ctx, t, "kube-system", "horizontal-pod-autoscaler")
@@ -177,8 +202,12 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 			if err := json.Unmarshal([]byte(body), &list); err != nil {
 				return fmt.Errorf("%w: %s", err, tail(body, 500))
 			}
-			if len(list.Items) != 1 || list.Items[0].DescribedObject.Name != "kshard-0" || list.Items[0].Value.String() != "1" {
-				return fmt.Errorf("want kshard-0 holding 1 object, got %s", tail(body, 500))
+			want, err := held()
+			if err != nil {
+				return err
+			}
+			if len(list.Items) != 1 || list.Items[0].DescribedObject.Name != "kshard-0" || list.Items[0].Value.String() != want {
+				return fmt.Errorf("want kshard-0 holding %s objects, got %s", want, tail(body, 500))
 			}
 			return nil
 		})
@@ -235,8 +264,12 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if len(list.Items) != 1 || list.Items[0].DescribedObject.Name != "kshard-0" || list.Items[0].Value.String() != "1" {
-			return fmt.Errorf("want kshard-0 holding 1 object, got %+v", list.Items)
+		want, err := held()
+		if err != nil {
+			return err
+		}
+		if len(list.Items) != 1 || list.Items[0].DescribedObject.Name != "kshard-0" || list.Items[0].Value.String() != want {
+			return fmt.Errorf("want kshard-0 holding %s objects, got %+v", want, list.Items)
 		}
 		return nil
 	})
