@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
-# kshard's image: the kshard controller and the stand-in configcenter, static
-# binaries on distroless (no shell, no package manager), running as the
-# non-root user 65532. Build with `make image`.
+# kshard's image: the kshard controller, the custom metrics adapter
+# kshard-metrics-adapter (deploy/metrics-adapter) and the stand-in
+# configcenter, static binaries on distroless (no shell, no package manager),
+# running as the non-root user 65532. Build with `make image`.
 
 FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETOS=linux
@@ -13,9 +14,9 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kshard ./cmd/configcenter
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter
 
 FROM gcr.io/distroless/static:nonroot
-COPY --from=build /out/kshard /out/configcenter /
+COPY --from=build /out/kshard /out/kshard-metrics-adapter /out/configcenter /
 USER 65532:65532
 ENTRYPOINT ["/kshard"]

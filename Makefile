@@ -78,7 +78,7 @@ KIND_CLUSTER ?= kshard
 CONTAINER_TOOL ?= docker
 
 .PHONY: image
-image: ## Build the container image IMAGE (default kshard:dev): the kshard and configcenter binaries, static, non-root.
+image: ## Build the container image IMAGE (default kshard:dev): the kshard, kshard-metrics-adapter and configcenter binaries, static, non-root.
 	$(CONTAINER_TOOL) build -t $(IMAGE) .
 
 .PHONY: kind-up

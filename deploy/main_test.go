@@ -6,15 +6,24 @@ package deploy_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io/fs"
+	"maps"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -38,6 +47,9 @@ var cp *controlplane.ControlPlane
 // CRDs the monitoring and autoscaling folders use. It enables the
 // OwnerReferencesPermissionEnforcement admission plugin, as hardened clusters
 // do: kshard's ConfigMaps set blockOwnerDeletion, which that plugin guards.
+// Its aggregation layer has a front proxy, as a real cluster's has, so that
+// an aggregated API server (kshard-metrics-adapter) can be reached through
+// it.
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -49,12 +61,85 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	dir, err := os.MkdirTemp("", "kshard-front-proxy-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	frontProxy, err := frontProxyArgs(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	args := map[string][]string{"enable-admission-plugins": {"OwnerReferencesPermissionEnforcement"}}
+	maps.Copy(args, frontProxy)
 	return controlplane.RunTestsWith(m, &cp, controlplane.Options{
-		CRDDirs: []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
-		APIServerArgs: map[string][]string{
-			"enable-admission-plugins": {"OwnerReferencesPermissionEnforcement"},
-		},
+		CRDDirs:       []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
+		APIServerArgs: args,
 	})
+}
+
+// frontProxyArgs writes a front-proxy CA and the aggregator's client
+// certificate into dir, and returns the kube-apiserver flags that use them
+// (kubeadm's): the aggregator proxies requests to aggregated API servers
+// with that certificate and the caller's identity in X-Remote-* headers,
+// which those servers trust through the CA, read from kube-system's
+// extension-apiserver-authentication ConfigMap.
+func frontProxyArgs(dir string) (map[string][]string, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	caTemplate := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "front-proxy-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	clientDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "front-proxy-client"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]*pem.Block{
+		"front-proxy-ca.crt":     {Type: "CERTIFICATE", Bytes: caDER},
+		"front-proxy-client.crt": {Type: "CERTIFICATE", Bytes: clientDER},
+		"front-proxy-client.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	}
+	for name, block := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return map[string][]string{
+		"requestheader-client-ca-file":       {filepath.Join(dir, "front-proxy-ca.crt")},
+		"requestheader-allowed-names":        {"front-proxy-client"},
+		"requestheader-username-headers":     {"X-Remote-User"},
+		"requestheader-group-headers":        {"X-Remote-Group"},
+		"requestheader-extra-headers-prefix": {"X-Remote-Extra-"},
+		"proxy-client-cert-file":             {filepath.Join(dir, "front-proxy-client.crt")},
+		"proxy-client-key-file":              {filepath.Join(dir, "front-proxy-client.key")},
+	}, nil
 }
 
 // fieldOwner is the field manager of everything the tests apply.
@@ -62,7 +147,8 @@ const fieldOwner = "kshard-deploy-test"
 
 // folders are the kustomize folders users apply, in an order in which each
 // one's namespace exists before it is applied.
-var folders = []string{"crd", "base", "configcenter", "kind", "node", "monitoring", "autoscaling", "autoscaling/keda"}
+var folders = []string{"crd", "base", "configcenter", "kind", "node", "monitoring", "autoscaling", "autoscaling/keda",
+	"metrics-adapter", "autoscaling-adapter"}
 
 func deployDir(t testing.TB) string {
 	t.Helper()
@@ -153,15 +239,32 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 		t.Fatal(err)
 	}
 	objs := buildIn(t, mem, overlay)
+	ownClusterRoles := map[string]bool{}
+	for _, o := range byKind(objs, "ClusterRole") {
+		ownClusterRoles[o.GetName()] = true
+	}
 	for _, o := range objs {
 		switch o.GetKind() {
 		case "ClusterRole":
 			o.SetName(o.GetName() + "-" + namespace)
 		case "ClusterRoleBinding":
 			o.SetName(o.GetName() + "-" + namespace)
+			// A binding to a ClusterRole of the cluster's own
+			// (system:auth-delegator) keeps its reference.
 			ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+			if !ownClusterRoles[ref] {
+				break
+			}
 			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "roleRef", "name"); err != nil {
 				t.Fatal(err)
+			}
+		case "RoleBinding":
+			// `namespace:` moves the metrics adapter's binding to
+			// kube-system's Role too: the test moves it back, as a user's
+			// overlay must, under a name of its own.
+			if ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name"); ref == "extension-apiserver-authentication-reader" {
+				o.SetNamespace("kube-system")
+				o.SetName(o.GetName() + "-" + namespace)
 			}
 		case "ValidatingAdmissionPolicy":
 			// Kustomize does not rewrite the ServiceAccount's namespace in

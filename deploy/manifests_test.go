@@ -22,7 +22,9 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
@@ -323,6 +325,70 @@ func TestAutoscalingAlternativesAgree(t *testing.T) {
 	if q, _ := meta["query"].(string); !strings.Contains(q, series+"{") {
 		t.Errorf("KEDA queries %q, not the adapter's series %s", q, series)
 	}
+
+	// Without Prometheus: the same HPA, without the prometheus-adapter rule,
+	// and kshard-metrics-adapter serving its metric from the same series.
+	withAdapter := build(t, "autoscaling-adapter")
+	var hpa2 autoscalingv2.HorizontalPodAutoscaler
+	fromUnstructured(t, byKind(withAdapter, "HorizontalPodAutoscaler")[0], &hpa2)
+	if !reflect.DeepEqual(hpa2, hpa) {
+		t.Errorf("autoscaling-adapter's HPA differs from autoscaling's:\n  %+v\n  %+v", hpa2.Spec, hpa.Spec)
+	}
+	if cms := byKind(withAdapter, "ConfigMap"); len(cms) != 0 {
+		t.Errorf("autoscaling-adapter keeps the prometheus-adapter rule %s", describe(cms[0]))
+	}
+	args := adapterArgs(t, withAdapter)
+	if args["--metric"] != metric.Pods.Metric.Name || args["--source-metric"] != series {
+		t.Errorf("kshard-metrics-adapter serves %s from %s; the HPA asks for %s, prometheus-adapter sums %s",
+			args["--metric"], args["--source-metric"], metric.Pods.Metric.Name, series)
+	}
+	var replicas appsv1.StatefulSet
+	fromUnstructured(t, sts, &replicas)
+	sel, err := metav1.LabelSelectorAsSelector(replicas.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podSel, err := labels.Parse(args["--pod-selector"])
+	if err != nil || !podSel.Matches(labels.Set(replicas.Spec.Template.Labels)) || sel.String() != podSel.String() {
+		t.Errorf("kshard-metrics-adapter --pod-selector=%s, the StatefulSet selects %s", args["--pod-selector"], sel)
+	}
+	if want := containerPort(replicas.Spec.Template.Spec.Containers[0], "https"); args["--scrape-port"] != fmt.Sprint(want) {
+		t.Errorf("kshard-metrics-adapter --scrape-port=%s, the replicas serve metrics on %d", args["--scrape-port"], want)
+	}
+}
+
+func containerPort(c corev1.Container, name string) int32 {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
+}
+
+// adapterArgs reads the kshard-metrics-adapter container's --flag=value
+// arguments (the last of a repeated flag wins, as for the binary).
+func adapterArgs(t *testing.T, objs []*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	for _, o := range byKind(objs, "Deployment") {
+		if o.GetName() != "kshard-metrics-adapter" {
+			continue
+		}
+		var dep appsv1.Deployment
+		fromUnstructured(t, o, &dep)
+		c := dep.Spec.Template.Spec.Containers[0]
+		if len(c.Command) != 1 || c.Command[0] != "/kshard-metrics-adapter" {
+			t.Errorf("the adapter's container runs %v", c.Command)
+		}
+		args := map[string]string{}
+		for _, a := range c.Args {
+			k, v, _ := strings.Cut(a, "=")
+			args[k] = v
+		}
+		return args
+	}
+	t.Fatal("no kshard-metrics-adapter Deployment")
+	return nil
 }
 
 // TestDashboard checks that the Grafana dashboard is valid JSON in a
@@ -382,7 +448,7 @@ func TestDashboard(t *testing.T) {
 func referencedMetrics(t testing.TB) []string {
 	t.Helper()
 	var text strings.Builder
-	for _, folder := range []string{"monitoring", "autoscaling", "autoscaling/keda"} {
+	for _, folder := range []string{"monitoring", "autoscaling", "autoscaling/keda", "metrics-adapter"} {
 		for _, o := range build(t, folder) {
 			b, err := json.Marshal(o.Object)
 			if err != nil {
@@ -395,7 +461,8 @@ func referencedMetrics(t testing.TB) []string {
 	for _, m := range regexp.MustCompile(`\b(?:kshard|controller_runtime|workqueue|process|go)_[a-z_]+`).FindAllString(text.String(), -1) {
 		names[m] = true
 	}
-	// Not exported by kshard: the name prometheus-adapter serves.
+	// Not exported by kshard: the name prometheus-adapter and
+	// kshard-metrics-adapter serve.
 	delete(names, "kshard_objects_held")
 	out := make([]string, 0, len(names))
 	for n := range names {

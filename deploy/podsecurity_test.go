@@ -12,13 +12,13 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// TestPodSecurityRestricted creates pods from the StatefulSet's and the
-// config center's pod templates in the base's own namespace object (renamed),
-// which enforces the restricted pod security profile: the API server's
-// PodSecurity admission must admit them. Copies with one protection removed
-// each must be rejected, so the check can fail. There is no controller
-// manager here, so the test creates the pods the StatefulSet and the
-// Deployment would.
+// TestPodSecurityRestricted creates pods from the StatefulSet's, the config
+// center's and the metrics adapter's pod templates in the base's own
+// namespace object (renamed), which enforces the restricted pod security
+// profile: the API server's PodSecurity admission must admit them. Copies
+// with one protection removed each must be rejected, so the check can fail.
+// There is no controller manager here, so the test creates the pods the
+// StatefulSet and the Deployments would.
 func TestPodSecurityRestricted(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
@@ -28,14 +28,19 @@ func TestPodSecurityRestricted(t *testing.T) {
 	if got := namespace.GetLabels()["pod-security.kubernetes.io/enforce"]; got != "restricted" {
 		t.Fatalf("the base's namespace enforces %q, want restricted", got)
 	}
-	apply(ctx, t, c, append(byKind(objs, "Namespace"), byKind(objs, "ServiceAccount")...))
-	t.Cleanup(func() { remove(context.Background(), t, c, byKind(objs, "ServiceAccount")) })
+	adapterObjs := buildInNamespace(t, "metrics-adapter", ns)
+	accounts := append(byKind(objs, "ServiceAccount"), byKind(adapterObjs, "ServiceAccount")...)
+	apply(ctx, t, c, append(byKind(objs, "Namespace"), accounts...))
+	t.Cleanup(func() { remove(context.Background(), t, c, accounts) })
 
 	var sts appsv1.StatefulSet
 	fromUnstructured(t, byKind(objs, "StatefulSet")[0], &sts)
 	var dep appsv1.Deployment
 	fromUnstructured(t, byKind(objs, "Deployment")[0], &dep)
-	templates := map[string]corev1.PodTemplateSpec{"kshard": sts.Spec.Template, "configcenter": dep.Spec.Template}
+	var adapter appsv1.Deployment
+	fromUnstructured(t, byKind(adapterObjs, "Deployment")[0], &adapter)
+	templates := map[string]corev1.PodTemplateSpec{"kshard": sts.Spec.Template, "configcenter": dep.Spec.Template,
+		"kshard-metrics-adapter": adapter.Spec.Template}
 
 	for name, tmpl := range templates {
 		pod := podFrom(ns, name, tmpl)

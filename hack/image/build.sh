@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Writes the images `make cluster` imports, as docker archives, without a
-# container engine: kshard:dev (the static kshard and configcenter binaries,
-# user 65532, like the Dockerfile's distroless image) and the pause image
-# (bin/node/pause, built from the Kubernetes module's C source by
-# hack/node/build.sh). $1 is the bin folder (default bin/).
+# container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
+# configcenter binaries, user 65532, like the Dockerfile's distroless image)
+# and the pause image (bin/node/pause, built from the Kubernetes module's C
+# source by hack/node/build.sh). $1 is the bin folder (default bin/).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,11 +13,12 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 [[ -x $bin/node/pause ]] || { echo "image: $bin/node/pause is missing: run \`make node-binaries\`" >&2; exit 1; }
 
 # The Dockerfile's build line: static, no cgo, stripped.
-(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/" ./cmd/kshard ./cmd/configcenter)
+(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/" ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter)
 (cd "$here" && go build -o "$bin/image/image" .)
 
 "$bin/image/image" -tag kshard:dev -o "$bin/images/kshard.tar" -user 65532:65532 -entrypoint /kshard \
-	-add "/kshard=$bin/image/kshard" -add "/configcenter=$bin/image/configcenter"
+	-add "/kshard=$bin/image/kshard" -add "/kshard-metrics-adapter=$bin/image/kshard-metrics-adapter" \
+	-add "/configcenter=$bin/image/configcenter"
 # registry.k8s.io/pause is the name containerd's sandbox_image gives; it is
 # imported, never pulled. 65535 is upstream's pause user.
 "$bin/image/image" -tag registry.k8s.io/pause:3.10.2 -o "$bin/images/pause.tar" -user 65535:65535 -entrypoint /pause \
