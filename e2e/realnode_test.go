@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -38,6 +40,7 @@ func TestRealNode(t *testing.T) {
 		{"scale", testScale},
 		{"rollout-restart", testRolloutRestart},
 		{"sigkill", testSIGKILL},
+		{"hpa", testHPA},
 	}
 	var rec *recorder
 	for _, st := range steps {
@@ -66,6 +69,7 @@ func testDeploy(t *testing.T, s *suite, _ *recorder) {
 	// installs from nothing and the pods run the image imported last.
 	overlay := filepath.Join(s.repo, "e2e", "overlay")
 	s.deleteObjects(ctx, t)
+	s.run(ctx, t, "delete", "-k", filepath.Join(s.repo, "e2e", "hpa"), "--ignore-not-found", "--wait=true", "--timeout=5m")
 	s.run(ctx, t, "delete", "-k", overlay, "--ignore-not-found", "--wait=true", "--timeout=5m")
 	s.run(ctx, t, "apply", "--server-side", "-k", overlay)
 	s.run(ctx, t, "-n", systemNamespace, "rollout", "status", "deployment/configcenter", "--timeout=5m")
@@ -243,6 +247,118 @@ func (s *suite) killAndRecover(ctx context.Context, t *testing.T, rec *recorder,
 	if back != len(theirs) {
 		t.Errorf("%s's next process holds %d of its %d shards", victim, back, len(theirs))
 	}
+}
+
+// testHPA: kube-controller-manager's HPA controller scales the StatefulSet
+// on kshard_objects_held, which reaches it through the custom metrics API
+// from kshard-metrics-adapter (deploy/autoscaling-adapter, with e2e/hpa's
+// shorter windows and lower target): up while the objects per replica exceed
+// the target, and down, after the stabilization window, once they do not.
+func testHPA(t *testing.T, s *suite, rec *recorder) {
+	ctx := stepContext(t, 20*time.Minute)
+	hpa := filepath.Join(s.repo, "e2e", "hpa")
+	t.Cleanup(func() {
+		// The StatefulSet is the suite's again, whatever happened.
+		_, _ = s.runErr(context.Background(), "delete", "-k", hpa, "--ignore-not-found", "--wait=true", "--timeout=5m")
+	})
+	applied := time.Now()
+	s.run(ctx, t, "apply", "--server-side", "-k", hpa)
+	s.run(ctx, t, "-n", systemNamespace, "rollout", "status", "deployment/kshard-metrics-adapter", "--timeout=5m")
+	s.run(ctx, t, "wait", "apiservice/v1beta2.custom.metrics.k8s.io", "--for=condition=Available", "--timeout=5m")
+
+	// The metric as the HPA controller asks for it: every replica pod's
+	// objects, adding up to all of them.
+	var held map[string]int64
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		held, err = s.objectsHeld(ctx)
+		if err != nil {
+			return false, nil
+		}
+		var sum int64
+		for _, v := range held {
+			sum += v
+		}
+		return len(held) == 3 && sum == objects, nil
+	})
+	if err != nil {
+		t.Fatalf("custom metrics API: kshard_objects_held %v, want 3 pods adding up to %d: %v", held, objects, err)
+	}
+	t.Logf("custom metrics API, %s after the apply: kshard_objects_held %v", time.Since(applied).Round(time.Second), held)
+
+	since := time.Now()
+	s.waitDesired(ctx, t, 5)
+	t.Logf("the HPA scaled the StatefulSet to 5 replicas %s after the metric was served: %s", time.Since(since).Round(time.Second), s.hpaStatus(ctx, t))
+	s.scaleTo(ctx, t, 5)
+	s.settle(ctx, t, 5)
+	t.Logf("ring of 5 settled %s after the metric was served", time.Since(since).Round(time.Second))
+	checkHandovers(t, rec, since, "HPA scale up")
+
+	// Half the objects go: 1,000 ask for 3 replicas, the minimum.
+	since = time.Now()
+	for i := objectNamespaces / 2; i < objectNamespaces; i++ {
+		s.run(ctx, t, "delete", "namespace", objectNamespace(i), "--wait=true", "--timeout=5m")
+	}
+	deleted := time.Now()
+	s.waitDesired(ctx, t, 3)
+	t.Logf("half the objects deleted in %s; the HPA scaled the StatefulSet to 3 replicas %s after the deletion (stabilization window 30 s): %s",
+		deleted.Sub(since).Round(time.Second), time.Since(deleted).Round(time.Second), s.hpaStatus(ctx, t))
+	s.scaleTo(ctx, t, 3)
+	s.settle(ctx, t, 3)
+	checkHandovers(t, rec, since, "HPA scale down")
+	checkExits(t, rec, since, 2)
+}
+
+// objectsHeld reads kshard_objects_held of the replica pods through the
+// custom metrics API.
+func (s *suite) objectsHeld(ctx context.Context) (map[string]int64, error) {
+	raw, err := s.cs.Discovery().RESTClient().Get().
+		AbsPath("/apis/custom.metrics.k8s.io/v1beta2/namespaces", systemNamespace, "pods", "*", "kshard_objects_held").
+		Param("labelSelector", podSelector).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []struct {
+			DescribedObject struct {
+				Name string `json:"name"`
+			} `json:"describedObject"`
+			Value resource.Quantity `json:"value"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("decoding the custom metrics API's answer: %w", err)
+	}
+	out := map[string]int64{}
+	for _, x := range list.Items {
+		out[x.DescribedObject.Name] = x.Value.Value()
+	}
+	return out, nil
+}
+
+// waitDesired waits until the HPA has set the StatefulSet's replicas to want.
+func (s *suite) waitDesired(ctx context.Context, t *testing.T, want int32) {
+	t.Helper()
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		var sts appsv1.StatefulSet
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: systemNamespace, Name: statefulSet}, &sts); err != nil {
+			return false, nil
+		}
+		return ptr.Deref(sts.Spec.Replicas, 0) == want, nil
+	})
+	if err != nil {
+		t.Fatalf("the HPA did not set %d replicas: %v; %s", want, err, s.hpaStatus(context.Background(), t))
+	}
+}
+
+// hpaStatus is the HPA's current metric, desired replicas and conditions.
+func (s *suite) hpaStatus(ctx context.Context, t *testing.T) string {
+	out, err := s.runErr(ctx, "-n", systemNamespace, "get", "hpa", statefulSet, "-o",
+		`jsonpath=current {.status.currentMetrics[0].pods.current.averageValue} per replica, desired {.status.desiredReplicas}, {range .status.conditions[*]}{.type}={.status} ({.reason}) {end}`)
+	if err != nil {
+		return err.Error()
+	}
+	return out
 }
 
 // checkAudit: over the whole run, no two replicas reconciled one object at
