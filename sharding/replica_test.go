@@ -408,11 +408,15 @@ func TestFencing(t *testing.T) {
 		return nil
 	})
 	stoppedAt := time.Now()
-	// Fencing ends the tenure as a drain does: the release hook ran, once,
-	// after the acquire hook, for every shard.
-	if n, bad := rc.tenures.check(true); len(bad) > 0 || n != shards {
-		t.Errorf("tenure hooks of %d shards, want %d; out of order or not ended: %v", n, shards, bad)
-	}
+	// Fencing ends the tenure as a drain does: the release hook runs, once,
+	// after the acquire hook, for every shard. A shard leaves HeldShards
+	// when it stops, before its release hook has run: wait for the hooks.
+	controlplane.Eventually(t, time.Minute, "release hook of every shard", func() error {
+		if n, bad := rc.tenures.check(true); len(bad) > 0 || n != shards {
+			return fmt.Errorf("tenure hooks of %d shards, want %d; out of order or not ended: %v", n, shards, bad)
+		}
+		return nil
+	})
 	// Every Lease it held is still unexpired in the API server's eyes at
 	// the time it stopped: nobody could have taken over yet. (Its last
 	// renewal is at least as late as what we read before the cut.)
