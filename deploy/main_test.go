@@ -49,6 +49,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	defer removeKshardBuild()
 	return controlplane.RunTestsWith(m, &cp, controlplane.Options{
 		CRDDirs: []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
 		APIServerArgs: map[string][]string{
