@@ -56,13 +56,11 @@ const (
 
 // TestMain shares one control plane. Tests that count the API server's
 // requests or read the whole cluster run alone, first; the others, each with
-// its own namespace, ring and Leases, run four at a time after them: they
-// wait for Lease expiry and handovers far more than they compute.
+// its own namespace, ring and Leases, run in parallel after them.
 func TestMain(m *testing.M) {
 	if id := os.Getenv(envReplica); id != "" {
 		os.Exit(runReplicaProcess(id))
 	}
-	controlplane.DefaultParallel(4)
 	os.Exit(controlplane.RunTests(m, &cp))
 }
 

@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -22,22 +21,6 @@ import (
 // package run in seconds.
 func RunTests(m *testing.M, into **ControlPlane) int {
 	return RunTestsWith(m, into, Options{})
-}
-
-// DefaultParallel makes the calling test binary run n of its parallel tests
-// at a time, unless -parallel is given. Go's default, GOMAXPROCS, suits tests
-// that compute; tests against a control plane mostly wait for it (Lease
-// expiry, handovers, informers syncing), so on two cores two at a time leave
-// the machine idle. Call it from TestMain, before RunTests.
-func DefaultParallel(n int) {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
-			panic(err)
-		}
-	}
 }
 
 // RunTestsWith is RunTests with a control plane configured by opts.

@@ -37,11 +37,9 @@ var cp *controlplane.ControlPlane
 // requests (writes_test.go) or register a cluster-wide webhook
 // (admission_test.go) run alone, first; the others, each with its own
 // namespaces, ring, Lease namespace and config center, run in parallel
-// after them, four at a time: they wait for the config center, informers
-// and Leases far more than they compute.
+// after them.
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
-	controlplane.DefaultParallel(4)
 	os.Exit(controlplane.RunTests(m, &cp))
 }
 
