@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -113,20 +114,49 @@ func writeKubeconfig(t *testing.T, token string) string {
 	return path
 }
 
-// buildKshard builds the kshard binary from this checkout.
+// kshardBuild is the kshard binary that buildKshard built once for the
+// package's tests (a link of kshard is seconds of CPU), in a folder that
+// TestMain removes.
+var kshardBuild struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// buildKshard builds the kshard binary from this checkout, once per test
+// binary.
 func buildKshard(t *testing.T) string {
 	t.Helper()
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
+	kshardBuild.once.Do(func() {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			kshardBuild.err = err
+			return
+		}
+		if kshardBuild.dir, err = os.MkdirTemp("", "kshard-deploy-test-"); err != nil {
+			kshardBuild.err = err
+			return
+		}
+		bin := filepath.Join(kshardBuild.dir, "kshard")
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/kshard")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			kshardBuild.err = fmt.Errorf("building kshard: %v\n%s", err, out)
+			return
+		}
+		kshardBuild.bin = bin
+	})
+	if kshardBuild.err != nil {
+		t.Fatal(kshardBuild.err)
 	}
-	bin := filepath.Join(t.TempDir(), "kshard")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kshard")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building kshard: %v\n%s", err, out)
+	return kshardBuild.bin
+}
+
+// removeKshardBuild removes what buildKshard built.
+func removeKshardBuild() {
+	if kshardBuild.dir != "" {
+		_ = os.RemoveAll(kshardBuild.dir)
 	}
-	return bin
 }
 
 func freeAddr(t *testing.T) string {

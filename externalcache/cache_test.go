@@ -212,6 +212,9 @@ func TestStampedeOfMissesMakesOneCall(t *testing.T) {
 	if got := h.calls(key.Domain, key.Name); got != 1 {
 		t.Errorf("config center answered %d reads of %s to %d concurrent Gets and %d Waits, want exactly 1", got, key, n, n)
 	}
+	// The notifier calls OnUpdate from its own goroutine: the waiters may
+	// be released before it runs.
+	eventually(t, "OnUpdate for the arrival", func() bool { return h.updates.count(key) > 0 })
 	if got := h.updates.count(key); got != 1 {
 		t.Errorf("OnUpdate fired %d times for the arrival of %s, want 1", got, key)
 	}
@@ -251,6 +254,9 @@ func TestStaleValueIsServedWhileOneRefreshRuns(t *testing.T) {
 	if got := h.calls(key.Domain, key.Name); got != 2 {
 		t.Errorf("config center answered %d reads, want 2: the first fetch and exactly one refresh", got)
 	}
+	// The notifier calls OnUpdate from its own goroutine, after the value
+	// is served.
+	eventually(t, "OnUpdate for the change", func() bool { return h.updates.count(key) > 1 })
 	if got := h.updates.count(key); got != 2 {
 		t.Errorf("OnUpdate fired %d times, want 2 (arrival and change)", got)
 	}

@@ -54,6 +54,9 @@ const (
 	envTiming     = "KSHARD_TEST_TIMING"
 )
 
+// TestMain shares one control plane. Tests that count the API server's
+// requests or read the whole cluster run alone, first; the others, each with
+// its own namespace, ring and Leases, run in parallel after them.
 func TestMain(m *testing.M) {
 	if id := os.Getenv(envReplica); id != "" {
 		os.Exit(runReplicaProcess(id))
@@ -124,6 +127,12 @@ type replicaConfig struct {
 	ownedSelector labels.Selector
 	// tenures, when set, records the replica's OnAcquire and OnRelease.
 	tenures *tenureLog
+	// everyNamespace watches every namespace, as a controller deployed
+	// without --namespaces does. Otherwise the replica watches its test's
+	// namespace only: tests run in parallel on one control plane, and a
+	// replica that saw another test's objects would label and reconcile
+	// them. Only a test that runs alone may set it.
+	everyNamespace bool
 }
 
 // tenureLog records OnAcquire ("+") and OnRelease ("-") per shard, in order.
@@ -215,6 +224,9 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Selector: rc.ownedSelector}},
 		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
 		StatefulSet:    rc.statefulSet,
+	}
+	if !rc.everyNamespace {
+		opts.Namespaces = []string{rc.namespace}
 	}
 	if rc.clockSkew != 0 {
 		opts.Clock = skewedClock{rc.clockSkew}
@@ -457,7 +469,7 @@ func createBindings(t testing.TB, c client.Client, ns string, n, domains int) []
 		}
 		keys = append(keys, client.ObjectKeyFromObject(cb))
 	}
-	// Replicas of later tests watch every namespace: leave them nothing.
+	// A later test's replicas may watch every namespace: leave them nothing.
 	t.Cleanup(func() {
 		if err := c.DeleteAllOf(context.Background(), &configv1alpha1.ConfigBinding{}, client.InNamespace(ns)); err != nil {
 			t.Errorf("deleting the test's ConfigBindings: %v", err)

@@ -15,6 +15,7 @@ import (
 // shard the first holds: it reports not ready, saying why, until the first
 // leaves, and then takes over.
 func TestSecondProcessWithOneIdentityWaits(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "dup"

@@ -42,6 +42,11 @@ func quietSyncs(t *testing.T) (syncs, scanned float64) {
 // API server scans the whole collection for every sync whatever its
 // selector. A graceful leave costs each replica that gains shards one more
 // sync at most (and the labeler's new leader one, if it moved).
+//
+// It counts every sync the API server made, so it runs alone (not
+// parallel): the package's parallel tests start after it ends. Alone, its
+// replicas may watch every namespace, as a controller deployed without
+// --namespaces does.
 func TestFleetListsOncePerAcquisition(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -51,7 +56,9 @@ func TestFleetListsOncePerAcquisition(t *testing.T) {
 	ids := []string{"l-0", "l-1", "l-2"}
 	var reps []*replica
 	for _, id := range ids {
-		reps = append(reps, startReplica(t, ringConfig(ns, ring, id)))
+		rc := ringConfig(ns, ring, id)
+		rc.everyNamespace = true
+		reps = append(reps, startReplica(t, rc))
 	}
 	expectRingHeld(t, c, ns, ring, ids)
 	for _, r := range reps {

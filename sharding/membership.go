@@ -47,8 +47,15 @@ type memberLease struct {
 
 func newMemberLease(r *Replica) *memberLease { return &memberLease{r: r} }
 
+// run renews the member Lease every RetryPeriod until ctx is done. A renewal
+// in flight when ctx ends finishes (within RenewDeadline) rather than being
+// cancelled: a cancelled update may land without its answer being read,
+// which left m.lease nil, so the stopping replica's delete skipped the
+// Lease and the others waited for it to expire instead of taking its shards
+// at once (TestGracefulLeaveAndJoin, under load).
 func (m *memberLease) run(ctx context.Context) {
-	m.renewOnce(ctx)
+	renewCtx := context.WithoutCancel(ctx)
+	m.renewOnce(renewCtx)
 	t := time.NewTicker(m.r.opts.RetryPeriod)
 	defer t.Stop()
 	for {
@@ -56,7 +63,7 @@ func (m *memberLease) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.renewOnce(ctx)
+			m.renewOnce(renewCtx)
 		}
 	}
 }

@@ -28,6 +28,7 @@ import (
 // paused replica is the elected labeler, which must come back (its lost
 // labeler election costs the labeling only) and rejoin the ring.
 func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "pause"

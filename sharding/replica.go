@@ -254,7 +254,10 @@ func (r *Replica) coordinate(ctx context.Context) {
 // look again when nothing happens.
 func (r *Replica) sync(ctx context.Context) time.Duration {
 	var list coordinationv1.LeaseList
-	if err := r.leaseCache.List(ctx, &list); err != nil {
+	// Without deep copies: sync runs on every Lease event (each renewal of
+	// each shard, by any member), and readLeases only reads the cached
+	// Leases, keeping none of them.
+	if err := r.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		r.log.Error(err, "Listing ring Leases")
 		return r.opts.RetryPeriod
 	}
@@ -311,8 +314,12 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 			next = graceEnd
 		}
 	}
-	ring := NewRing(r.opts.Shards, members)
-	r.ring = ring
+	// A ring hashes ringReplicationFactor virtual nodes per member, and sync
+	// runs on every Lease event: build one only when the members changed.
+	if !slices.Equal(r.ring.Members(), slices.Sorted(slices.Values(members))) {
+		r.ring = NewRing(r.opts.Shards, members)
+	}
+	ring := r.ring
 	for n := range r.opts.Shards {
 		desired := ring.Owner(n) == r.opts.Identity
 		s, have := r.shards[n]

@@ -139,6 +139,11 @@ func (h *leaseHistory) check(t *testing.T) {
 // TestThreeReplicasSplitTheRing: every shard is held by exactly the replica
 // the ring names, loads are balanced, and each replica's caches hold only its
 // own shards' objects.
+//
+// It runs alone (not parallel): kshard status counts the ConfigBindings of
+// every namespace, and another test's would be counted. Alone, its replicas
+// watch every namespace, as a controller deployed without --namespaces
+// does.
 func TestThreeReplicasSplitTheRing(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -147,7 +152,9 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	ids := []string{"r-0", "r-1", "r-2"}
 	var reps []*replica
 	for _, id := range ids {
-		reps = append(reps, startReplica(t, ringConfig(ns, ring, id)))
+		rc := ringConfig(ns, ring, id)
+		rc.everyNamespace = true
+		reps = append(reps, startReplica(t, rc))
 	}
 	expectRingHeld(t, c, ns, ring, ids)
 	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
@@ -250,6 +257,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 // before its Leases could have expired; a joining replica takes its share;
 // no shard Lease is ever taken from a live holder.
 func TestGracefulLeaveAndJoin(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "leave-join"
@@ -295,6 +303,7 @@ func TestGracefulLeaveAndJoin(t *testing.T) {
 // TestCrashFailover: the shards of a replica killed with SIGKILL stay
 // unheld until their Leases expire, then the survivors take them.
 func TestCrashFailover(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "crash"
@@ -337,6 +346,7 @@ func TestCrashFailover(t *testing.T) {
 // object at the same time, and every object's latest generation is
 // reconciled.
 func TestNoOverlappingReconciles(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "overlap"
@@ -382,6 +392,7 @@ func TestNoOverlappingReconciles(t *testing.T) {
 // TestFencing: a replica whose API traffic is cut stops its shards before
 // its Leases expire, so nobody else can start them while it still runs.
 func TestFencing(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "fencing"
@@ -408,10 +419,14 @@ func TestFencing(t *testing.T) {
 		return nil
 	})
 	stoppedAt := time.Now()
-	// Fencing ends the tenure as a drain does: the release hook runs, once,
-	// after the acquire hook, for every shard. A shard leaves HeldShards
-	// when it stops, before its release hook has run: wait for the hooks.
-	controlplane.Eventually(t, time.Minute, "release hook of every shard", func() error {
+	// Fencing ends the tenure as a drain does: the release hook ran, once,
+	// after the acquire hook, for every shard. A stopping shard stops
+	// counting as held first and runs the hook last (after leaving its
+	// cache), so the hooks are in order now and all ended soon after.
+	if n, bad := rc.tenures.check(false); len(bad) > 0 || n != shards {
+		t.Errorf("tenure hooks of %d shards, want %d; out of order: %v", n, shards, bad)
+	}
+	controlplane.Eventually(t, time.Minute, "every tenure ended", func() error {
 		if n, bad := rc.tenures.check(true); len(bad) > 0 || n != shards {
 			return fmt.Errorf("tenure hooks of %d shards, want %d; out of order or not ended: %v", n, shards, bad)
 		}
@@ -437,6 +452,7 @@ func TestFencing(t *testing.T) {
 // TestLabeler: unlabeled, out-of-range and wrong-label objects all end up
 // correctly labeled and reconciled.
 func TestLabeler(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "labeler"
@@ -470,6 +486,7 @@ func TestLabeler(t *testing.T) {
 // TestShardCountMismatch: a replica started with another shard count than
 // the ring's claims nothing, and says so.
 func TestShardCountMismatch(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "mismatch"
@@ -536,6 +553,7 @@ func TestTerminationIntent(t *testing.T) {
 // its shards, and it reclaims them on return. Scaled below its ordinal, it
 // leaves and hands over.
 func TestStatefulSetRestartKeepsShards(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "sts"
@@ -709,6 +727,9 @@ func createStatefulSet(t *testing.T, c client.Client, ns string, replicas int32)
 // after another each claim only their final share from the start: the first
 // does not take every shard and hand most of them over as the others join
 // (each such move is a LIST, a cold cache and a reconcile per object).
+//
+// It runs alone (not parallel): the peers join within the startup grace
+// only if the machine is not busy with other tests' rings.
 func TestStartupDoesNotOverClaim(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -763,6 +784,7 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 // differs from the ring's labels nothing (it would put objects into shards
 // nobody runs); once it is gone, the next leader labels them right.
 func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "oddleader"
@@ -834,6 +856,7 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 // namespace each hold all their shards, under Lease names of their own
 // (they took each other's Leases when names named no ring).
 func TestTwoRingsShareANamespace(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	startReplica(t, ringConfig(ns, "alpha", "a-0"))
@@ -856,6 +879,7 @@ func TestTwoRingsShareANamespace(t *testing.T) {
 // wrote: the fast replica found every live Lease expired, and the others
 // found the slow replica's member Lease expired.
 func TestClockSkewTakesNoLiveLease(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "skew"

@@ -22,6 +22,7 @@ import (
 // replica's memory by labelling their ConfigMaps), while the objects it
 // selects are cached.
 func TestOwnedKindSelector(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "selector"
@@ -72,6 +73,7 @@ func TestOwnedKindSelector(t *testing.T) {
 // TestOneControllerPerReplica: a Replica feeds one controller's queue; a
 // second controller would never get a request, so creating one is an error.
 func TestOneControllerPerReplica(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	r := startReplica(t, ringConfig(ns, "one-controller", "o-0"))

@@ -112,6 +112,7 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&opts.RequeueBaseDelay, "requeue-base-delay", 50*time.Millisecond, "first backoff of a failed reconcile (per object, doubling)")
 	f.DurationVar(&opts.RequeueMaxDelay, "requeue-max-delay", 5*time.Minute, "longest backoff of a failed reconcile")
 	f.DurationVar(&opts.SyncPeriod, "sync-period", 10*time.Hour, "resync period of the informers (jittered by 10%)")
+	f.DurationVar(&opts.RetryAfter, "retry-after", time.Minute, "how often a binding that no event wakes looks again: a target ConfigMap someone else owns, a refused write, an unavailable config center (a notification requeues the others)")
 	f.StringVar(&opts.ExternalMode, "external-mode", replica.ExternalCache, "cache: read through the off-heap cache; direct: call the config center in Reconcile (baseline)")
 	f.StringVar(&opts.ExternalSource, "external-source", replica.SourceCache, "where values live with --external-mode=cache: cache (each replica's off-heap cache) or mirror (ExternalDomain objects written by the domain's shard holder)")
 	f.DurationVar(&opts.Cache.HardTTL, "cache-ttl", time.Hour, "how long the external cache serves a value at all (fresh for 5m or half of this, then stale while it refreshes); a changed key whose value expired still requeues its objects")

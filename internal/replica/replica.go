@@ -103,7 +103,12 @@ type Options struct {
 	RequeueBaseDelay time.Duration
 	RequeueMaxDelay  time.Duration
 	SyncPeriod       time.Duration
-	ExternalMode     string
+	// RetryAfter is how often a binding that waits without an event to
+	// wake it (a target conflict, a refused write, an unavailable config
+	// center) looks again: configbinding.Reconciler.RetryAfter. Default
+	// one minute.
+	RetryAfter   time.Duration
+	ExternalMode string
 	// ExternalSource chooses where cached values live: SourceCache (the
 	// default) or SourceMirror. It needs ExternalMode cache and sharding.
 	ExternalSource string
@@ -248,7 +253,8 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("creating config center client: %w", err)
 	}
-	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard")}
+	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard"),
+		RetryAfter: opts.RetryAfter}
 	src, err := newSource(opts, configcenter.NewCacheSource(cc), rec, log)
 	if err != nil {
 		return err

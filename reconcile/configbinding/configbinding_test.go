@@ -429,7 +429,10 @@ func TestTargetConflict(t *testing.T) {
 // over once the first binding and its ConfigMap are gone.
 func TestTwoBindingsOneTarget(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnv(t, "twotargets", externalcache.Options{})
+	// A conflict looks again every RetryAfter: 2 s here instead of the
+	// minute of the flag's default, so the take-over below does not wait
+	// for a minute, and the wait for a flip sees a look or two.
+	e := startEnvWith(t, "twotargets", func(o *replica.Options) { o.RetryAfter = 2 * time.Second })
 	first := e.create(t, "first", "domain-0", "key-0")
 	e.waitReason(t, "first", configbinding.ReasonSynced)
 	second := &configv1alpha1.ConfigBinding{
@@ -444,7 +447,8 @@ func TestTwoBindingsOneTarget(t *testing.T) {
 	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "ConfigBinding first") {
 		t.Errorf("the message does not name the owner: %q", c.Message)
 	}
-	// Two reconciles' worth of time for a flip to show.
+	// Two reconciles' worth of time for a flip to show (and a look of the
+	// second binding's RetryAfter).
 	time.Sleep(3 * time.Second)
 	if cm := e.configMap(t, "first-config"); metav1.GetControllerOf(cm).UID != first.UID || cm.Data["key-1"] != "" {
 		t.Fatalf("the first binding's ConfigMap was taken: owner %v, data %v", metav1.GetControllerOf(cm), cm.Data)
@@ -458,7 +462,7 @@ func TestTwoBindingsOneTarget(t *testing.T) {
 	if err := e.c.Delete(context.Background(), e.configMap(t, "first-config")); err != nil {
 		t.Fatal(err)
 	}
-	// Within a RetryAfter (a minute) of the conflict's last look.
+	// Within a RetryAfter of the conflict's last look.
 	e.waitReason(t, "second", configbinding.ReasonSynced)
 	if cm := e.configMap(t, "first-config"); metav1.GetControllerOf(cm).UID != second.UID {
 		t.Fatalf("owner %v, want the second binding", metav1.GetControllerOf(cm))
