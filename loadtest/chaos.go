@@ -27,13 +27,24 @@ const (
 	// clock, so nothing may change: no shard taken early from a replica
 	// whose renewals look old, none left waiting on one whose look new.
 	faultClock
+	// faultDelete deletes the victim's pod with its grace period, as
+	// `kubectl delete pod` or a node drain does: the replica hands its
+	// shards over and the StatefulSet recreates it. Pods only.
+	faultDelete
 )
 
-func (k faultKind) String() string { return [...]string{"kill", "pause", "clock offset"}[k] }
+func (k faultKind) String() string {
+	return [...]string{"kill", "pause", "clock offset", "pod deletion"}[k]
+}
 
 // faultRotation is the order of the chaos scenario's faults, one per
-// interval.
-var faultRotation = [...]faultKind{faultKill, faultPause, faultClock}
+// interval, on replica processes.
+var faultRotation = []faultKind{faultKill, faultPause, faultClock}
+
+// podFaultRotation is the order on a StatefulSet's pods, which the load
+// tester can delete but not signal: a forced deletion (faultKill) and a
+// graceful one.
+var podFaultRotation = []faultKind{faultKill, faultDelete}
 
 // fault is one fault to inject.
 type fault struct {
@@ -58,13 +69,14 @@ func (f fault) lasts(o Options) time.Duration {
 // faultPlan hands out the chaos scenario's faults in rotation, the clock
 // faults' offsets ahead of the machine's clock and behind it in turn.
 type faultPlan struct {
-	offset time.Duration
-	n      int
-	clocks int
+	rotation []faultKind
+	offset   time.Duration
+	n        int
+	clocks   int
 }
 
 func (p *faultPlan) next() fault {
-	f := fault{kind: faultRotation[p.n%len(faultRotation)]}
+	f := fault{kind: p.rotation[p.n%len(p.rotation)]}
 	p.n++
 	if f.kind == faultClock {
 		f.offset = p.offset
@@ -97,7 +109,10 @@ func runChaos(ctx context.Context, r *run) error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
-	plan := faultPlan{offset: r.opts.ClockOffset}
+	plan := faultPlan{rotation: faultRotation, offset: r.opts.ClockOffset}
+	if r.pods != nil {
+		plan.rotation = podFaultRotation
+	}
 	var done []injected
 	err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
 		end := time.Now().Add(r.opts.Duration)
@@ -122,7 +137,7 @@ func runChaos(ctx context.Context, r *run) error {
 			done = append(done, in)
 		}
 	})
-	r.addFinding(faultsFinding(done))
+	r.addFinding(faultsFinding(plan.rotation, done))
 	if err != nil {
 		return err
 	}
@@ -150,8 +165,20 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 	o := r.opts
 	switch ft.kind {
 	case faultKill:
+		if r.pods != nil {
+			r.mark("force-delete pod %s", s.id)
+			at, err := f.kill(ctx, s)
+			if err == nil {
+				err = f.restart(ctx, s, 0)
+			}
+			if err != nil {
+				return err
+			}
+			r.handover(ctx, f, fmt.Sprintf("forced deletion of pod %s (grace 0), recreated by the StatefulSet", s.id), at)
+			return nil
+		}
 		r.mark("SIGKILL %s", s.id)
-		at, err := f.kill(s)
+		at, err := f.kill(ctx, s)
 		if err != nil {
 			return err
 		}
@@ -160,7 +187,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		}
 		// A restart by another fault ends a clock offset.
 		r.mark("restart %s", s.id)
-		if err := f.restart(s, 0); err != nil {
+		if err := f.restart(ctx, s, 0); err != nil {
 			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
@@ -185,15 +212,26 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		return nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
-		at, err := f.terminate(s)
+		at, err := f.terminate(ctx, s)
 		if err != nil {
 			return err
 		}
 		r.mark("start %s, Lease clock %s", s.id, signed(ft.offset))
-		if err := f.restart(s, ft.offset); err != nil {
+		if err := f.restart(ctx, s, ft.offset); err != nil {
 			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("restart of %s with its Lease clock %s (--lease-clock-offset)", s.id, signed(ft.offset)), at)
+		return nil
+	case faultDelete:
+		r.mark("delete pod %s", s.id)
+		at, err := f.terminate(ctx, s)
+		if err == nil {
+			err = f.restart(ctx, s, 0)
+		}
+		if err != nil {
+			return err
+		}
+		r.handover(ctx, f, fmt.Sprintf("deletion of pod %s (its grace period), recreated by the StatefulSet", s.id), at)
 		return nil
 	}
 	return fmt.Errorf("unknown fault %d", ft.kind)
@@ -201,15 +239,15 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 
 // faultsFinding says which faults ran, so a report shows whether each kind
 // did within the duration.
-func faultsFinding(done []injected) string {
+func faultsFinding(rotation []faultKind, done []injected) string {
 	count := map[faultKind]int{}
 	each := make([]string, 0, len(done))
 	for _, d := range done {
 		count[d.kind]++
 		each = append(each, d.String())
 	}
-	kinds := make([]string, 0, len(faultRotation))
-	for _, k := range faultRotation {
+	kinds := make([]string, 0, len(rotation))
+	for _, k := range rotation {
 		kinds = append(kinds, fmt.Sprintf("%d %s", count[k], k))
 	}
 	s := "faults injected: " + strings.Join(kinds, ", ")

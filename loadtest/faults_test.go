@@ -17,7 +17,7 @@ import (
 )
 
 func TestFaultRotation(t *testing.T) {
-	p := faultPlan{offset: 30 * time.Second}
+	p := faultPlan{rotation: faultRotation, offset: 30 * time.Second}
 	var got []fault
 	for range 7 {
 		got = append(got, p.next())
@@ -40,7 +40,7 @@ func TestFaultRotation(t *testing.T) {
 		}
 	}
 	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[5], replica: "kshard-0", at: 2 * time.Minute}}
-	if got, want := faultsFinding(done), "faults injected: 1 kill, 0 pause, 1 clock offset (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
+	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
 		t.Errorf("finding %q\nwant      %q", got, want)
 	}
 }
@@ -147,10 +147,10 @@ func TestRingWatchClockOffset(t *testing.T) {
 	ahead := testProcess(t0, 30*time.Second, true)   // kshard-0's first process
 	behind := testProcess(t0, -30*time.Second, true) // kshard-1's
 	procs := map[string][]*instance{"kshard-0": {ahead}, "kshard-1": {behind}}
-	w := newRingState(func(replica string, at time.Time) *instance {
+	w := newRingState(Ring, func(replica string, at time.Time) *instance {
 		var newest *instance
 		for _, in := range procs[replica] {
-			if !in.proc.started.After(at) {
+			if !in.proc.startTime().After(at) {
 				newest = in
 			}
 		}
@@ -187,7 +187,7 @@ func TestRingWatchClockOffset(t *testing.T) {
 
 	// kshard-0 restarts at 40s with no offset. Its old identity's Lease,
 	// seen again (a renewal observed late), is not held by the new process.
-	close(ahead.proc.done)
+	close(ahead.proc.(*process).done)
 	restarted := testProcess(sec(40), 0, true)
 	procs["kshard-0"] = append(procs["kshard-0"], restarted)
 	w.record(shardLeaseObject(0, "kshard-0_a", sec(70), sec(70)), false, sec(41))

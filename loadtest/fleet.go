@@ -127,9 +127,13 @@ type slot struct {
 
 // instance is one process of a replica, with what was sampled from it.
 type instance struct {
-	n     int
-	proc  *process
+	n    int
+	proc replicaProcess
+	// audit is the file of its audit records: its audit log, or its
+	// container's log for a pod.
 	audit string
+	// metricsURL is where its metrics are read.
+	metricsURL string
 	// clockOffset is how far ahead of the machine's clock the times this
 	// process writes into Leases are: the ring watch subtracts it.
 	clockOffset time.Duration
@@ -141,6 +145,19 @@ type instance struct {
 	// paused says it is stopped now (it is not scraped then).
 	pauses []window
 	paused bool
+}
+
+// replicaProcess is one process of a replica, whoever started it: a child
+// process of the load tester (process) or a container of a StatefulSet's
+// pod (container).
+type replicaProcess interface {
+	// startTime is when it started: at or before its first Lease write.
+	startTime() time.Time
+	running() bool
+	// wait waits until it ended and says when, and how.
+	wait() (time.Time, error)
+	// peakRSS is the high-water mark of its resident memory, if known.
+	peakRSS() (float64, bool)
 }
 
 // window is a span of time; To is zero while it lasts.
@@ -188,7 +205,7 @@ func (f *fleet) processOf(id string, at time.Time) *instance {
 			continue
 		}
 		for _, in := range s.instances {
-			if !in.proc.started.After(at) && (newest == nil || in.proc.started.After(newest.proc.started)) {
+			if !in.proc.startTime().After(at) && (newest == nil || in.proc.startTime().After(newest.proc.startTime())) {
 				newest = in
 			}
 		}
@@ -222,13 +239,14 @@ func (f *fleet) size() int { return len(f.runningSlots()) }
 // would: the StatefulSet's desired count changes first, so a replica at or
 // above it leaves the ring (hands over) instead of restarting.
 func (f *fleet) scaleTo(ctx context.Context, n int) error {
+	if f.r.pods != nil {
+		return f.scalePods(ctx, n)
+	}
 	if err := f.r.setDesired(ctx, n); err != nil {
 		return err
 	}
 	f.mu.Lock()
-	if n > 0 && (len(f.sizes) == 0 || f.sizes[len(f.sizes)-1] != n) {
-		f.sizes = append(f.sizes, n)
-	}
+	f.noteSize(n)
 	for len(f.slots) < n {
 		ports, err := childproc.FreePorts(3)
 		if err != nil {
@@ -267,11 +285,71 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 	// handover of all of them together.
 	var errs []error
 	for _, s := range slices.Backward(stopping) {
-		if _, err := s.current().proc.stop(f.r.opts.StopTimeout); err != nil {
+		if _, err := s.current().proc.(*process).stop(f.r.opts.StopTimeout); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// noteSize records a size the fleet was scaled to. Caller holds f.mu.
+func (f *fleet) noteSize(n int) {
+	if n > 0 && (len(f.sizes) == 0 || f.sizes[len(f.sizes)-1] != n) {
+		f.sizes = append(f.sizes, n)
+	}
+}
+
+// scalePods scales the target StatefulSet to n and waits until replicas
+// 0..n-1 each run a container and every other container ended: the
+// StatefulSet controller starts and stops the pods, the kubelet the
+// processes.
+func (f *fleet) scalePods(ctx context.Context, n int) error {
+	t := f.r.pods
+	f.mu.Lock()
+	f.noteSize(n)
+	if f.started.IsZero() {
+		f.started = time.Now()
+	}
+	f.mu.Unlock()
+	if err := t.scale(ctx, n); err != nil {
+		return err
+	}
+	return t.waitFor(ctx, f.r.opts.SettleTimeout, fmt.Sprintf("StatefulSet %s/%s running exactly %d replicas", t.namespace, t.name, n),
+		func() bool { return f.runsExactly(n) })
+}
+
+// runsExactly says whether replicas 0..n-1 run, each one process, and no
+// other does.
+func (f *fleet) runsExactly(n int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.slots) < n {
+		return false
+	}
+	for i, s := range f.slots {
+		if (i < n) != s.running() {
+			return false
+		}
+		for _, in := range s.instances[:len(s.instances)-1] {
+			if in.proc.running() {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// addContainer makes a container that started one more instance of its
+// pod's replica.
+func (f *fleet) addContainer(ordinal int, c *container) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.slots) <= ordinal {
+		f.slots = append(f.slots, &slot{id: fmt.Sprintf("%s-%d", f.r.pods.name, len(f.slots))})
+	}
+	s := f.slots[ordinal]
+	s.instances = append(s.instances, &instance{n: len(s.instances), proc: c, audit: c.logPath, metricsURL: c.metricsURL})
+	f.r.log.V(1).Info("Replica container started", "replica", s.id, "container", c.id)
 }
 
 // start starts a new process instance of the slot.
@@ -304,7 +382,7 @@ func (f *fleet) start(s *slot) error {
 	if err != nil {
 		return err
 	}
-	in.proc = p
+	in.proc, in.metricsURL = p, "http://"+s.metricsAddr+"/metrics"
 	f.mu.Lock()
 	s.instances = append(s.instances, in)
 	f.mu.Unlock()
@@ -375,7 +453,10 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 
 // restart starts a stopped or crashed replica again, same identity, its
 // Lease clock offset by offset (0 for none).
-func (f *fleet) restart(s *slot, offset time.Duration) error {
+func (f *fleet) restart(ctx context.Context, s *slot, offset time.Duration) error {
+	if f.r.pods != nil {
+		return f.awaitNewContainer(ctx, s)
+	}
 	if s.running() {
 		return fmt.Errorf("restarting %s: it is running", s.id)
 	}
@@ -385,19 +466,46 @@ func (f *fleet) restart(s *slot, offset time.Duration) error {
 	return f.start(s)
 }
 
+// awaitNewContainer waits until a pod's replica runs a container that
+// started after its current one (the StatefulSet recreates a deleted pod;
+// the kubelet starts its container).
+func (f *fleet) awaitNewContainer(ctx context.Context, s *slot) error {
+	f.mu.Lock()
+	old := len(s.instances)
+	f.mu.Unlock()
+	return f.r.pods.waitFor(ctx, f.r.opts.SettleTimeout, s.id+" running again", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(s.instances) > old && s.running()
+	})
+}
+
+// childProcess is a slot's current process, for the faults that signal it.
+func (s *slot) childProcess(what string) (*instance, *process, error) {
+	in := s.current()
+	if in == nil || !in.proc.running() {
+		return nil, nil, fmt.Errorf("%s %s: not running", what, s.id)
+	}
+	p, ok := in.proc.(*process)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s %s: a pod's container cannot be signalled by the load tester", what, s.id)
+	}
+	return in, p, nil
+}
+
 // pause stops a replica's process (SIGSTOP) until resume, and returns when
 // the signal was sent.
 func (f *fleet) pause(s *slot) (time.Time, error) {
-	in := s.current()
-	if in == nil || !in.proc.running() {
-		return time.Time{}, fmt.Errorf("pausing %s: not running", s.id)
+	in, p, err := s.childProcess("pausing")
+	if err != nil {
+		return time.Time{}, err
 	}
 	at := time.Now()
 	f.mu.Lock()
 	in.paused = true
 	in.pauses = append(in.pauses, window{From: at})
 	f.mu.Unlock()
-	return at, in.proc.pause()
+	return at, p.pause()
 }
 
 // resume lets a paused replica's process run again (SIGCONT).
@@ -406,7 +514,11 @@ func (f *fleet) resume(s *slot) error {
 	if in == nil {
 		return fmt.Errorf("resuming %s: no process", s.id)
 	}
-	err := in.proc.resume()
+	p, ok := in.proc.(*process)
+	if !ok {
+		return fmt.Errorf("resuming %s: not a child process", s.id)
+	}
+	err := p.resume()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n := len(in.pauses); in.paused && n > 0 {
@@ -429,34 +541,54 @@ func (f *fleet) pauseWindows() map[string][]window {
 	return out
 }
 
-// kill crashes a replica with SIGKILL and returns when it is gone.
-func (f *fleet) kill(s *slot) (time.Time, error) {
-	in := s.current()
-	if in == nil || !in.proc.running() {
-		return time.Time{}, fmt.Errorf("killing %s: not running", s.id)
+// kill crashes a replica with SIGKILL and returns when it is gone. A pod's
+// replica is deleted at once instead (`kubectl delete pod --grace-period=0
+// --force`), and kill returns when the deletion was sent: the kubelet still
+// gives the process a SIGTERM and 2 s, which the load tester cannot skip.
+func (f *fleet) kill(ctx context.Context, s *slot) (time.Time, error) {
+	if f.r.pods != nil {
+		at := time.Now()
+		return at, f.r.pods.deletePod(ctx, s.id, true)
+	}
+	_, p, err := s.childProcess("killing")
+	if err != nil {
+		return time.Time{}, err
 	}
 	at := time.Now()
-	_, err := in.proc.kill()
+	_, err = p.kill()
 	return at, err
 }
 
 // terminate sends SIGTERM and waits for the replica to exit, returning when
-// the signal was sent.
-func (f *fleet) terminate(s *slot) (time.Time, error) {
+// the signal was sent. A pod's replica is deleted with its grace period
+// instead.
+func (f *fleet) terminate(ctx context.Context, s *slot) (time.Time, error) {
 	in := s.current()
 	if in == nil || !in.proc.running() {
 		return time.Time{}, fmt.Errorf("stopping %s: not running", s.id)
 	}
 	at := time.Now()
-	if err := in.proc.terminate(); err != nil {
-		return at, err
+	var kill func()
+	if f.r.pods != nil {
+		if err := f.r.pods.deletePod(ctx, s.id, false); err != nil {
+			return at, err
+		}
+	} else {
+		p := in.proc.(*process)
+		if err := p.terminate(); err != nil {
+			return at, err
+		}
+		kill = func() { _, _ = p.kill() }
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _, _ = in.proc.wait() }()
 	select {
 	case <-done:
 	case <-time.After(f.r.opts.StopTimeout):
-		_, _ = in.proc.kill()
+		if kill == nil {
+			return at, fmt.Errorf("%s did not stop within %s of its deletion", s.id, f.r.opts.StopTimeout)
+		}
+		kill()
 		return at, fmt.Errorf("%s did not stop within %s of SIGTERM: killed", s.id, f.r.opts.StopTimeout)
 	}
 	return at, nil

@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -152,6 +153,16 @@ type Options struct {
 	// Kubeconfig targets an existing cluster instead of starting a control
 	// plane. Its kubeconfig user must be allowed to read /metrics.
 	Kubeconfig string
+	// StatefulSet, "namespace/name", makes the pods of that StatefulSet in
+	// the Kubeconfig cluster the replicas, instead of processes the load
+	// tester starts: it scales the StatefulSet, deletes pods for the chaos
+	// faults, reads each container's audit records from its log (the pods
+	// must run with --audit-log=-, as e2e/overlay adds to deploy/node) and
+	// its metrics over HTTPS with a token of its own ServiceAccount, and
+	// uses the config center of the StatefulSet's namespace. The Lease
+	// timing and memory limit are the pods'. basic and chaos run this way.
+	// Default: none.
+	StatefulSet string
 	// AssetsDir holds etcd and kube-apiserver for the control plane the run
 	// starts. Default $KUBEBUILDER_ASSETS, else <repository>/bin/k8s.
 	AssetsDir string
@@ -291,6 +302,28 @@ func (o *Options) validate(sc *scenario) error {
 	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
 	check(!finite(o.HPATarget) || o.HPATarget < 0, "HPA target %v must not be negative", o.HPATarget)
 	return errors.Join(errs...)
+}
+
+// checkPodTarget rejects, before the defaults fill them, the settings a
+// run on a StatefulSet's pods cannot honour.
+func (o *Options) checkPodTarget(sc *scenario) error {
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(!sc.pods, "scenario %s starts replica processes of its own; on a StatefulSet's pods, basic and chaos run", sc.name)
+	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
+	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
+	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "", "replica arguments, profiles and a binary folder are for replica processes the load tester starts")
+	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0, "pauses, clock offsets and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once")
+	return errors.Join(errs...)
+}
+
+// centerFaults are the config center's faults the options ask for.
+func (o *Options) centerFaults() configcenter.Faults {
+	return configcenter.Faults{Latency: configcenter.Duration{Duration: o.Latency}, Jitter: configcenter.Duration{Duration: o.Jitter}, ErrorRate: o.ErrorRate}
 }
 
 // DefaultMemoryLimit is the memory limit of a replica in deploy/base.

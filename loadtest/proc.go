@@ -91,6 +91,11 @@ func (ps *processes) reap(p *process) {
 // pid is the child's process id.
 func (p *process) pid() int { return p.cmd.Process.Pid }
 
+func (p *process) startTime() time.Time { return p.started }
+
+// peakRSS reads the kernel's high-water mark of its resident memory.
+func (p *process) peakRSS() (float64, bool) { return readPeakRSS(p.pid()) }
+
 // signal sends sig to the child's process group, marking the exit that
 // follows as asked for.
 func (p *process) signal(sig syscall.Signal) error {

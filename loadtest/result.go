@@ -275,7 +275,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			continue
 		}
 		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: f.mode.Sharded()}
-		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.started.After(f.started.Add(time.Second)) {
+		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.startTime().After(f.started.Add(time.Second)) {
 			if r, ok := overClaim(in.samples, f.started, f.started.Add(f.startEvent.Reconciled)); ok {
 				res.StartOverClaim = math.Max(res.StartOverClaim, r)
 			}
@@ -299,7 +299,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			}
 			// "End" is the end of the measured phase: once the fleet is
 			// told to stop, leaving replicas hand their shards over.
-			if end, ok := in.at(to); ok && in.proc.started.Before(to) {
+			if end, ok := in.at(to); ok && in.proc.startTime().Before(to) {
 				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, end.Objects
 			}
 			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
@@ -504,19 +504,34 @@ func (r *run) newReport() *Report {
 	} else {
 		set("load", fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, total, o.Duration))
 	}
-	set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
-	set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	if t := r.pods; t != nil {
+		set("replicas", fmt.Sprintf("%d pods of StatefulSet %s/%s (image %s, ring %s), scaled and deleted through the API server; "+
+			"audit records from the container logs, metrics over HTTPS with the load tester's ServiceAccount token", o.Replicas, t.namespace, t.name, t.image, t.ring))
+		set("config center", fmt.Sprintf("the cluster's (Service %s/%s at %s), seeded and given its faults through its admin API: %d-byte values, %s latency + up to %s jitter, %g error rate",
+			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	} else {
+		set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
+		set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	}
 	set("API server write ceiling (calibration)", ceilingText(r.calibration))
 	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}
-	if r.sc.faults {
+	if r.sc.faults && r.pods != nil {
+		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: forced pod deletion "+
+			"(grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go), pod deletion with its grace period; "+
+			"the StatefulSet recreates the pod at once", o.ChaosInterval))
+	} else if r.sc.faults {
 		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: kill (SIGKILL, restarted after %s), "+
 			"pause (SIGSTOP for %s, then SIGCONT), clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)",
 			o.ChaosInterval, o.RestartDelay, o.PauseFor, signed(o.ClockOffset), signed(-o.ClockOffset)))
 	}
-	set("memory limit", memorySetting(o))
+	if r.pods != nil {
+		set("memory limit", o.MemoryLimit+" per replica, the container's limit")
+	} else {
+		set("memory limit", memorySetting(o))
+	}
 	return rep
 }
 

@@ -48,9 +48,16 @@ const ringPoll = 100 * time.Millisecond
 // process's offset and subtracts it, so every time it keeps is the machine's
 // clock, the one the audit logs and the load tester use.
 type ringWatch struct {
+	// ring names the ring whose Leases it follows.
+	ring string
 	// processOf finds the newest process of a replica started at or before
 	// a time: the process behind a holder identity first seen then.
 	processOf func(replica string, at time.Time) *instance
+	// byHolder, when set, finds the process behind a holder identity from
+	// what the process said (a pod's log), nil until it did. Until then,
+	// processOf answers, and the answer is not kept: a container is known
+	// from its pod's status, which may arrive after its first Lease write.
+	byHolder func(holder string) *instance
 
 	mu      sync.Mutex
 	shards  map[int32]shardLease
@@ -124,11 +131,13 @@ type ownershipPoint struct {
 // unowned is the pseudo-holder of unowned shards in ownership points.
 const unowned = "<unowned>"
 
-func newRingWatch(ctx context.Context, cfg *rest.Config, processOf func(string, time.Time) *instance) (*ringWatch, error) {
-	w := newRingState(processOf)
+// newRingWatch follows the Leases of ring in namespace ns.
+func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, processOf func(string, time.Time) *instance, byHolder func(string) *instance) (*ringWatch, error) {
+	w := newRingState(ring, processOf)
+	w.byHolder = byHolder
 	c, err := cache.New(cfg, cache.Options{
 		Scheme:            replica.Scheme(),
-		DefaultNamespaces: map[string]cache.Config{LeaseNamespace: {}},
+		DefaultNamespaces: map[string]cache.Config{ns: {}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the Lease watch: %w", err)
@@ -158,8 +167,8 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, processOf func(string, 
 }
 
 // newRingState is a ring watch with nothing seen yet, not watching.
-func newRingState(processOf func(string, time.Time) *instance) *ringWatch {
-	return &ringWatch{processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
+func newRingState(ring string, processOf func(string, time.Time) *instance) *ringWatch {
+	return &ringWatch{ring: ring, processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
 		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, leaseHistory: map[int32][]audit.LeaseVersion{}}
 }
 
@@ -178,6 +187,13 @@ func (w *ringWatch) writer(holder string, seen time.Time) *instance {
 	if in, ok := w.writers[holder]; ok {
 		return in
 	}
+	if w.byHolder != nil {
+		if in := w.byHolder(holder); in != nil {
+			w.writers[holder] = in
+			return in
+		}
+		return w.processOf(sharding.HolderReplica(holder), seen)
+	}
 	in := w.processOf(sharding.HolderReplica(holder), seen)
 	if in != nil {
 		w.writers[holder] = in
@@ -187,7 +203,7 @@ func (w *ringWatch) writer(holder string, seen time.Time) *instance {
 
 func (w *ringWatch) observe(obj any, deleted bool) {
 	l, ok := obj.(*coordinationv1.Lease)
-	if !ok || l.Labels[sharding.LabelRing] != Ring {
+	if !ok || l.Labels[sharding.LabelRing] != w.ring {
 		return
 	}
 	w.mu.Lock()
@@ -228,7 +244,7 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 	}
 	switch l.Labels[sharding.LabelLeaseKind] {
 	case sharding.LeaseKindMember:
-		name, ok := sharding.ParseMemberLeaseName(Ring, l.Name)
+		name, ok := sharding.ParseMemberLeaseName(w.ring, l.Name)
 		if !ok {
 			return
 		}
@@ -238,7 +254,7 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 			w.members[name] = st
 		}
 	case sharding.LeaseKindShard:
-		n, ok := sharding.ParseShardLeaseName(Ring, l.Name, sharding.DefaultShards)
+		n, ok := sharding.ParseShardLeaseName(w.ring, l.Name, sharding.DefaultShards)
 		if !ok {
 			return
 		}

@@ -47,6 +47,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if !ok {
 		return nil, fmt.Errorf("unknown scenario %q; the scenarios are %s", opts.Scenario, scenarioNames())
 	}
+	if opts.StatefulSet != "" {
+		// Before the defaults: the Lease timing is the StatefulSet's.
+		if err := opts.checkPodTarget(sc); err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
+		}
+	}
 	if err := opts.setDefaults(sc); err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
@@ -82,11 +88,16 @@ type run struct {
 	restConfig    *rest.Config
 	serverVersion string
 	c             client.Client
+	cs            kubernetes.Interface
 	rc            rest.Interface
 	procs         *processes
-	centerURL     string
-	cc            *configcenter.Client
-	faults        configcenter.Faults
+	// pods is the StatefulSet whose pods are the replicas
+	// (Options.StatefulSet); nil when the load tester starts them as
+	// processes.
+	pods      *podTarget
+	centerURL string
+	cc        *configcenter.Client
+	faults    configcenter.Faults
 	// ownWrites counts the writes of ConfigBindings and ConfigMaps the load
 	// tester sent through any client built from restConfig, so the API
 	// server's counts can be split into the replicas' and its own.
@@ -178,8 +189,10 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	defer r.progress.close()
 	r.progress.printf("scenario %s; work folder %s", r.opts.Scenario, r.work)
 
-	if err := r.binaries(ctx); err != nil {
-		return nil, err
+	if r.opts.StatefulSet == "" {
+		if err := r.binaries(ctx); err != nil {
+			return nil, err
+		}
 	}
 
 	stopCluster, err := r.cluster(ctx)
@@ -201,6 +214,11 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
+	if r.pods != nil {
+		// After the fleets stopped (scaled to 0): the cluster gets its
+		// replicas back.
+		defer r.restorePods(context.WithoutCancel(ctx))
+	}
 	// Before anything else loads the machine, and before any replica runs:
 	// the ceiling is the API server's alone, and its throwaway objects are
 	// gone before the first fleet lists ConfigBindings.
@@ -213,7 +231,11 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig)); err != nil {
 		return nil, err
 	}
-	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), r.processOf); err != nil {
+	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
+	if r.pods != nil {
+		ns, ring, byHolder = r.pods.namespace, r.pods.ring, r.instanceOfHolder
+	}
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.processOf, byHolder); err != nil {
 		return nil, err
 	}
 	r.audit = newAuditTail()
@@ -358,7 +380,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		stop()
 		return nil, fmt.Errorf("creating the API client: %w", err)
 	}
-	r.rc = cs.RESTClient()
+	r.cs, r.rc = cs, cs.RESTClient()
 	if v, err := cs.Discovery().ServerVersion(); err == nil {
 		r.serverVersion = v.GitVersion
 	}
@@ -373,10 +395,12 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 // that already holds the load tester's objects (a previous run's leftovers
 // would skew every number).
 func (r *run) prepare(ctx context.Context) error {
-	for _, name := range []string{LeaseNamespace, Namespace} {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		if err := r.c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating namespace %s: %w", name, err)
+	if err := r.ensureNamespace(ctx, Namespace, map[string]string{targetsLabel: "enabled"}); err != nil {
+		return err
+	}
+	if r.opts.StatefulSet == "" {
+		if err := r.ensureNamespace(ctx, LeaseNamespace, nil); err != nil {
+			return err
 		}
 	}
 	var existing metav1.PartialObjectMetadataList
@@ -387,12 +411,55 @@ func (r *run) prepare(ctx context.Context) error {
 	if len(existing.Items) > 0 {
 		return fmt.Errorf("namespace %s already holds ConfigBindings (a previous run's?): delete it first (kubectl delete namespace %s %s)", Namespace, Namespace, LeaseNamespace)
 	}
+	if r.opts.StatefulSet != "" {
+		return r.preparePods(ctx)
+	}
 	return r.ensureStatefulSet(ctx)
+}
+
+// targetsLabel opts a namespace in to kshard's ConfigMap writes where
+// deploy/base's admission policy runs; the load tester's objects and their
+// ConfigMaps live in Namespace.
+const targetsLabel = "kshard.dev/targets"
+
+// ensureNamespace creates a namespace with labels, or adds them to one that
+// exists.
+func (r *run) ensureNamespace(ctx context.Context, name string, labels map[string]string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	err := r.c.Create(ctx, ns)
+	if err == nil || !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("creating namespace %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := r.c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		return fmt.Errorf("reading namespace %s: %w", name, err)
+	}
+	missing := false
+	for k, v := range labels {
+		if ns.Labels[k] != v {
+			missing = true
+			if ns.Labels == nil {
+				ns.Labels = map[string]string{}
+			}
+			ns.Labels[k] = v
+		}
+	}
+	if missing {
+		if err := r.c.Update(ctx, ns); err != nil {
+			return fmt.Errorf("labelling namespace %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // startCenter starts the config center process with the run's data and
 // faults, and waits until it answers.
 func (r *run) startCenter(ctx context.Context) error {
+	if r.pods != nil {
+		return r.connectCenter(ctx)
+	}
 	o := r.opts
 	ports, err := childproc.FreePorts(1)
 	if err != nil {
@@ -432,7 +499,7 @@ func (r *run) startCenter(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	r.faults = configcenter.Faults{Latency: configcenter.Duration{Duration: o.Latency}, Jitter: configcenter.Duration{Duration: o.Jitter}, ErrorRate: o.ErrorRate}
+	r.faults = o.centerFaults()
 	r.progress.printf("config center at %s: %d domains × %d keys of %d bytes, %s latency per call", r.centerURL, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency)
 	return nil
 }
@@ -468,7 +535,7 @@ func (r *run) processOf(id string, at time.Time) *instance {
 	r.mu.Unlock()
 	var newest *instance
 	for _, f := range fleets {
-		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.started.After(newest.proc.started)) {
+		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.startTime().After(newest.proc.startTime())) {
 			newest = in
 		}
 	}

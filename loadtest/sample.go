@@ -16,7 +16,7 @@ import (
 // of the current fleet, the config center's request counts and the
 // objects' Ready reasons, and refreshes the progress line.
 func (r *run) sample(ctx context.Context) {
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := r.metricsClient()
 	t := time.NewTicker(r.opts.SampleInterval)
 	defer t.Stop()
 	for {
@@ -43,7 +43,7 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 			in := s.current()
 			paused := in.paused
 			f.mu.Unlock()
-			if peak, ok := readPeakRSS(in.proc.pid()); ok {
+			if peak, ok := in.proc.peakRSS(); ok {
 				f.mu.Lock()
 				in.peakRSS = max(in.peakRSS, peak)
 				f.mu.Unlock()
@@ -51,7 +51,7 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 			if paused {
 				continue // a stopped process answers no scrape
 			}
-			smp, err := scrapeReplica(ctx, hc, s.metricsAddr, extra)
+			smp, err := scrapeReplica(ctx, hc, in.metricsURL, extra)
 			if err != nil {
 				continue // starting or stopping: no sample this time
 			}

@@ -42,6 +42,9 @@ type scenario struct {
 	// fleets says the scenario compares fleets, whose list --fleets may
 	// replace.
 	fleets bool
+	// pods says the scenario runs on a StatefulSet's pods too
+	// (Options.StatefulSet): one sharded fleet, no process-only fault.
+	pods bool
 	// prepare runs before anything starts (reading the HPA).
 	prepare func(*run) error
 	// metric names an extra replica metric to sample (the HPA's).
@@ -94,6 +97,7 @@ func register(s *scenario) { scenarios[s.name] = s }
 func init() {
 	register(&scenario{
 		name: "basic",
+		pods: true,
 		doc: "A sharded fleet (default 3 replicas) starts; the objects are created at the create rate (the elected " +
 			"leader labels them, their shards' holders reconcile them); then spec updates run for the duration. " +
 			"The steady-state baseline the other scenarios are read against.",
@@ -150,6 +154,7 @@ func init() {
 		name:   "chaos",
 		gate:   true,
 		faults: true,
+		pods:   true,
 		doc: "Under continuous spec updates, a fault on a random replica every chaos interval, in rotation: a kill " +
 			"(SIGKILL, restarted with the same identity after the restart delay, like a StatefulSet pod), a pause " +
 			"(SIGSTOP past its Leases' expiry, default lease duration + 2 × retry period, then SIGCONT: its shards are " +
@@ -157,7 +162,9 @@ func init() {
 			"into Leases 30s ahead, the next time 30s behind, kept until another fault restarts it). Fails on any " +
 			"write outside its writer's tenure of the shard's Lease, any overlapping reconciles a pause does not " +
 			"explain, any generation never Ready, any shard without a running holder for longer than lease duration " +
-			"+ retry period, or a replica above its memory limit.",
+			"+ retry period, or a replica above its memory limit. On a StatefulSet's pods (--statefulset) the faults " +
+			"are a forced pod deletion (grace 0) and a deletion with the pod's grace period, in rotation; the StatefulSet " +
+			"recreates the pod at once.",
 		// Two rotations of the three faults, each an interval, its own
 		// length and a settle apart.
 		defaults: func(o *Options) { defaultDuration(o, 6*time.Minute) },
@@ -185,12 +192,12 @@ func init() {
 				for i := r.opts.Replicas - 1; i >= 0; i-- {
 					s := f.slot(i)
 					r.mark("SIGTERM %s", s.id)
-					at, err := f.terminate(s)
+					at, err := f.terminate(ctx, s)
 					if err != nil {
 						return err
 					}
 					r.mark("start %s", s.id)
-					if err := f.restart(s, 0); err != nil {
+					if err := f.restart(ctx, s, 0); err != nil {
 						return err
 					}
 					r.handover(ctx, f, "rolling restart of "+s.id, at)
@@ -238,14 +245,14 @@ func init() {
 			var wg sync.WaitGroup
 			errs := make([]error, len(slots))
 			for i, s := range slots {
-				wg.Go(func() { _, errs[i] = f.terminate(s) })
+				wg.Go(func() { _, errs[i] = f.terminate(ctx, s) })
 			}
 			wg.Wait()
 			if err := errors.Join(errs...); err != nil {
 				return err
 			}
 			for _, s := range slots {
-				if err := f.restart(s, 0); err != nil {
+				if err := f.restart(ctx, s, 0); err != nil {
 					return err
 				}
 			}
@@ -554,7 +561,7 @@ func runHandover(ctx context.Context, r *run) error {
 	s := f.slot(1)
 	before = r.markWritesOrLog(ctx)
 	r.mark("SIGKILL %s", s.id)
-	at, err = f.kill(s)
+	at, err = f.kill(ctx, s)
 	if err != nil {
 		return err
 	}
@@ -563,7 +570,7 @@ func runHandover(ctx context.Context, r *run) error {
 	before = r.markWritesOrLog(ctx)
 	at = time.Now()
 	r.mark("restart %s", s.id)
-	if err := f.restart(s, 0); err != nil {
+	if err := f.restart(ctx, s, 0); err != nil {
 		return err
 	}
 	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, before, settleQuiet)

@@ -170,10 +170,10 @@ type replicaSample struct {
 	Metric float64
 }
 
-// scrapeReplica reads a replica's /metrics over loopback. extra names one
-// more family to sum into Metric ("" for none).
-func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (replicaSample, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+// scrapeReplica reads a replica's metrics at url. extra names one more
+// family to sum into Metric ("" for none).
+func scrapeReplica(ctx context.Context, hc *http.Client, url, extra string) (replicaSample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return replicaSample{}, err
 	}
@@ -181,15 +181,15 @@ func scrapeReplica(ctx context.Context, hc *http.Client, addr, extra string) (re
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := hc.Do(req)
 	if err != nil {
-		return replicaSample{}, fmt.Errorf("scraping %s: %w", addr, err)
+		return replicaSample{}, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return replicaSample{}, fmt.Errorf("scraping %s: %s", addr, resp.Status)
+		return replicaSample{}, fmt.Errorf("scraping %s: %s", url, resp.Status)
 	}
 	f, err := parseFamilies(resp.Body)
 	if err != nil {
-		return replicaSample{}, fmt.Errorf("scraping %s: %w", addr, err)
+		return replicaSample{}, fmt.Errorf("scraping %s: %w", url, err)
 	}
 	ctl := map[string]string{"controller": controllerName}
 	s := replicaSample{

@@ -1,0 +1,633 @@
+package loadtest
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/sharding"
+)
+
+// The load tester drives replicas it did not start when Options.StatefulSet
+// names a StatefulSet of `kshard controller` pods in the --kubeconfig
+// cluster (deploy/ as installed, e2e/overlay on the node of `make cluster`):
+// a fleet's size is the StatefulSet's replica count, a kill is a forced pod
+// deletion, and each container is one process instance. The replicas' own
+// outputs stand in for what a child process gives: the audit records come
+// from each container's log (the replicas must run with --audit-log=-), the
+// metrics from each pod's HTTPS endpoint with a ServiceAccount token, and
+// the holder identity a process writes into Leases from its first log line
+// that names it.
+
+// podTarget is the StatefulSet a run drives, and every container of its
+// pods seen since the run began.
+type podTarget struct {
+	namespace, name string
+	// container and image are the kshard container's name and image in
+	// the pod template; selector selects the StatefulSet's pods.
+	container, image, selector string
+	// ring is the replicas' --ring, read from the pod template.
+	ring string
+	// metricsPort is the container port of the replicas' metrics.
+	metricsPort int32
+	// restoreReplicas is the StatefulSet's replica count before the run,
+	// written back at its end.
+	restoreReplicas int32
+	cs              kubernetes.Interface
+	// metrics reads the pods' /metrics with the token of the load tester's
+	// ServiceAccount.
+	metrics *http.Client
+	logDir  string
+	// centerFaults are the config center's faults before the run, set
+	// back at its end.
+	centerFaults *configcenter.Faults
+	// onStart tells the run about a container that started.
+	onStart func(pod string, c *container)
+
+	mu sync.Mutex
+	// byPod is each pod's running container, by pod UID.
+	byPod map[types.UID]*container
+	// byHolder is the container behind a holder identity, from its log.
+	byHolder map[string]*container
+	seen     map[string]bool
+	all      []*container
+	// changed is closed and replaced whenever a container starts or ends.
+	changed chan struct{}
+}
+
+// container is one kshard container of a pod: one process of the replica.
+// It ends when the API server showed it gone and its log stream ended (the
+// kubelet ends the stream when the process exits; after a forced deletion
+// the pod object is gone before that).
+type container struct {
+	pod, id string
+	// metricsURL is its pod's metrics endpoint.
+	metricsURL string
+	logPath    string
+	started    time.Time
+
+	// holder is the identity it writes into Leases, once its log named
+	// it; only its log follower sets it.
+	holder string
+
+	mu             sync.Mutex
+	gone, logEnded time.Time
+	done           chan struct{}
+	closeOnce      sync.Once
+	endTimer       *time.Timer
+	// onEnded is told when it ended.
+	onEnded func()
+}
+
+// containerLogGrace bounds how long a container seen gone may keep its log
+// stream open before it counts as ended anyway (a stream the kubelet never
+// closed): a forced deletion leaves the process its SIGTERM grace, 2 s.
+const containerLogGrace = time.Minute
+
+func (c *container) startTime() time.Time { return c.started }
+
+func (c *container) running() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// wait returns when the container ended: the later of its disappearance
+// from the API and the end of its log.
+func (c *container) wait() (time.Time, error) {
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.logEnded.After(c.gone) {
+		return c.logEnded, nil
+	}
+	return c.gone, nil
+}
+
+// peakRSS is unknown for a container: the samples' RSS stand in.
+func (c *container) peakRSS() (float64, bool) { return 0, false }
+
+// seenGone records that the API server no longer shows the container
+// running.
+func (c *container) seenGone(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.gone.IsZero() {
+		return
+	}
+	c.gone = at
+	if !c.logEnded.IsZero() {
+		c.end()
+		return
+	}
+	c.endTimer = time.AfterFunc(containerLogGrace, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.end()
+	})
+}
+
+// logDone records the end of the container's log stream.
+func (c *container) logDone(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.logEnded = at
+	if !c.gone.IsZero() {
+		c.end()
+	}
+}
+
+// end closes done once. Caller holds c.mu.
+func (c *container) end() {
+	c.closeOnce.Do(func() {
+		if c.endTimer != nil {
+			c.endTimer.Stop()
+		}
+		close(c.done)
+		if c.onEnded != nil {
+			go c.onEnded()
+		}
+	})
+}
+
+// newPodTarget reads the StatefulSet "namespace/name", checks that its
+// replicas can be driven (audit records on standard output), and fills the
+// Lease timing the run's checks use from the pod template's flags.
+func newPodTarget(ctx context.Context, cs kubernetes.Interface, ref, logDir string, o *Options) (*podTarget, error) {
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, fmt.Errorf("--statefulset %q must be namespace/name", ref)
+	}
+	sts, err := cs.AppsV1().StatefulSets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading StatefulSet %s: %w", ref, err)
+	}
+	t := &podTarget{namespace: ns, name: name, cs: cs, logDir: logDir, restoreReplicas: ptr.Deref(sts.Spec.Replicas, 1),
+		byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, seen: map[string]bool{}, changed: make(chan struct{})}
+	if err := t.readTemplate(sts, o); err != nil {
+		return nil, fmt.Errorf("StatefulSet %s: %w", ref, err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("the selector of StatefulSet %s: %w", ref, err)
+	}
+	t.selector = sel.String()
+	return t, nil
+}
+
+// readTemplate finds the kshard container and reads its flags.
+func (t *podTarget) readTemplate(sts *appsv1.StatefulSet, o *Options) error {
+	cs := sts.Spec.Template.Spec.Containers
+	i := slices.IndexFunc(cs, func(c corev1.Container) bool { return len(c.Args) > 0 && c.Args[0] == "controller" })
+	if i < 0 {
+		return errors.New("no container runs `kshard controller`")
+	}
+	c := cs[i]
+	t.container, t.image = c.Name, c.Image
+	flags := map[string]string{}
+	for j, a := range c.Args {
+		k, v, hasValue := strings.Cut(a, "=")
+		if !strings.HasPrefix(k, "--") {
+			continue
+		}
+		if !hasValue && j+1 < len(c.Args) && !strings.HasPrefix(c.Args[j+1], "--") {
+			v = c.Args[j+1]
+		}
+		flags[strings.TrimPrefix(k, "--")] = v
+	}
+	if flags["audit-log"] != "-" {
+		return fmt.Errorf("container %s must write its audit records to standard output (--audit-log=-, as e2e/overlay adds to deploy/node): the checks read them from the container logs", c.Name)
+	}
+	t.ring = flags["ring"]
+	if t.ring == "" {
+		t.ring = "kshard" // kshard controller's default
+	}
+	for flag, p := range map[string]*time.Duration{"lease-duration": &o.LeaseDuration, "renew-deadline": &o.RenewDeadline, "retry-period": &o.RetryPeriod} {
+		if v, ok := flags[flag]; ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return fmt.Errorf("container %s: --%s %q: %w", c.Name, flag, v, err)
+			}
+			*p = d
+		}
+	}
+	port := "8443"
+	if addr, ok := flags["metrics-bind-address"]; ok {
+		_, port, _ = net.SplitHostPort(addr)
+	}
+	n, err := strconv.ParseInt(port, 10, 32)
+	if err != nil {
+		return fmt.Errorf("container %s: --metrics-bind-address %q: no port", c.Name, flags["metrics-bind-address"])
+	}
+	t.metricsPort = int32(n)
+	if _, secure := flags["metrics-secure"]; !secure {
+		return fmt.Errorf("container %s: the load tester reads metrics over HTTPS with a token (--metrics-secure, as deploy/base sets)", c.Name)
+	}
+	if lim := c.Resources.Limits.Memory(); lim != nil && !lim.IsZero() {
+		o.MemoryLimit = lim.String()
+	} else {
+		o.MemoryLimit = "0"
+	}
+	return nil
+}
+
+// metricsReader is the load tester's ServiceAccount, bound to the
+// ClusterRole deploy/base ships for whoever scrapes the replicas.
+const (
+	metricsReader     = "kshard-loadtest"
+	metricsReaderRole = "kshard-metrics-reader"
+)
+
+// authorize creates the load tester's ServiceAccount in namespace ns, binds
+// it to the metrics reader role, and builds the HTTPS client that scrapes
+// the pods with its token. The replicas serve a self-signed certificate
+// (deploy/base without deploy/metrics-cert), so the client does not verify
+// it; what it reads is counters.
+func (t *podTarget) authorize(ctx context.Context, ns string) error {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: metricsReader}}
+	if _, err := t.cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating ServiceAccount %s/%s: %w", ns, metricsReader, err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: metricsReader},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: metricsReaderRole},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: metricsReader}},
+	}
+	if _, err := t.cs.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("binding ClusterRole %s to the load tester: %w", metricsReaderRole, err)
+	}
+	tr, err := t.cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, metricsReader, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(24 * 3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", ns, metricsReader, err)
+	}
+	tlsConfig := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the replicas' self-signed serving certificate; see above
+	t.metrics = &http.Client{Timeout: 2 * time.Second, Transport: &bearer{token: tr.Status.Token, next: &http.Transport{TLSClientConfig: tlsConfig}}}
+	return nil
+}
+
+// bearer adds a token to every request.
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b *bearer) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(req)
+}
+
+// watch follows the StatefulSet's pods until ctx ends: every container
+// that runs gets its log followed into the log folder.
+func (t *podTarget) watch(ctx context.Context) error {
+	f := informers.NewSharedInformerFactoryWithOptions(t.cs, 0, informers.WithNamespace(t.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = t.selector }))
+	inf := f.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { t.pod(ctx, obj, false) },
+		UpdateFunc: func(_, obj any) { t.pod(ctx, obj, false) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			t.pod(ctx, obj, true)
+		},
+	}); err != nil {
+		return fmt.Errorf("watching the pods of StatefulSet %s/%s: %w", t.namespace, t.name, err)
+	}
+	f.Start(ctx.Done())
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return fmt.Errorf("the pod watch of StatefulSet %s/%s did not sync: %w", t.namespace, t.name, context.Cause(ctx))
+	}
+	return nil
+}
+
+// pod takes in a pod as the API server showed it.
+func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	var running *corev1.ContainerStatus
+	for i, cs := range p.Status.ContainerStatuses {
+		if cs.Name == t.container && cs.State.Running != nil && cs.ContainerID != "" {
+			running = &p.Status.ContainerStatuses[i]
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := t.byPod[p.UID]
+	if cur != nil && (deleted || running == nil || running.ContainerID != cur.id) {
+		cur.seenGone(now)
+		delete(t.byPod, p.UID)
+		cur = nil
+	}
+	if deleted || running == nil || cur != nil || t.seen[running.ContainerID] || p.Status.PodIP == "" {
+		return
+	}
+	c := &container{
+		pod: p.Name, id: running.ContainerID, done: make(chan struct{}),
+		metricsURL: "https://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(t.metricsPort))) + "/metrics",
+		logPath:    filepath.Join(t.logDir, fmt.Sprintf("%s.%s.log", p.Name, shortID(running.ContainerID))),
+		// Kubernetes keeps whole seconds: the truncated start is at or
+		// before the process's, so a Lease it wrote is never dated
+		// before it.
+		started: running.State.Running.StartedAt.Time,
+		onEnded: t.notify,
+	}
+	t.seen[c.id] = true
+	t.byPod[p.UID] = c
+	t.all = append(t.all, c)
+	if t.onStart != nil {
+		t.onStart(p.Name, c)
+	}
+	go t.follow(ctx, c)
+	t.notifyLocked()
+}
+
+// shortID is a container ID without its runtime prefix, cut to 12.
+func shortID(id string) string {
+	_, id, _ = strings.Cut(id, "://")
+	return id[:min(12, len(id))]
+}
+
+// holderPattern finds the holder identity a replica logs with every line of
+// its ring (the JSON logs of `kshard controller`).
+var holderPattern = regexp.MustCompile(`"holder":"([^"]+)"`)
+
+// follow copies a container's log into its file until the container exits,
+// noting the holder identity its lines name.
+func (t *podTarget) follow(ctx context.Context, c *container) {
+	defer func() { c.logDone(time.Now()) }()
+	out, err := os.Create(c.logPath)
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	stream, err := t.cs.CoreV1().Pods(t.namespace).GetLogs(c.pod, &corev1.PodLogOptions{Container: t.container, Follow: true}).Stream(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "loadtest: following the log of %s: %v\n", c.pod, err)
+		return
+	}
+	defer stream.Close()
+	sc := bufio.NewScanner(stream)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if c.holder == "" {
+			if m := holderPattern.FindSubmatch(line); m != nil && sharding.HolderReplica(string(m[1])) == c.pod {
+				t.mu.Lock()
+				c.holder = string(m[1])
+				t.byHolder[c.holder] = c
+				t.mu.Unlock()
+			}
+		}
+		_, _ = out.Write(append(line, '\n'))
+	}
+}
+
+// containerOf is the container behind a holder identity, if its log named
+// it yet.
+func (t *podTarget) containerOf(holder string) *container {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byHolder[holder]
+}
+
+func (t *podTarget) notify() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.notifyLocked()
+}
+
+// notifyLocked wakes the waits. Caller holds t.mu.
+func (t *podTarget) notifyLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// waitFor waits until cond holds, re-checking whenever a container starts
+// or ends, for at most timeout.
+func (t *podTarget) waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		t.mu.Lock()
+		changed := t.changed
+		t.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-deadline.C:
+			return fmt.Errorf("%s: not within %s", what, timeout)
+		case <-changed:
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// scale writes the StatefulSet's replica count through its scale
+// subresource, as `kubectl scale` does.
+func (t *podTarget) scale(ctx context.Context, n int) error {
+	s, err := t.cs.AppsV1().StatefulSets(t.namespace).GetScale(ctx, t.name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading the scale of StatefulSet %s/%s: %w", t.namespace, t.name, err)
+	}
+	if s.Spec.Replicas == int32(n) {
+		return nil
+	}
+	s.Spec.Replicas = int32(n)
+	if _, err := t.cs.AppsV1().StatefulSets(t.namespace).UpdateScale(ctx, t.name, s, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("scaling StatefulSet %s/%s to %d: %w", t.namespace, t.name, n, err)
+	}
+	return nil
+}
+
+// deletePod deletes a replica's pod, at once (grace 0, forced, as
+// `kubectl delete pod --grace-period=0 --force`) or with its grace period.
+func (t *podTarget) deletePod(ctx context.Context, pod string, force bool) error {
+	opts := metav1.DeleteOptions{}
+	if force {
+		opts.GracePeriodSeconds = ptr.To(int64(0))
+	}
+	if err := t.cs.CoreV1().Pods(t.namespace).Delete(ctx, pod, opts); err != nil {
+		return fmt.Errorf("deleting pod %s/%s: %w", t.namespace, pod, err)
+	}
+	return nil
+}
+
+// runningCount is the number of the pods' containers that have not ended.
+func (t *podTarget) runningCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, c := range t.all {
+		if c.running() {
+			n++
+		}
+	}
+	return n
+}
+
+// preparePods takes over the StatefulSet: reads it, lets the load tester
+// read its pods' metrics, follows its pods, and scales it to 0 until the
+// first fleet starts (the calibration runs with no replica, and every
+// fleet starts from none).
+func (r *run) preparePods(ctx context.Context) error {
+	t, err := newPodTarget(ctx, r.cs, r.opts.StatefulSet, filepath.Join(r.work, "logs"), &r.opts)
+	if err != nil {
+		return err
+	}
+	if err := t.authorize(ctx, Namespace); err != nil {
+		return err
+	}
+	r.pods = t
+	t.onStart = r.containerStarted
+	if err := t.watch(ctx); err != nil {
+		return err
+	}
+	r.progress.printf("replicas: the pods of StatefulSet %s/%s (image %s, ring %s), %d now; scaled to 0 until the first fleet, back to %d at the end",
+		t.namespace, t.name, t.image, t.ring, t.restoreReplicas, t.restoreReplicas)
+	if err := t.scale(ctx, 0); err != nil {
+		return err
+	}
+	return t.waitFor(ctx, r.opts.StopTimeout+containerLogGrace, "the StatefulSet's pods gone", func() bool { return t.runningCount() == 0 })
+}
+
+// restorePods scales the StatefulSet back to its size before the run and
+// gives the config center its faults back.
+func (r *run) restorePods(ctx context.Context) {
+	t := r.pods
+	if err := t.scale(ctx, int(t.restoreReplicas)); err != nil {
+		r.log.Error(err, "Restoring the StatefulSet's replicas")
+	} else {
+		r.progress.printf("StatefulSet %s/%s scaled back to %d", t.namespace, t.name, t.restoreReplicas)
+	}
+	if r.cc != nil && t.centerFaults != nil {
+		if err := r.cc.SetFaults(ctx, *t.centerFaults); err != nil {
+			r.log.Error(err, "Restoring the config center's faults")
+		}
+	}
+}
+
+// connectCenter uses the cluster's config center, the Service
+// "configcenter" of the StatefulSet's namespace at its cluster IP (the node
+// of `make cluster` routes the Service range to the host): it seeds the
+// run's data and sets the run's faults through the admin API, as the load
+// tester's own config center would start with them.
+func (r *run) connectCenter(ctx context.Context) error {
+	o, t := r.opts, r.pods
+	svc, err := r.cs.CoreV1().Services(t.namespace).Get(ctx, centerService, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("finding the config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
+	}
+	if len(svc.Spec.Ports) == 0 || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return fmt.Errorf("Service %s/%s has no cluster IP and port", t.namespace, centerService)
+	}
+	r.centerURL = "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))
+	if r.cc, err = configcenter.NewClient(configcenter.ClientOptions{BaseURL: r.centerURL, Caller: loadtestCaller}); err != nil {
+		return err
+	}
+	saved, err := r.cc.Faults(ctx)
+	if err != nil {
+		return fmt.Errorf("the config center at %s (Service %s/%s) must answer the load tester: %w", r.centerURL, t.namespace, centerService, err)
+	}
+	t.centerFaults = &saved
+	res, err := r.cc.Seed(ctx, configcenter.SeedOptions{Domains: o.Domains, KeysPerDomain: o.KeysPerDomain, ValueBytes: o.ValueBytes})
+	if err != nil {
+		return err
+	}
+	r.faults = o.centerFaults()
+	if err := r.cc.SetFaults(ctx, r.faults); err != nil {
+		return err
+	}
+	if err := r.cc.ResetStats(ctx); err != nil {
+		return err
+	}
+	r.progress.printf("config center at %s (Service %s/%s): seeded %d keys (%d domains × %d keys of %d bytes), %s latency per call",
+		r.centerURL, t.namespace, centerService, res.Keys, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency)
+	return nil
+}
+
+// centerService is the config center's Service in deploy/configcenter.
+const centerService = "configcenter"
+
+// containerStarted makes a container of the StatefulSet's pods an instance
+// of the current fleet's replica; between fleets, nothing uses it.
+func (r *run) containerStarted(pod string, c *container) {
+	ordinal, err := strconv.Atoi(strings.TrimPrefix(pod, r.pods.name+"-"))
+	if err != nil {
+		return // not a pod of the StatefulSet's ordinals
+	}
+	if f := r.currentFleet(); f != nil {
+		f.addContainer(ordinal, c)
+	}
+}
+
+// instanceOfHolder is the container instance behind a holder identity,
+// once its log named it.
+func (r *run) instanceOfHolder(holder string) *instance {
+	c := r.pods.containerOf(holder)
+	if c == nil {
+		return nil
+	}
+	r.mu.Lock()
+	fleets := slices.Clone(r.fleets)
+	r.mu.Unlock()
+	for _, f := range fleets {
+		f.mu.Lock()
+		for _, s := range f.slots {
+			for _, in := range s.instances {
+				if in.proc == replicaProcess(c) {
+					f.mu.Unlock()
+					return in
+				}
+			}
+		}
+		f.mu.Unlock()
+	}
+	return nil
+}
+
+// metricsClient reads the replicas' metrics: over loopback for processes,
+// over HTTPS with the load tester's token for pods.
+func (r *run) metricsClient() *http.Client {
+	if r.pods != nil {
+		return r.pods.metrics
+	}
+	return &http.Client{Timeout: 2 * time.Second}
+}
