@@ -51,6 +51,8 @@ type suite struct {
 	c       client.Client
 	// kshard is the kshard binary built for this run (`kshard status`).
 	kshard string
+	// kubeconfig is the cluster's, for the load tester.
+	kubeconfig string
 }
 
 func newSuite(t *testing.T) *suite {
@@ -63,7 +65,7 @@ func newSuite(t *testing.T) *suite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &suite{repo: repo, kubectl: os.Getenv(envKubectl)}
+	s := &suite{repo: repo, kubectl: os.Getenv(envKubectl), kubeconfig: kubeconfig}
 	if s.kubectl == "" {
 		s.kubectl = filepath.Join(repo, "bin", "node", "kubectl")
 	}

@@ -56,7 +56,10 @@ func TestRealNode(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	t.Run("audit", func(t *testing.T) { checkAudit(t, rec) })
+	if !t.Run("audit", func(t *testing.T) { checkAudit(t, rec) }) {
+		t.FailNow()
+	}
+	t.Run("loadtest", func(t *testing.T) { testLoadTester(t, s) })
 }
 
 // testDeploy: deploy/ as shipped plus the overlay applies, three replicas

@@ -123,6 +123,9 @@ type slot struct {
 	// until another fault restarts the replica.
 	clockOffset time.Duration
 	instances   []*instance
+	// deleted is a pod's replica's instance whose pod the run deleted
+	// last: the StatefulSet's next one replaces it.
+	deleted *instance
 }
 
 // instance is one process of a replica, with what was sampled from it.
@@ -452,7 +455,8 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 }
 
 // restart starts a stopped or crashed replica again, same identity, its
-// Lease clock offset by offset (0 for none).
+// Lease clock offset by offset (0 for none). A pod's replica the
+// StatefulSet restarts by itself: restart waits until it runs again.
 func (f *fleet) restart(ctx context.Context, s *slot, offset time.Duration) error {
 	if f.r.pods != nil {
 		return f.awaitNewContainer(ctx, s)
@@ -470,14 +474,20 @@ func (f *fleet) restart(ctx context.Context, s *slot, offset time.Duration) erro
 // started after its current one (the StatefulSet recreates a deleted pod;
 // the kubelet starts its container).
 func (f *fleet) awaitNewContainer(ctx context.Context, s *slot) error {
-	f.mu.Lock()
-	old := len(s.instances)
-	f.mu.Unlock()
 	return f.r.pods.waitFor(ctx, f.r.opts.SettleTimeout, s.id+" running again", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		return len(s.instances) > old && s.running()
+		return s.current() != s.deleted && s.running()
 	})
+}
+
+// deletePod deletes the pod of a replica, forced or with its grace period,
+// and remembers which instance it ends.
+func (f *fleet) deletePod(ctx context.Context, s *slot, force bool) error {
+	f.mu.Lock()
+	s.deleted = s.current()
+	f.mu.Unlock()
+	return f.r.pods.deletePod(ctx, s.id, force)
 }
 
 // childProcess is a slot's current process, for the faults that signal it.
@@ -548,7 +558,7 @@ func (f *fleet) pauseWindows() map[string][]window {
 func (f *fleet) kill(ctx context.Context, s *slot) (time.Time, error) {
 	if f.r.pods != nil {
 		at := time.Now()
-		return at, f.r.pods.deletePod(ctx, s.id, true)
+		return at, f.deletePod(ctx, s, true)
 	}
 	_, p, err := s.childProcess("killing")
 	if err != nil {
@@ -570,7 +580,7 @@ func (f *fleet) terminate(ctx context.Context, s *slot) (time.Time, error) {
 	at := time.Now()
 	var kill func()
 	if f.r.pods != nil {
-		if err := f.r.pods.deletePod(ctx, s.id, false); err != nil {
+		if err := f.deletePod(ctx, s, false); err != nil {
 			return at, err
 		}
 	} else {

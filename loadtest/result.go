@@ -61,6 +61,10 @@ type Machine struct {
 	// Calibration is the API server's write ceiling measured before the
 	// first fleet; nil when turned off (--calibrate-for 0).
 	Calibration *Calibration `json:",omitempty"`
+	// Pods says which StatefulSet's pods the replicas were
+	// (Options.StatefulSet); empty when they were the load tester's
+	// processes.
+	Pods string `json:",omitempty"`
 }
 
 // Check is one invariant the run verified.
@@ -495,6 +499,9 @@ func (r *run) newReport() *Report {
 			OS: runtime.GOOS + "/" + runtime.GOARCH, KubeAPIServer: r.serverVersion,
 			Calibration: r.calibration,
 		},
+	}
+	if t := r.pods; t != nil {
+		rep.Machine.Pods = fmt.Sprintf("the pods of StatefulSet %s/%s", t.namespace, t.name)
 	}
 	total := float64(o.Objects) * o.UpdateRate
 	set := func(k, v string) { rep.Settings = append(rep.Settings, [2]string{k, v}) }

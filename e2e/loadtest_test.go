@@ -1,0 +1,66 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/kshard/kshard/loadtest"
+)
+
+// testLoadTester: the load tester runs its basic scenario on the pods of
+// the installed StatefulSet (`loadtest --statefulset`), which it did not
+// start: it scales them, follows their logs and reads their metrics, and
+// every check of its report passes. Last, because it resizes the
+// StatefulSet and reseeds the config center; the HPA goes first, or it
+// would resize the StatefulSet under the load tester.
+func testLoadTester(t *testing.T, s *suite) {
+	ctx := stepContext(t, 15*time.Minute)
+	// The load tester's clients log through controller-runtime's logger.
+	ctrl.SetLogger(logr.Discard())
+	s.run(ctx, t, "delete", "-k", filepath.Join(s.repo, "e2e", "hpa"), "--ignore-not-found", "--wait=true", "--timeout=5m")
+	// An earlier run's objects would be refused as leftovers.
+	if err := s.cs.CoreV1().Namespaces().Delete(ctx, loadtest.Namespace, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().Namespaces().Get(ctx, loadtest.Namespace, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatalf("namespace %s of an earlier run not gone: %v", loadtest.Namespace, err)
+	}
+	rep, err := loadtest.Run(ctx, loadtest.Options{
+		Scenario: "basic", Kubeconfig: s.kubeconfig, StatefulSet: systemNamespace + "/" + statefulSet,
+		Objects: 300, Duration: 20 * time.Second, CalibrateFor: -1,
+		Out: t.TempDir(), WorkDir: t.TempDir(), Progress: logWriter{t},
+	})
+	if err != nil {
+		t.Fatalf("loadtest --statefulset: %v", err)
+	}
+	for _, c := range rep.Checks {
+		if !c.Passed {
+			t.Errorf("loadtest check failed: %s: %s", c.Name, c.Detail)
+		}
+	}
+	if len(rep.Fleets) != 1 || rep.Fleets[0].Processes != 3 {
+		t.Errorf("%d fleets; want one, of 3 pods' processes", len(rep.Fleets))
+	}
+	t.Logf("loadtest basic on the pods: %d checks passed; %d updates, end-to-end p99 %s", len(rep.Checks), rep.Updates.Count, rep.Updates.P99.Round(time.Millisecond))
+}
+
+// logWriter sends the load tester's progress lines to the test log.
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
