@@ -27,6 +27,11 @@ const (
 	// clock, so nothing may change: no shard taken early from a replica
 	// whose renewals look old, none left waiting on one whose look new.
 	faultClock
+	// faultForceDelete deletes the victim's pod at once (`kubectl delete
+	// pod --grace-period=0 --force`): the pod object goes, the kubelet still
+	// stops the container with SIGTERM and 2 s of grace, and the StatefulSet
+	// recreates the pod meanwhile. Pods only.
+	faultForceDelete
 	// faultDelete deletes the victim's pod with its grace period, as
 	// `kubectl delete pod` or a node drain does: the replica hands its
 	// shards over and the StatefulSet recreates it. Pods only.
@@ -34,7 +39,7 @@ const (
 )
 
 func (k faultKind) String() string {
-	return [...]string{"kill", "pause", "clock offset", "pod deletion"}[k]
+	return [...]string{"kill", "pause", "clock offset", "forced pod deletion", "pod deletion"}[k]
 }
 
 // faultRotation is the order of the chaos scenario's faults, one per
@@ -42,9 +47,8 @@ func (k faultKind) String() string {
 var faultRotation = []faultKind{faultKill, faultPause, faultClock}
 
 // podFaultRotation is the order on a StatefulSet's pods, which the load
-// tester can delete but not signal: a forced deletion (faultKill) and a
-// graceful one.
-var podFaultRotation = []faultKind{faultKill, faultDelete}
+// tester can delete but not signal.
+var podFaultRotation = []faultKind{faultForceDelete, faultDelete}
 
 // fault is one fault to inject.
 type fault struct {
@@ -164,19 +168,18 @@ func (i injected) String() string {
 func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 	o := r.opts
 	switch ft.kind {
-	case faultKill:
-		if r.pods != nil {
-			r.mark("force-delete pod %s", s.id)
-			at, err := f.kill(ctx, s)
-			if err == nil {
-				err = f.restart(ctx, s, 0)
-			}
-			if err != nil {
-				return err
-			}
-			r.handover(ctx, f, fmt.Sprintf("forced deletion of pod %s (grace 0), recreated by the StatefulSet", s.id), at)
-			return nil
+	case faultForceDelete:
+		r.mark("force-delete pod %s", s.id)
+		at, err := f.kill(ctx, s)
+		if err == nil {
+			err = f.restart(ctx, s, 0)
 		}
+		if err != nil {
+			return err
+		}
+		r.handover(ctx, f, fmt.Sprintf("forced deletion of pod %s (grace 0), recreated by the StatefulSet", s.id), at)
+		return nil
+	case faultKill:
 		r.mark("SIGKILL %s", s.id)
 		at, err := f.kill(ctx, s)
 		if err != nil {

@@ -436,6 +436,9 @@ func (r *run) ensureNamespace(ctx context.Context, name string, labels map[strin
 	if err := r.c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
 		return fmt.Errorf("reading namespace %s: %w", name, err)
 	}
+	if ns.DeletionTimestamp != nil {
+		return fmt.Errorf("namespace %s is being deleted (a previous run's?): wait until it is gone", name)
+	}
 	missing := false
 	for k, v := range labels {
 		if ns.Labels[k] != v {
