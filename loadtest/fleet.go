@@ -333,8 +333,8 @@ func (f *fleet) runsExactly(n int) bool {
 		if (i < n) != s.running() {
 			return false
 		}
-		for _, in := range s.instances[:len(s.instances)-1] {
-			if in.proc.running() {
+		for _, in := range s.instances {
+			if in != s.current() && in.proc.running() {
 				return false
 			}
 		}
