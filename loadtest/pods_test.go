@@ -126,3 +126,29 @@ func TestContainerEndsWhenGoneAndLogEnded(t *testing.T) {
 		t.Errorf("ended at %s, want when it was seen gone", at)
 	}
 }
+
+// TestRunsExactly: a fleet of pods runs exactly n replicas when ordinals
+// 0..n-1 each run one container and nothing else runs; pods starting out of
+// order leave slots without a container meanwhile.
+func TestRunsExactly(t *testing.T) {
+	running := func() *instance { return &instance{proc: &container{done: make(chan struct{})}} }
+	ended := func() *instance {
+		c := &container{done: make(chan struct{})}
+		c.seenGone(time.Now())
+		c.logDone(time.Now())
+		return &instance{proc: c}
+	}
+	f := &fleet{slots: []*slot{{id: "kshard-0"}, {id: "kshard-1", instances: []*instance{running()}}}}
+	if f.runsExactly(2) {
+		t.Error("kshard-0 has no container yet")
+	}
+	f.slots[0].instances = []*instance{ended(), running()}
+	if !f.runsExactly(2) || f.runsExactly(1) || f.runsExactly(3) {
+		t.Error("two running replicas: want exactly 2")
+	}
+	// A forced deletion's process still running beside its pod's successor.
+	f.slots[1].instances = append([]*instance{running()}, f.slots[1].instances...)
+	if f.runsExactly(2) {
+		t.Error("an earlier process of kshard-1 still runs")
+	}
+}
