@@ -74,8 +74,10 @@ type podTarget struct {
 	byPod map[types.UID]*container
 	// byHolder is the container behind a holder identity, from its log.
 	byHolder map[string]*container
-	seen     map[string]bool
-	all      []*container
+	// seen are the container IDs met, so an ended one is never taken in
+	// again from a stale pod status; all are their containers.
+	seen map[string]bool
+	all  []*container
 	// changed is closed and replaced whenever a container starts or ends.
 	changed chan struct{}
 }
