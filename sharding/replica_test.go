@@ -28,12 +28,13 @@ import (
 	"github.com/kshard/kshard/sharding"
 )
 
-// shards is the shard count of most tests' rings: half the default. Every
-// held shard Lease is renewed once per RetryPeriod, so the count sets how
-// busy the API server and the replicas are while a test waits (most of the
-// package's CPU time); what those tests check (handover, fencing, no
-// overlap) holds for any count.
-const shards = 32
+// shards is the shard count of most tests' rings: a quarter of the default.
+// Every held shard Lease is renewed once per RetryPeriod, so the count sets
+// how busy the API server and the replicas are while a test waits (most of
+// the package's CPU time); what those tests check (handover, fencing, no
+// overlap) holds for any count, and 16 still gives each of three replicas
+// four to six shards.
+const shards = 16
 
 // fullShards is the default count, for the rings of the tests whose
 // assertions are about the count itself: how evenly the ring splits it,
