@@ -814,7 +814,7 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 	odd := ringConfig(ns, ring, "r-odd")
 	odd.shards = shards / 2
 	m := startReplica(t, odd)
-	// Alone, it is the ring (of 32) and the elected labeler.
+	// Alone, it is the ring (of shards/2) and the elected labeler.
 	controlplane.Eventually(t, time.Minute, "the odd replica elected", func() error {
 		var l coordinationv1.Lease
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: ring + "-labeler"}, &l); err != nil {
