@@ -354,7 +354,9 @@ func mustAtoi(t *testing.T, s string) int {
 	return n
 }
 
-// buildAdapter builds kshard-metrics-adapter from this checkout.
+// buildAdapter builds kshard-metrics-adapter from this checkout, without
+// DWARF (-ldflags=-w): nothing here reads it, and writing it is a third of
+// the link.
 func buildAdapter(t *testing.T) string {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
@@ -362,7 +364,7 @@ func buildAdapter(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "kshard-metrics-adapter")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kshard-metrics-adapter")
+	cmd := exec.Command("go", "build", "-ldflags=-w", "-o", bin, "./cmd/kshard-metrics-adapter")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building kshard-metrics-adapter: %v\n%s", err, out)

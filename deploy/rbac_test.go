@@ -124,7 +124,8 @@ var kshardBuild struct {
 }
 
 // buildKshard builds the kshard binary from this checkout, once per test
-// binary.
+// binary, without DWARF (-ldflags=-w): nothing here reads it, and writing it
+// is a third of the link.
 func buildKshard(t *testing.T) string {
 	t.Helper()
 	kshardBuild.once.Do(func() {
@@ -138,7 +139,7 @@ func buildKshard(t *testing.T) string {
 			return
 		}
 		bin := filepath.Join(kshardBuild.dir, "kshard")
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/kshard")
+		cmd := exec.Command("go", "build", "-ldflags=-w", "-o", bin, "./cmd/kshard")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			kshardBuild.err = fmt.Errorf("building kshard: %v\n%s", err, out)

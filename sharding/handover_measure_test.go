@@ -58,5 +58,5 @@ func TestMeasureHandover(t *testing.T) {
 
 	start = procs["p-2"].kill(t)
 	settled("crash, SIGKILL (3→2)", []string{"p-0", "p-1"}, start)
-	fmt.Fprintf(os.Stderr, "objects=%d shards=%d lease=%s renew=%s retry=%s\n", n, shards, tm.lease, tm.renew, tm.retry)
+	fmt.Fprintf(os.Stderr, "objects=%d shards=%d lease=%s renew=%s retry=%s\n", n, fullShards, tm.lease, tm.renew, tm.retry)
 }

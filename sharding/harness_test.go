@@ -334,7 +334,7 @@ func runReplicaProcess(id string) int {
 	}
 	kc.QPS = -1 // as ctrl.GetConfig does: the API server's fairness is the limit
 
-	rc := replicaConfig{id: id, namespace: os.Getenv(envNamespace), ring: os.Getenv(envRing), shards: 64,
+	rc := replicaConfig{id: id, namespace: os.Getenv(envNamespace), ring: os.Getenv(envRing), shards: shardsOf(os.Getenv(envRing)),
 		timing: parseTiming(os.Getenv(envTiming)), restConfig: kc}
 	if path := os.Getenv(envAudit); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -416,7 +416,7 @@ func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coor
 	}
 	out := map[int32]coordinationv1.Lease{}
 	for _, l := range list.Items {
-		if n, ok := sharding.ParseShardLeaseName(ring, l.Name, shards); ok {
+		if n, ok := sharding.ParseShardLeaseName(ring, l.Name, shardsOf(ring)); ok {
 			out[n] = l
 		}
 	}
@@ -487,11 +487,11 @@ func allReconciled(c client.Client, ns, ring string, t testing.TB) error {
 	}
 	holders := shardHolders(t, c, ns, ring)
 	for _, cb := range list.Items {
-		shard, ok := sharding.ParseShardLabel(cb.Labels, 64)
+		shard, ok := sharding.ParseShardLabel(cb.Labels, shardsOf(ring))
 		if !ok {
 			return fmt.Errorf("%s has no valid shard label: %v", cb.Name, cb.Labels)
 		}
-		if want := sharding.ShardOf(cb.Spec.Domain, 64); shard != want {
+		if want := sharding.ShardOf(cb.Spec.Domain, shardsOf(ring)); shard != want {
 			return fmt.Errorf("%s labeled shard %d, its domain maps to %d", cb.Name, shard, want)
 		}
 		if cb.Status.ObservedGeneration != cb.Generation {

@@ -75,10 +75,10 @@ func TestFleetListsOncePerAcquisition(t *testing.T) {
 		t.Errorf("starting %d replicas synced ConfigBindings %.0f times, want at most %.0f (one cache per acquisition, not per shard)", len(ids), started, limit)
 	}
 
-	before := sharding.NewRing(shards, ids)
-	after := sharding.NewRing(shards, ids[:2])
+	before := sharding.NewRing(fullShards, ids)
+	after := sharding.NewRing(fullShards, ids[:2])
 	moved := 0
-	for n := range int32(shards) {
+	for n := range int32(fullShards) {
 		if before.Owner(n) != after.Owner(n) {
 			moved++
 		}

@@ -71,7 +71,7 @@ func TestMeasureShardSelector(t *testing.T) {
 				domain := fmt.Sprintf("domain-%d", i%namespaces)
 				cb := &configv1alpha1.ConfigBinding{
 					ObjectMeta: metav1.ObjectMeta{Namespace: domain, Name: fmt.Sprintf("cb-%d", i), Labels: map[string]string{
-						sharding.LabelShard: strconv.Itoa(int(sharding.ShardOf(domain, shards))),
+						sharding.LabelShard: strconv.Itoa(int(sharding.ShardOf(domain, fullShards))),
 					}},
 					Spec: configv1alpha1.ConfigBindingSpec{
 						Domain: domain, Keys: []configv1alpha1.ConfigKey{"key-0"},
@@ -93,11 +93,11 @@ func TestMeasureShardSelector(t *testing.T) {
 
 	gvr := schema.GroupVersionResource{Group: configv1alpha1.GroupVersion.Group, Version: configv1alpha1.GroupVersion.Version, Resource: "configbindings"}
 	members := []string{"r-0", "r-1", "r-2", "r-3"}
-	ring := sharding.NewRing(shards, members)
+	ring := sharding.NewRing(fullShards, members)
 	labelOpts := make([]metav1.ListOptions, len(members))
 	shardOpts := make([]metav1.ListOptions, len(members))
 	for i, m := range members {
-		values := make([]string, 0, shards)
+		values := make([]string, 0, fullShards)
 		for _, s := range ring.ShardsOf(m) {
 			values = append(values, strconv.Itoa(int(s)))
 		}

@@ -35,9 +35,11 @@ func TestSandboxScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The replicas must be kshard itself; the test binary is not.
+	// The replicas must be kshard itself; the test binary is not. No DWARF
+	// (-ldflags=-w): nothing here reads it, and writing it is a third of
+	// the link.
 	kshard := filepath.Join(t.TempDir(), "kshard")
-	build := exec.Command("go", "build", "-o", kshard, "./cmd/kshard")
+	build := exec.Command("go", "build", "-ldflags=-w", "-o", kshard, "./cmd/kshard")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building kshard: %v\n%s", err, out)

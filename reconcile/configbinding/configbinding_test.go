@@ -114,6 +114,13 @@ func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
 	return startEnvWith(t, name, func(o *replica.Options) { o.Cache = cache })
 }
 
+// envShards is the shard count of an env's ring. Every held shard Lease is
+// renewed once per RetryPeriod, so the count sets the API server's load (and
+// the package's CPU time) while tests wait; no test here depends on 64, the
+// default. 16 still splits the domains of TestHandoverWritesNothing and
+// TestMirrorMovesWithShard over both replicas (8 would not).
+const envShards = 16
+
 // startEnvWith starts an env whose replica options the caller adjusts.
 func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env {
 	t.Helper()
@@ -131,7 +138,7 @@ func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env
 	})
 	leaseNS := newNamespace(t, c, name+"-leases")
 	e.opts = replica.Options{
-		Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS,
+		Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS, Shards: envShards,
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
 		ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 		Sharding: true, AuditLog: e.audit, Namespaces: []string{e.ns},
@@ -230,7 +237,7 @@ func TestReadyWithData(t *testing.T) {
 	}
 	e.create(t, "app", "domain-1", "key-0", "key-1")
 	cb := e.waitReason(t, "app", configbinding.ReasonSynced)
-	if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
+	if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", e.opts.Shards) {
 		t.Fatalf("status shard %v", cb.Status.Shard)
 	}
 	if cb.Status.ResolvedRevision == 0 {
@@ -374,7 +381,7 @@ func TestBaselines(t *testing.T) {
 			e := startEnvWith(t, tc.name, func(o *replica.Options) { o.Sharding, o.ExternalMode = tc.sharding, tc.mode })
 			e.create(t, "app", "domain-1", "key-0", "key-1")
 			cb := e.waitReason(t, "app", configbinding.ReasonSynced)
-			if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", sharding.DefaultShards) {
+			if ptr.Deref(cb.Status.Shard, -1) != sharding.ShardOf("domain-1", e.opts.Shards) {
 				t.Fatalf("status %+v", cb.Status)
 			}
 			if _, err := e.cc.Put("domain-1", "key-1", "new"); err != nil {

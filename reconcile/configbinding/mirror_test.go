@@ -79,7 +79,7 @@ func TestMirrorChangeReachesConfigMap(t *testing.T) {
 	e.waitData(t, "app-config", map[string]string{"a": "v-a"})
 
 	ed := e.mirrorOf(t, domain, mirrored("b", "v-b"))
-	shard := sharding.ShardOf(domain, sharding.DefaultShards)
+	shard := sharding.ShardOf(domain, e.opts.Shards)
 	if ed.Labels[sharding.LabelShard] != fmt.Sprint(shard) || ptr.Deref(ed.Status.Shard, -1) != shard ||
 		ed.Status.Replica != "mirror-0" || ed.Status.KeyCount != 2 || ed.Status.LastSyncTime == nil {
 		t.Fatalf("mirror labels %v status %+v", ed.Labels, ed.Status)
@@ -165,7 +165,7 @@ func TestMirrorMovesWithShard(t *testing.T) {
 	ctx := context.Background()
 	holder := func(d string) (string, error) {
 		var l coordinationv1.Lease
-		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(e.opts.Ring, sharding.ShardOf(d, sharding.DefaultShards))}, &l); err != nil {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(e.opts.Ring, sharding.ShardOf(d, e.opts.Shards))}, &l); err != nil {
 			return "", err
 		}
 		return sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")), nil
