@@ -212,6 +212,9 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	}()
 
 	if err := r.prepare(ctx); err != nil {
+		if r.pods != nil {
+			r.restorePods(context.WithoutCancel(ctx))
+		}
 		return nil, err
 	}
 	if r.pods != nil {
