@@ -168,16 +168,22 @@ func (i injected) String() string {
 func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 	o := r.opts
 	switch ft.kind {
-	case faultForceDelete:
-		r.mark("force-delete pod %s", s.id)
-		at, err := f.kill(ctx, s)
+	case faultForceDelete, faultDelete:
+		// A forced deletion returns at once, a graceful one when the
+		// container ended.
+		deletePod, verb, event := f.kill, "force-delete", "forced deletion of pod %s (grace 0)"
+		if ft.kind == faultDelete {
+			deletePod, verb, event = f.terminate, "delete", "deletion of pod %s (its grace period)"
+		}
+		r.mark("%s pod %s", verb, s.id)
+		at, err := deletePod(ctx, s)
 		if err == nil {
 			err = f.restart(ctx, s, 0)
 		}
 		if err != nil {
 			return err
 		}
-		r.handover(ctx, f, fmt.Sprintf("forced deletion of pod %s (grace 0), recreated by the StatefulSet", s.id), at)
+		r.handover(ctx, f, fmt.Sprintf(event+", recreated by the StatefulSet", s.id), at)
 		return nil
 	case faultKill:
 		r.mark("SIGKILL %s", s.id)
@@ -224,17 +230,6 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 			return err
 		}
 		r.handover(ctx, f, fmt.Sprintf("restart of %s with its Lease clock %s (--lease-clock-offset)", s.id, signed(ft.offset)), at)
-		return nil
-	case faultDelete:
-		r.mark("delete pod %s", s.id)
-		at, err := f.terminate(ctx, s)
-		if err == nil {
-			err = f.restart(ctx, s, 0)
-		}
-		if err != nil {
-			return err
-		}
-		r.handover(ctx, f, fmt.Sprintf("deletion of pod %s (its grace period), recreated by the StatefulSet", s.id), at)
 		return nil
 	}
 	return fmt.Errorf("unknown fault %d", ft.kind)

@@ -288,8 +288,11 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration, "renew deadline %s must be positive and below the lease duration %s", o.RenewDeadline, o.LeaseDuration)
 	check(o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline, "retry period %s must be positive and below the renew deadline %s", o.RetryPeriod, o.RenewDeadline)
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
-	check(sc.faults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
-	check(sc.faults && o.ClockOffset <= o.LeaseDuration, "clock offset %s must exceed the lease duration %s", o.ClockOffset, o.LeaseDuration)
+	// Pauses and clock offsets are faults of replica processes; pods get
+	// none (checkPodTarget).
+	processFaults := sc.faults && o.StatefulSet == ""
+	check(processFaults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
+	check(processFaults && o.ClockOffset <= o.LeaseDuration, "clock offset %s must exceed the lease duration %s", o.ClockOffset, o.LeaseDuration)
 	if _, err := o.memoryLimitBytes(); err != nil {
 		errs = append(errs, err)
 	}

@@ -3,7 +3,6 @@ package loadtest
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -27,6 +26,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/transport"
 	"k8s.io/utils/ptr"
 
 	"github.com/kshard/kshard/internal/configcenter"
@@ -74,10 +74,9 @@ type podTarget struct {
 	byPod map[types.UID]*container
 	// byHolder is the container behind a holder identity, from its log.
 	byHolder map[string]*container
-	// seen are the container IDs met, so an ended one is never taken in
-	// again from a stale pod status; all are their containers.
-	seen map[string]bool
-	all  []*container
+	// all are the containers met, so an ended one is never taken in again
+	// from a stale pod status.
+	all []*container
 	// changed is closed and replaced whenever a container starts or ends.
 	changed chan struct{}
 }
@@ -193,7 +192,7 @@ func newPodTarget(ctx context.Context, cs kubernetes.Interface, ref, logDir stri
 		return nil, fmt.Errorf("reading StatefulSet %s: %w", ref, err)
 	}
 	t := &podTarget{namespace: ns, name: name, cs: cs, logDir: logDir, restoreReplicas: ptr.Deref(sts.Spec.Replicas, 1),
-		byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, seen: map[string]bool{}, changed: make(chan struct{})}
+		byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, changed: make(chan struct{})}
 	if err := t.readTemplate(sts, o); err != nil {
 		return nil, fmt.Errorf("StatefulSet %s: %w", ref, err)
 	}
@@ -292,21 +291,13 @@ func (t *podTarget) authorize(ctx context.Context, ns string) error {
 	if err != nil {
 		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", ns, metricsReader, err)
 	}
-	tlsConfig := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the replicas' self-signed serving certificate; see above
-	t.metrics = &http.Client{Timeout: 2 * time.Second, Transport: &bearer{token: tr.Status.Token, next: &http.Transport{TLSClientConfig: tlsConfig}}}
+	// As kshard-metrics-adapter scrapes the replicas (internal/custommetrics).
+	rt, err := transport.New(&transport.Config{UserAgent: "kshard-loadtest", BearerToken: tr.Status.Token, TLS: transport.TLSConfig{Insecure: true}})
+	if err != nil {
+		return fmt.Errorf("the metrics transport: %w", err)
+	}
+	t.metrics = &http.Client{Timeout: 2 * time.Second, Transport: rt}
 	return nil
-}
-
-// bearer adds a token to every request.
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b *bearer) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context())
-	req.Header.Set("Authorization", "Bearer "+b.token)
-	return b.next.RoundTrip(req)
 }
 
 // watch follows the StatefulSet's pods until ctx ends: every container
@@ -355,7 +346,8 @@ func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
 		delete(t.byPod, p.UID)
 		cur = nil
 	}
-	if deleted || running == nil || cur != nil || t.seen[running.ContainerID] || p.Status.PodIP == "" {
+	if deleted || running == nil || cur != nil || p.Status.PodIP == "" ||
+		slices.ContainsFunc(t.all, func(c *container) bool { return c.id == running.ContainerID }) {
 		return
 	}
 	c := &container{
@@ -368,7 +360,6 @@ func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
 		started: running.State.Running.StartedAt.Time,
 		onEnded: t.notify,
 	}
-	t.seen[c.id] = true
 	t.byPod[p.UID] = c
 	t.all = append(t.all, c)
 	if t.onStart != nil {

@@ -152,3 +152,16 @@ func TestRunsExactly(t *testing.T) {
 		t.Error("an earlier process of kshard-1 still runs")
 	}
 }
+
+// TestPodTargetChaosInterval: a chaos interval below the process faults'
+// pause is fine on pods, which get no pause.
+func TestPodTargetChaosInterval(t *testing.T) {
+	o := Options{Scenario: "chaos", StatefulSet: "kshard-system/kshard", Kubeconfig: "k", ChaosInterval: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["chaos"]); err != nil {
+		t.Errorf("chaos on pods every 20s: %v", err)
+	}
+	o = Options{Scenario: "chaos", ChaosInterval: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	if err := o.setDefaults(scenarios["chaos"]); err == nil {
+		t.Error("chaos on processes every 20s, below its 25s pause: accepted")
+	}
+}
