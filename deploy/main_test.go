@@ -74,7 +74,6 @@ func run(m *testing.M) int {
 	}
 	args := map[string][]string{"enable-admission-plugins": {"OwnerReferencesPermissionEnforcement"}}
 	maps.Copy(args, frontProxy)
-	defer removeKshardBuild()
 	return controlplane.RunTestsWith(m, &cp, controlplane.Options{
 		CRDDirs:       []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
 		APIServerArgs: args,

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -144,7 +143,7 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 		"--namespace="+ns, "--scrape-port="+port, "--scrape-ca-file="+caFile, "--scrape-token-file="+tokenFile,
 		"--bind-address=127.0.0.1", "--secure-port="+securePort, "--scrape-period=1s", "--scrape-timeout=1s",
 		"--lister-kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig)
-	adapter := startProcess(t, buildAdapter(t), args...)
+	adapter := startProcess(t, buildCommand(t, "kshard-metrics-adapter"), args...)
 	insecure := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		// The adapter's certificate is self-signed; the APIService says
 		// insecureSkipTLSVerify as well.
@@ -352,22 +351,4 @@ func mustAtoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-// buildAdapter builds kshard-metrics-adapter from this checkout, without
-// DWARF (-ldflags=-w): nothing here reads it, and writing it is a third of
-// the link.
-func buildAdapter(t *testing.T) string {
-	t.Helper()
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "kshard-metrics-adapter")
-	cmd := exec.Command("go", "build", "-ldflags=-w", "-o", bin, "./cmd/kshard-metrics-adapter")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building kshard-metrics-adapter: %v\n%s", err, out)
-	}
-	return bin
 }

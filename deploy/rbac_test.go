@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
@@ -114,50 +115,35 @@ func writeKubeconfig(t *testing.T, token string) string {
 	return path
 }
 
-// kshardBuild is the kshard binary that buildKshard built once for the
-// package's tests (a link of kshard is seconds of CPU), in a folder that
-// TestMain removes.
-var kshardBuild struct {
-	once     sync.Once
-	dir, bin string
-	err      error
+// builds are the commands the package's tests run, built once per test
+// binary into bin/test/children/deploy (childproc.Build says why a folder
+// that stays).
+var builds struct {
+	mu   sync.Mutex
+	bins map[string]string
 }
 
-// buildKshard builds the kshard binary from this checkout, once per test
-// binary, without DWARF (-ldflags=-w): nothing here reads it, and writing it
-// is a third of the link.
-func buildKshard(t *testing.T) string {
+// buildCommand builds cmd/<name> of this checkout, once per test binary.
+func buildCommand(t *testing.T, name string) string {
 	t.Helper()
-	kshardBuild.once.Do(func() {
-		root, err := controlplane.RepoRoot()
-		if err != nil {
-			kshardBuild.err = err
-			return
-		}
-		if kshardBuild.dir, err = os.MkdirTemp("", "kshard-deploy-test-"); err != nil {
-			kshardBuild.err = err
-			return
-		}
-		bin := filepath.Join(kshardBuild.dir, "kshard")
-		cmd := exec.Command("go", "build", "-ldflags=-w", "-o", bin, "./cmd/kshard")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			kshardBuild.err = fmt.Errorf("building kshard: %v\n%s", err, out)
-			return
-		}
-		kshardBuild.bin = bin
-	})
-	if kshardBuild.err != nil {
-		t.Fatal(kshardBuild.err)
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if bin, ok := builds.bins[name]; ok {
+		return bin
 	}
-	return kshardBuild.bin
-}
-
-// removeKshardBuild removes what buildKshard built.
-func removeKshardBuild() {
-	if kshardBuild.dir != "" {
-		_ = os.RemoveAll(kshardBuild.dir)
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
+	bins, err := childproc.Build(context.Background(), root, filepath.Join(root, "bin", "test", "children", "deploy"), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if builds.bins == nil {
+		builds.bins = map[string]string{}
+	}
+	builds.bins[name] = bins[0]
+	return bins[0]
 }
 
 func freeAddr(t *testing.T) string {
@@ -333,7 +319,7 @@ func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, e
 		"--replica-id", "kshard-0", "--statefulset", "kshard", "--lease-namespace", ns,
 		"--configcenter-url", configCenterURL,
 		"--metrics-secure", "--metrics-cert-dir", certDir, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
-	p := startProcess(t, buildKshard(t), args...)
+	p := startProcess(t, buildCommand(t, "kshard"), args...)
 	controlplane.Eventually(t, 2*time.Minute, "replica ready", func() error {
 		resp, err := http.Get("http://" + healthAddr + "/readyz")
 		if err != nil {

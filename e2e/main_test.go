@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
@@ -80,10 +81,11 @@ func newSuite(t *testing.T) *suite {
 	if s.c, err = client.New(s.cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
 		t.Fatal(err)
 	}
-	s.kshard = filepath.Join(t.TempDir(), "kshard")
-	if out, err := exec.Command("go", "build", "-o", s.kshard, filepath.Join(repo, "cmd", "kshard")).CombinedOutput(); err != nil {
-		t.Fatalf("building kshard: %v\n%s", err, out)
+	bins, err := childproc.Build(context.Background(), repo, filepath.Join(repo, "bin", "test", "children", "e2e"), "kshard")
+	if err != nil {
+		t.Fatal(err)
 	}
+	s.kshard = bins[0]
 	return s
 }
 

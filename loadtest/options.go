@@ -167,7 +167,8 @@ type Options struct {
 	// starts. Default $KUBEBUILDER_ASSETS, else <repository>/bin/k8s.
 	AssetsDir string
 	// BinDir holds the kshard and configcenter binaries. Default: built
-	// from the repository with `go build` into the run's work folder.
+	// from the repository with `go build` into <repository>/bin/loadtest,
+	// where a binary whose sources did not change is not linked again.
 	BinDir string
 	// WorkDir receives the replicas' logs and audit logs. Default: a new
 	// temporary folder, removed after a successful run.

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -318,18 +317,11 @@ func (r *run) binaries(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("building the binaries (or give --bin-dir): %w", err)
 		}
-		dir = filepath.Join(r.work, "bin")
-		what := strings.Join(names, ", ")
-		r.progress.printf("building %s into %s ...", what, dir)
+		dir = filepath.Join(root, "bin", "loadtest")
+		r.progress.printf("building %s into %s ...", strings.Join(names, ", "), dir)
 		start := time.Now()
-		args := []string{"build", "-o", dir + string(os.PathSeparator)}
-		for _, n := range names {
-			args = append(args, "./cmd/"+n)
-		}
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %w\n%s", what, err, out)
+		if _, err := childproc.Build(ctx, root, dir, names...); err != nil {
+			return err
 		}
 		r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
 	}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -30,22 +31,19 @@ var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
 
-// buildBinaries builds kshard and configcenter from this checkout.
+// buildBinaries builds kshard and configcenter from this checkout, into
+// bin/test/children/kshard (childproc.Build says why a folder that stays).
 func buildBinaries(t *testing.T) (kshard, configcenter string) {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One go build for both, so the two links run at once; no DWARF
-	// (-ldflags=-w), which nothing here reads and which is a third of a link.
-	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-ldflags=-w", "-o", dir+string(filepath.Separator), "./cmd/kshard", "./cmd/configcenter")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building kshard and configcenter: %v\n%s", err, out)
+	bins, err := childproc.Build(context.Background(), root, filepath.Join(root, "bin", "test", "children", "kshard"), "kshard", "configcenter")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
+	return bins[0], bins[1]
 }
 
 func freeAddr(t *testing.T) string {

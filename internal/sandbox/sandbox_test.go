@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/sandbox"
 )
@@ -35,15 +35,14 @@ func TestSandboxScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The replicas must be kshard itself; the test binary is not. No DWARF
-	// (-ldflags=-w): nothing here reads it, and writing it is a third of
-	// the link.
-	kshard := filepath.Join(t.TempDir(), "kshard")
-	build := exec.Command("go", "build", "-ldflags=-w", "-o", kshard, "./cmd/kshard")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building kshard: %v\n%s", err, out)
+	// The replicas must be kshard itself; the test binary is not. Built into
+	// bin/test/children/sandbox (childproc.Build says why a folder that
+	// stays).
+	bins, err := childproc.Build(context.Background(), root, filepath.Join(root, "bin", "test", "children", "sandbox"), "kshard")
+	if err != nil {
+		t.Fatal(err)
 	}
+	kshard := bins[0]
 
 	var (
 		mu   sync.Mutex
