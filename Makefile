@@ -12,11 +12,22 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # (stack traces and race reports use the symbol table), and writing it is
 # about a quarter of each race-instrumented binary's link (1.5 of 6 CPU
 # seconds), which make test pays once per package.
-GO_TEST_FLAGS ?= -race -count=1 -timeout 45m -ldflags=-w
+#
+# -p 4: go test runs four test binaries at once, not GOMAXPROCS (two here).
+# The integration packages mostly wait, on Leases, informers and child
+# processes: two at a time left the two cores a third idle (231 CPU-s in
+# 176 s of make test), four at a time keeps them busy.
+GO_TEST_FLAGS ?= -race -count=1 -timeout 45m -ldflags=-w -p 4
+# The race detector's runtime sleeps a second before a process exits, by
+# default so that other threads can finish a race report; a test binary
+# exits after its tests have ended, and so do the replica processes the
+# tests stop, which make test waits for dozens of times. A GORACE of the
+# user's own is kept.
+export GORACE ?= atexit_sleep_ms=0
 # Every package (./... at the end), the slowest first: go test builds and
-# runs them -p (GOMAXPROCS) at a time in the order given, so the long ones
-# start at once and the short ones fill in around them. In ./... order the
-# slowest, sharding, came last and ran alone for minutes.
+# runs them -p at a time in the order given, so the long ones start at once
+# and the short ones fill in around them. In ./... order the slowest,
+# sharding, came last and ran alone for minutes.
 #
 # Only packages with tests: make test vets (and so compiles) every package
 # first. cmd/loadtest is tested on its own: its test binary has the loadtest
