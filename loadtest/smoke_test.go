@@ -48,7 +48,7 @@ func TestSmoke(t *testing.T) {
 		Objects:    300,
 		Domains:    30,
 		Replicas:   3,
-		Duration:   15 * time.Second,
+		Duration:   8 * time.Second,
 		UpdateRate: 0.05,
 		// Short: the calibration is exercised, not measured well.
 		CalibrateFor: 2 * time.Second,
