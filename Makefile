@@ -37,8 +37,15 @@ TEST_PACKAGES ?= ./sharding ./reconcile/configbinding ./loadtest ./deploy ./inte
 	$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | grep -v '/cmd/loadtest$$')
 # go test links every test binary anew on each run (half a minute of CPU
 # per make test here), unless it is told to keep it: with -o, a binary whose
-# inputs did not change is found up to date and not linked again.
+# inputs did not change is found up to date and not linked again. Both test
+# lanes build the same binaries (-short is read when a test runs), so
+# switching lanes links nothing either.
 TEST_BIN := $(BIN)/test
+# go_test runs go test on TEST_PACKAGES and cmd/loadtest, with extra flags.
+define go_test
+	go test $(GO_TEST_FLAGS) $(1) -o $(TEST_BIN)/ $(TEST_PACKAGES)
+	go test $(GO_TEST_FLAGS) $(1) -o $(TEST_BIN)/cmd/ ./cmd/loadtest
+endef
 RUN_ARGS ?=
 
 .PHONY: all
@@ -54,12 +61,11 @@ run: controlplane ## Start the local sandbox (control plane, config center, thre
 .PHONY: test
 test: controlplane-if-needed ## Run every test with the race detector against a real control plane.
 	go vet ./...
-	go test $(GO_TEST_FLAGS) -o $(TEST_BIN)/ $(TEST_PACKAGES)
-	go test $(GO_TEST_FLAGS) -o $(TEST_BIN)/cmd/ ./cmd/loadtest
+	$(call go_test)
 
 .PHONY: test-unit
 test-unit: ## The fast lane while editing: tests that need no control plane (-short), with the race detector.
-	go test -race -count=1 -short ./...
+	$(call go_test,-short)
 
 .PHONY: lint
 lint: ## gofmt check and go vet, on the main module and the tools modules.
