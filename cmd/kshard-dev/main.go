@@ -68,6 +68,7 @@ Ctrl-C (or --duration). Everything it started is stopped when it ends.`,
 	f.StringVar(&opts.Dir, "dir", "", "folder for the kubeconfig and the replicas' logs (default bin/dev in the repository)")
 	f.IntVar(&opts.Replicas, "replicas", 3, "controller replicas to run")
 	f.IntVar(&opts.Objects, "objects", 120, "sample ConfigBindings to create")
+	f.IntVar(&opts.Shards, "shards", 0, "the ring's shard count (default: the controller's, 64)")
 	f.IntVar(&opts.Domains, "domains", 12, "business domains to seed in the config center and spread the objects over")
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	zapOpts.BindFlags(fs)

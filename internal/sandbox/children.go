@@ -30,6 +30,8 @@ type supervisorOptions struct {
 	StopTimeout time.Duration
 	// LeaseDuration, RenewDeadline and RetryPeriod are passed to every replica.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Shards, when set, is every replica's --shards.
+	Shards int
 	// OnStarted is told every process started (tests check they are gone).
 	OnStarted func(replica string, pid int)
 	// OnUnexpected is told when a replica exits without being asked to, so
@@ -111,6 +113,9 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 			"--renew-deadline", opts.RenewDeadline.String(),
 			"--retry-period", opts.RetryPeriod.String(),
 			"--zap-log-level=info",
+		}
+		if opts.Shards > 0 {
+			r.args = append(r.args, "--shards", fmt.Sprint(opts.Shards))
 		}
 		// A fresh log per run; restarts append to it.
 		if err := os.WriteFile(r.logPath, nil, 0o644); err != nil {

@@ -67,6 +67,10 @@ type Options struct {
 	// Objects is the number of sample ConfigBindings. Defaults to 120: enough
 	// to spread over several shards, few enough to reconcile in seconds.
 	Objects int
+	// Shards is the ring's shard count, the replicas' --shards. Defaults to
+	// theirs, sharding.DefaultShards (64). Every held shard Lease is renewed
+	// once per RetryPeriod, so a smaller ring keeps a busy machine quieter.
+	Shards int
 	// Domains is the number of business domains in the config center, and so
 	// the number of shards that hold objects. Defaults to 12.
 	Domains int
@@ -276,6 +280,7 @@ func (s *sandbox) run(parent context.Context) error {
 		LeaseDuration: leaseDuration,
 		RenewDeadline: renewDeadline,
 		RetryPeriod:   retryPeriod,
+		Shards:        s.opts.Shards,
 	})
 	if err != nil {
 		return err
