@@ -11,7 +11,7 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # -ldflags=-w: no DWARF in the test binaries. Nothing in a test run reads it
 # (stack traces and race reports use the symbol table), and writing it is
 # about a quarter of each race-instrumented binary's link (1.5 of 6 CPU
-# seconds), which make test pays once per package.
+# seconds), which make test pays for every test binary it links.
 #
 # -p 4: go test runs four test binaries at once, not GOMAXPROCS (two here).
 # The integration packages mostly wait, on Leases, informers and child
@@ -24,15 +24,13 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout 45m -ldflags=-w -p 4
 # tests stop, which make test waits for dozens of times. A GORACE of the
 # user's own is kept.
 export GORACE ?= atexit_sleep_ms=0
-# Every package (./... at the end), the slowest first: go test builds and
-# runs them -p at a time in the order given, so the long ones start at once
-# and the short ones fill in around them. In ./... order the slowest,
-# sharding, came last and ran alone for minutes.
-#
-# Only packages with tests: make test vets (and so compiles) every package
-# first. cmd/loadtest is tested on its own: its test binary has the loadtest
-# package's name, loadtest.test, and both cannot be kept in one folder
-# (TEST_BIN below).
+# Every package with tests, the slowest first: go test runs them -p at a
+# time in the order given, so the long ones start at once and the short ones
+# fill in around them. In ./... order the slowest, sharding, came last and
+# ran alone for minutes. Packages without tests are left out (make test vets,
+# and so compiles, every package first), and cmd/loadtest is tested on its
+# own: its test binary has the loadtest package's name, loadtest.test, and
+# both cannot be kept in one folder (TEST_BIN below).
 TEST_PACKAGES ?= ./sharding ./reconcile/configbinding ./loadtest ./deploy ./internal/sandbox ./cmd/kshard \
 	$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | grep -v '/cmd/loadtest$$')
 # go test links every test binary anew on each run (half a minute of CPU
