@@ -141,6 +141,8 @@ func (o *Options) setDefaults() error {
 		return fmt.Errorf("objects must be at least 1, not %d", o.Objects)
 	case o.Domains < 1:
 		return fmt.Errorf("domains must be at least 1, not %d", o.Domains)
+	case o.Shards < 0:
+		return fmt.Errorf("shards must not be negative, not %d", o.Shards)
 	case o.KeysPerDomain < 1:
 		return fmt.Errorf("keys per domain must be at least 1, not %d", o.KeysPerDomain)
 	case o.Duration < 0:
