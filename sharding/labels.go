@@ -51,8 +51,13 @@ func HolderReplica(holder string) string {
 	return replica
 }
 
-// newIncarnation draws the incarnation of this process's Replica.
-func newIncarnation() string {
+// HolderIdentity is the name a process holds Leases under: its replica
+// identity and its incarnation, "<identity>_<incarnation>".
+func HolderIdentity(identity, incarnation string) string { return identity + "_" + incarnation }
+
+// NewIncarnation draws an incarnation: eight hex digits, fresh per process,
+// so a restarted replica never takes its predecessor's Leases for its own.
+func NewIncarnation() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])

@@ -80,6 +80,14 @@ type Options struct {
 	// second process started with an identity in use waits, not ready,
 	// until the first stops renewing it.
 	Identity string
+	// Incarnation tells this process from any other started with the same
+	// Identity: the Replica holds Leases as HolderIdentity(Identity,
+	// Incarnation). Defaults to NewIncarnation(), drawn when the Replica is
+	// created. Set it to name the process before the Replica exists: kshard
+	// puts the holder identity in its requests' user agent, so that the API
+	// server's audit log attributes every write to the one process that
+	// made it. It may not contain "_".
+	Incarnation string
 	// LeaseNamespace holds the ring's Leases. Required.
 	LeaseNamespace string
 	// Shards is the fixed shard count of the ring. Defaults to 64.
@@ -184,6 +192,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 		}
 		o.Identity = h
 	}
+	if o.Incarnation == "" {
+		o.Incarnation = NewIncarnation()
+	}
 	if o.Shards == 0 {
 		o.Shards = DefaultShards
 	}
@@ -229,6 +240,9 @@ func (o *Options) validate() error {
 		// It names the member Lease, and may not contain the "_" of holder
 		// identities.
 		errs = append(errs, fmt.Errorf("identity %q: %s", o.Identity, strings.Join(msgs, "; ")))
+	}
+	if strings.Contains(o.Incarnation, "_") {
+		errs = append(errs, fmt.Errorf("incarnation %q: may not contain \"_\", which ends the identity in a holder identity", o.Incarnation))
 	}
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))

@@ -112,7 +112,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)
 	}
-	holder := opts.Identity + "_" + newIncarnation()
+	holder := HolderIdentity(opts.Identity, opts.Incarnation)
 	r := &Replica{
 		opts:       opts,
 		holder:     holder,

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/promtext"
 )
 
@@ -52,6 +53,12 @@ type Options struct {
 	// APIServerArgs are extra kube-apiserver flags, each replacing the
 	// default of the same name.
 	APIServerArgs map[string][]string
+
+	// AuditLogPath, when set, receives the API server's own audit log
+	// (JSON lines) of every write to Leases, ConfigMaps, ConfigBindings and
+	// ExternalDomains, under internal/audit's Policy: the evidence that
+	// internal/audit checks the replicas' writes against.
+	AuditLogPath string
 
 	// UseExistingCluster talks to the cluster of the current kubeconfig instead
 	// of starting one. Defaults to USE_EXISTING_CLUSTER=true in the environment.
@@ -120,6 +127,18 @@ func Start(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 		args := env.ControlPlane.GetAPIServer().Configure()
+		if opts.AuditLogPath != "" {
+			policy := opts.AuditLogPath + ".policy.yaml"
+			if err := os.WriteFile(policy, audit.Policy, 0o600); err != nil {
+				return nil, fmt.Errorf("writing the audit policy: %w", err)
+			}
+			// blocking: each event is written before its response is
+			// sent, so a write a client saw answered is in the log.
+			args.Set("audit-policy-file", policy)
+			args.Set("audit-log-path", opts.AuditLogPath)
+			args.Set("audit-log-format", "json")
+			args.Set("audit-log-mode", "blocking")
+		}
 		for name, values := range opts.APIServerArgs {
 			args.Set(name, values...)
 		}

@@ -36,6 +36,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
@@ -241,6 +242,19 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	}
 	log := ctrl.Log.WithName("replica").WithValues("replica", opts.Identity)
 	opts.applyMemoryLimit(log)
+	// A sharded replica names its holder identity in every request's user
+	// agent: the API server's audit log then attributes each write to this
+	// process, incarnation included, which is what internal/audit checks
+	// against the shard Leases.
+	incarnation := sharding.NewIncarnation()
+	if opts.Sharding {
+		cfg = rest.CopyConfig(cfg)
+		base := cfg.UserAgent
+		if base == "" {
+			base = rest.DefaultKubernetesUserAgent()
+		}
+		cfg.UserAgent = audit.UserAgent(base, sharding.HolderIdentity(opts.Identity, incarnation))
+	}
 	mgr, err := newManager(cfg, opts)
 	if err != nil {
 		return err
@@ -260,7 +274,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return err
 	}
 	if opts.Sharding {
-		err = wireSharded(ctx, mgr, opts, rec, src)
+		err = wireSharded(ctx, mgr, opts, incarnation, rec, src)
 	} else {
 		err = wireSingle(ctx, mgr, opts, rec, src)
 	}
@@ -299,12 +313,13 @@ func domainOf(o client.Object) string {
 // wireSharded wires the ring: the shards' caches watch ConfigBindings, their
 // ConfigMaps and the source's kinds; the source follows each shard's
 // tenure; one controller runs the held shards' requests.
-func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
+func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) error {
 	owns := append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
 		Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}, src.owns()...)
 	rep, err := sharding.New(mgr, sharding.Options{
 		Ring:           opts.Ring,
 		Identity:       opts.Identity,
+		Incarnation:    incarnation,
 		LeaseNamespace: opts.LeaseNamespace,
 		Shards:         opts.Shards,
 		LeaseDuration:  opts.LeaseDuration,

@@ -1,0 +1,198 @@
+package audit
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/kshard/kshard/sharding"
+)
+
+// ShardWriteResources are the resources a shard's holder writes, and only
+// it: the ConfigMaps it renders, its bindings' status, the domain mirrors.
+// Label stamps on ConfigBindings (the labeler's, or a holder correcting a
+// wrong label) are not among them: they follow from the immutable domain,
+// so any number of writers agree, and the shard label they write is the
+// object's next shard, not the one it was written under.
+var ShardWriteResources = []string{"configmaps", "configbindings/status", "externaldomains", "externaldomains/status"}
+
+// FencingPolicy prefixes the name of the admission policy that refuses a
+// write by a replica that does not hold the shard's Lease (deploy/base).
+const FencingPolicy = "kshard-shard-writes"
+
+// CheckOptions say which Leases grant which shards.
+type CheckOptions struct {
+	// Ring names the ring; its shard Leases are <Ring>-shard-<n>. Required.
+	Ring string
+	// LeaseNamespace holds the ring's Leases. Required.
+	LeaseNamespace string
+	// ReplicaUsers are the users the replicas authenticate as. A write to a
+	// shard resource by one of them whose user agent names no holder is
+	// Unattributed: the check cannot tell whether it was in a tenure, so
+	// it fails. Empty: writers are told apart by their user agent only.
+	ReplicaUsers []string
+}
+
+// Exclusivity is what the API server's audit log says of the replicas'
+// writes to shard resources.
+type Exclusivity struct {
+	// Committed counts the replicas' writes the API server committed (2xx),
+	// by resource.
+	Committed map[string]int
+	// Refused are the replicas' writes the fencing admission policy denied:
+	// each one a write the Lease forbade, stopped by the API server.
+	Refused []Write
+	// Stray are committed writes by a replica that did not hold the shard's
+	// Lease at the write's resourceVersion: its identity (replica and
+	// incarnation) was not the holder the Lease had been last written with
+	// before the write was committed.
+	Stray []Write
+	// Unattributed are writes to shard resources by a ReplicaUsers user
+	// whose user agent names no holder.
+	Unattributed []Write
+	// LeaseWrites counts the committed writes of the ring's shard Leases.
+	LeaseWrites int
+}
+
+// OK reports whether every committed write of a replica was inside its
+// tenure and attributed.
+func (e *Exclusivity) OK() bool { return len(e.Stray) == 0 && len(e.Unattributed) == 0 }
+
+// Writes is the number of committed replica writes to shard resources.
+func (e *Exclusivity) Writes() int {
+	n := 0
+	for _, c := range e.Committed {
+		n += c
+	}
+	return n
+}
+
+func (e *Exclusivity) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d committed replica writes to shard resources (%v), %d shard Lease writes, %d refused by %s, %d outside a tenure, %d unattributed",
+		e.Writes(), e.Committed, e.LeaseWrites, len(e.Refused), FencingPolicy, len(e.Stray), len(e.Unattributed))
+	for i, w := range e.Stray {
+		if i == 10 {
+			fmt.Fprintf(&b, "\n  … %d more outside a tenure", len(e.Stray)-i)
+			break
+		}
+		fmt.Fprintf(&b, "\n  outside a tenure: %s", w)
+	}
+	for i, w := range e.Unattributed {
+		if i == 10 {
+			fmt.Fprintf(&b, "\n  … %d more unattributed", len(e.Unattributed)-i)
+			break
+		}
+		fmt.Fprintf(&b, "\n  unattributed: %s", w)
+	}
+	return b.String()
+}
+
+// leaseCommit is one committed write of a shard Lease.
+type leaseCommit struct {
+	version uint64
+	holder  string
+}
+
+// objectKey names one object of one resource, the subresource aside.
+func objectKey(w Write) string {
+	res, _, _ := strings.Cut(w.Resource, "/")
+	return res + "/" + w.Namespace + "/" + w.Name
+}
+
+// CheckExclusive checks every write the API server committed to a shard
+// resource against the shard Lease's holder at that moment, in the API
+// server's own order: etcd revisions, which every committed object carries
+// as its resourceVersion and which are one sequence for all resources. A
+// write at revision v by holder h is in h's tenure when the last commit of
+// the shard's Lease before v named exactly h, replica and incarnation. A
+// write that changed nothing returns the revision of an earlier commit; it
+// is excused when some writer of that same revision was entitled to it (the
+// commit was someone's legitimate write), and a stray otherwise.
+func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
+	e := &Exclusivity{Committed: map[string]int{}}
+	shardRes := map[string]bool{}
+	for _, r := range ShardWriteResources {
+		shardRes[r] = true
+	}
+	replicaUser := map[string]bool{}
+	for _, u := range opts.ReplicaUsers {
+		replicaUser[u] = true
+	}
+	leases := map[int32][]leaseCommit{}
+	// writers of each committed (object, resourceVersion): who may have
+	// made that commit. A non-replica writer is "".
+	writers := map[string]map[uint64][]string{}
+	var candidates []Write
+	for _, w := range l.Writes {
+		if w.Resource == "leases" && w.Namespace == opts.LeaseNamespace {
+			if n, ok := parseShardLease(opts.Ring, w.Name); ok && w.committed() && w.Version > 0 {
+				leases[n] = append(leases[n], leaseCommit{version: w.Version, holder: w.LeaseHolder})
+				e.LeaseWrites++
+			}
+			continue
+		}
+		if !shardRes[w.Resource] {
+			continue
+		}
+		if w.Holder == "" && replicaUser[w.Username] {
+			e.Unattributed = append(e.Unattributed, w)
+			continue
+		}
+		if w.committed() && w.Version > 0 {
+			k := objectKey(w)
+			if writers[k] == nil {
+				writers[k] = map[uint64][]string{}
+			}
+			writers[k][w.Version] = append(writers[k][w.Version], w.Holder)
+		}
+		if w.Holder == "" {
+			continue
+		}
+		switch {
+		case w.committed():
+			e.Committed[w.Resource]++
+			candidates = append(candidates, w)
+		case w.Code == 403 && strings.Contains(w.Message, FencingPolicy):
+			e.Refused = append(e.Refused, w)
+		}
+	}
+	for _, hist := range leases {
+		sort.Slice(hist, func(i, j int) bool { return hist[i].version < hist[j].version })
+	}
+	holderAt := func(shard int32, v uint64) string {
+		hist := leases[shard]
+		i := sort.Search(len(hist), func(i int) bool { return hist[i].version >= v })
+		if i == 0 {
+			return ""
+		}
+		return hist[i-1].holder
+	}
+	for _, w := range candidates {
+		if w.Version == 0 || w.Shard < 0 {
+			// A committed write that returned no object, or an object
+			// without a shard: nothing orders it against the Leases.
+			e.Unattributed = append(e.Unattributed, w)
+			continue
+		}
+		if holderAt(w.Shard, w.Version) == w.Holder {
+			continue
+		}
+		excused := false
+		for _, h := range writers[objectKey(w)][w.Version] {
+			if h == "" || holderAt(w.Shard, w.Version) == h {
+				excused = true
+				break
+			}
+		}
+		if !excused {
+			e.Stray = append(e.Stray, w)
+		}
+	}
+	sort.Slice(e.Stray, func(i, j int) bool { return e.Stray[i].Version < e.Stray[j].Version })
+	return e
+}
+
+func parseShardLease(ring, name string) (int32, bool) {
+	return sharding.ParseShardLeaseName(ring, name, 1<<20)
+}
