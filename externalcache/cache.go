@@ -241,6 +241,9 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 			select {
 			case <-room:
 				continue
+			case <-sh.ctx.Done():
+				// Dropped (or stopped): the next admission says which.
+				continue
 			case <-ctx.Done():
 				return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
 			}
@@ -274,7 +277,9 @@ func waitErr(l Lookup) error {
 
 // Warm enqueues fetches for the keys of shard that are not fresh, waiting for room in the queue
 // when it is full. A controller calls it in the background after acquiring a shard, so that its
-// objects find their keys cached.
+// objects find their keys cached. It runs within the shard's tenure: it returns ErrShardDropped as
+// soon as DropShard drops the shard, and enqueues nothing for a dropped shard, even when ctx
+// outlives the tenure.
 func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 	sh, err := c.shardFor(shard)
 	if err != nil {
@@ -293,15 +298,20 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 		sh.noteDomain(c, key.Domain)
 		for {
 			c.mu.Lock()
-			_, _, full := c.admitLocked(sh, key, ck)
+			l, _, full := c.admitLocked(sh, key, ck)
 			if !full {
 				c.mu.Unlock()
+				if errors.Is(l.Err, ErrShardDropped) || errors.Is(l.Err, ErrStopped) {
+					return fmt.Errorf("warming shard %d: %w", shard, l.Err)
+				}
 				break
 			}
 			room := c.roomLocked()
 			c.mu.Unlock()
 			select {
 			case <-room:
+			case <-sh.ctx.Done():
+				// Dropped (or stopped): the next admission says which.
 			case <-ctx.Done():
 				return fmt.Errorf("warming shard %d: %w", shard, ctx.Err())
 			}
@@ -327,8 +337,11 @@ func (c *Cache) DropShard(shard int32) {
 	c.shards.Store(&next)
 	c.shardsMu.Unlock()
 
+	// From here on no admission creates a fetch for the shard (admitLocked and refreshLocked
+	// check dropped under c.mu, which the loop below takes after this), so the loop removes
+	// every fetch it will ever have.
 	sh.mu.Lock()
-	sh.dropped = true
+	sh.dropped.Store(true)
 	sh.mu.Unlock()
 	sh.cancel()
 
@@ -419,8 +432,11 @@ type shard struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.RWMutex
-	dropped bool
+	// mu orders noteDomain against DropShard's reading of domains.
+	mu sync.RWMutex
+	// dropped is set by DropShard before it removes the shard's fetches; read under Cache.mu
+	// it means no fetch may be created for the shard any more.
+	dropped atomic.Bool
 	domains sync.Map // string → struct{}
 }
 
@@ -491,7 +507,7 @@ func (s *shard) noteDomain(c *Cache, domain string) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.dropped {
+	if s.dropped.Load() {
 		return
 	}
 	if _, loaded := s.domains.LoadOrStore(domain, struct{}{}); !loaded {

@@ -661,6 +661,26 @@ func gauge(t *testing.T, name string) float64 {
 	return 0
 }
 
+// gaugeSum adds up every series of a gauge family, whatever their labels.
+func gaugeSum(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			var v float64
+			for _, m := range f.GetMetric() {
+				v += m.GetGauge().GetValue()
+			}
+			return v
+		}
+	}
+	t.Fatalf("metric %s is not registered", name)
+	return 0
+}
+
 func TestFailedFetchIsReportedOnceAndRecoversByItself(t *testing.T) {
 	h := newHarness(t, setup{opts: func(o *externalcache.Options) {
 		o.Breaker.ConsecutiveFailures = 1000 // this test is about retries, not the breaker

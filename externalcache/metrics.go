@@ -79,6 +79,22 @@ func init() {
 		gaugeOverLive("kshard_external_fetch_queue_depth", "Fetches waiting for a worker.",
 			func(c *Cache) float64 { return float64(c.queueDepth()) }, sum),
 	)
+	for state := range stateFailed + 1 {
+		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kshard_external_fetches_in_flight",
+			Help: "Keys of held shards with a fetch under way, by state: queued (waiting for a worker), calling (a worker calls the source), " +
+				"backoff (waiting for a retry) and failed (waiting for the next round after a failed one). A count that never falls is a stuck key.",
+			ConstLabels: prometheus.Labels{"state": state.String()},
+		}, func() float64 {
+			live.Lock()
+			defer live.Unlock()
+			var n int
+			for c := range live.caches {
+				n += c.flightsIn(state)
+			}
+			return float64(n)
+		}))
+	}
 }
 
 func addLive(c *Cache) {
