@@ -782,3 +782,50 @@ func TestRunsOnEveryReplica(t *testing.T) {
 		t.Fatal("the external cache would run on the leader only")
 	}
 }
+
+// TestRetryAfterHoldsFeedPolls: a Retry-After the config center sent to a key's fetch holds the
+// change feed's polls too, as it holds every other fetch. The feed's waiting poll is answered by
+// a change made during the hold; the next poll must not arrive before the hold ends.
+func TestRetryAfterHoldsFeedPolls(t *testing.T) {
+	const retryAfter = 2 * time.Second
+	h := newHarness(t, setup{feed: true, opts: func(o *externalcache.Options) {
+		o.Retry = externalcache.RetryOptions{MaxAttempts: 4, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxElapsed: 30 * time.Second}
+	}})
+	watched := externalcache.Key{Domain: "held", Name: "watched"}
+	throttled := externalcache.Key{Domain: "held", Name: "throttled"}
+	h.put(watched.Domain, watched.Name, "v1")
+	h.put(throttled.Domain, throttled.Name, "v1")
+	h.wait(0, watched)
+	eventually(t, "the feed waits on the server", func() bool { return h.srv.WaitingPolls() == 1 })
+
+	// One request every ten seconds; another client takes the token first, so the cache's next
+	// fetch is answered 429 with a Retry-After.
+	h.setFaults(configcenter.Faults{RateLimit: 0.1, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
+	if _, err := newClient(t, h.srv.URL(), "other").Get(context.Background(), throttled.Domain, throttled.Name); err != nil {
+		t.Fatalf("taking the token: %v", err)
+	}
+	h.cache.Get(0, throttled)
+	var throttledAt configcenter.RequestRecord
+	eventually(t, "the fetch is throttled", func() bool {
+		recs := h.srv.Requests(func(r configcenter.RequestRecord) bool {
+			return r.Caller == caller && r.Route == configcenter.RouteGetKey && r.Code == 429
+		})
+		if len(recs) > 0 {
+			throttledAt = recs[0]
+		}
+		return len(recs) > 0
+	})
+	// Wake the waiting poll during the hold.
+	h.put(watched.Domain, watched.Name, "v2")
+	var polls []configcenter.RequestRecord
+	eventually(t, "the feed polls again", func() bool {
+		polls = h.srv.Requests(func(r configcenter.RequestRecord) bool {
+			return r.Caller == caller && r.Route == configcenter.RouteChanges && r.Arrived.After(throttledAt.Done)
+		})
+		return len(polls) > 0
+	})
+	// Server-side times: the hold began when the cache received the 429, after it was sent.
+	if gap := polls[0].Arrived.Sub(throttledAt.Done); gap < retryAfter {
+		t.Errorf("the feed polled %s after a 429 asking every caller to wait %s", gap, retryAfter)
+	}
+}
