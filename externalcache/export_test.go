@@ -13,7 +13,7 @@ func (c *Cache) StoreForTest(shard int32, key Key, value []byte, revision int64)
 	now := c.opts.Now()
 	e := envelope{revision: revision, fetchedAt: now.UnixNano(), value: value,
 		softExpiry: now.Add(c.opts.SoftTTL).UnixNano(), hardExpiry: now.Add(c.opts.HardTTL).UnixNano()}
-	return sh.bc.Set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))
+	return sh.set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))
 }
 
 // FlightsOfDroppedShards counts the flights whose shard is no longer held in their tenure: a flight

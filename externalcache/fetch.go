@@ -325,7 +325,8 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	if hadPrev {
 		_, hadPrev = prev.lookup(now)
 	}
-	if err := f.sh.bc.Set(f.ck, buf); err != nil {
+	evicted, wasEvicted := c.evictions.take(f.sh.storeKey(f.ck))
+	if err := f.sh.set(f.ck, buf); err != nil {
 		c.mu.Unlock()
 		c.fail(f, fmt.Errorf("%w: entry of %s is %d bytes: %v", ErrEntryTooLarge, f.key, len(buf), err),
 			spread(c.opts.Retry.FailureRetryInterval, 0.2), false)
@@ -334,8 +335,12 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	delete(c.flights, f.fk)
 	l, _ := e.lookup(now)
 	c.releaseLocked(f, l)
-	changed := !hadPrev || prev.negative != negative ||
-		(!negative && (prev.revision != v.Revision || !bytes.Equal(prev.value, v.Data)))
+	// A fetch that only brings back what was evicted for room changes nothing for the objects
+	// that use the key: notifying would requeue them, and their reads would refetch and evict
+	// each other's values in a loop when they do not fit together.
+	refill := !hadPrev && wasEvicted && evicted.negative == negative && evicted.revision == e.revision
+	changed := !refill && (!hadPrev || prev.negative != negative ||
+		(!negative && (prev.revision != v.Revision || !bytes.Equal(prev.value, v.Data))))
 	notify := changed || f.notifiedErr
 	// The change feed reported a change newer than what this fetch saw: fetch again.
 	if (!negative && f.minRevision > v.Revision) || (negative && f.minRevision > 0 && !f.changeDeleted) {
@@ -452,10 +457,10 @@ func (c *Cache) refreshLocked(sh *shard, key Key, ck string) {
 	}
 	if e, ok := sh.envelope(ck); ok {
 		if e.negative {
-			_ = sh.bc.Delete(ck)
+			sh.delete(ck)
 		} else if now := c.opts.Now().UnixNano(); e.softExpiry > now {
 			e.softExpiry = now
-			_ = sh.bc.Set(ck, appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(e.value)), e))
+			_ = sh.set(ck, appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(e.value)), e))
 		}
 	}
 	fk := flightKey{shard: sh.id, key: key}
