@@ -240,8 +240,12 @@ func (c *Cache) fetch(f *flight) {
 		// finishes for whoever else waits on it.
 		c.mu.Lock()
 		if c.flights[f.fk] == f {
+			err := c.endedLocked(f.sh)
+			if err == nil {
+				err = ErrShardDropped
+			}
 			delete(c.flights, f.fk)
-			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, c.endedLocked(f.sh))})
+			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, err)})
 		}
 		c.mu.Unlock()
 	}
