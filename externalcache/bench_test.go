@@ -178,7 +178,7 @@ func BenchmarkGCImpact(b *testing.B) {
 		// This cache.
 		src := blockingSource{release: make(chan struct{})}
 		c := benchCache(b, externalcache.Options{Source: src, MaxShards: 1, MaxBytes: 1 << 30, InternalShards: 64,
-			ExpectedEntriesPerShard: entries, ExpectedEntryBytes: 256, SoftTTL: time.Hour, HardTTL: 2 * time.Hour})
+			ExpectedEntries: entries, ExpectedEntryBytes: 256, SoftTTL: time.Hour, HardTTL: 2 * time.Hour})
 		for _, k := range keys {
 			if err := c.StoreForTest(0, k, value, 1); err != nil {
 				b.Fatal(err)

@@ -3,6 +3,7 @@ package externalcache
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -68,9 +69,20 @@ type Lookup struct {
 // protected fetching. Create it with New and run it with Start; Get, Wait, Warm and DropShard are
 // safe for concurrent use.
 type Cache struct {
-	opts     Options
-	log      logr.Logger
-	bcConfig bigcache.Config
+	opts Options
+	log  logr.Logger
+	// bc holds the entries of every held shard, each key prefixed with its shard's tenure, so
+	// that the shards held share MaxBytes however many they are.
+	bc *bigcache.BigCache
+	// tenures numbers the shards' tenures: AddShard takes the next.
+	tenures atomic.Uint64
+	// evictions remembers the entries evicted for room while servable, so that their refill is
+	// told from a change and their Lookups say why they are missing.
+	evictions evictions
+	// sweep asks the sweeper to delete the entries of dropped tenures.
+	sweep  chan struct{}
+	deadMu sync.Mutex
+	dead   map[string]struct{} // tenure prefixes whose entries are to be deleted
 
 	// ctx is the cache's lifetime: cancelled when Start's context is done.
 	ctx    context.Context
@@ -111,15 +123,23 @@ func New(opts Options) (*Cache, error) {
 		return nil, fmt.Errorf("configuring the external cache: %w", err)
 	}
 	c := &Cache{
-		opts:     opts,
-		log:      opts.Log,
-		bcConfig: opts.bigcacheConfig(),
-		flights:  map[flightKey]*flight{},
-		wake:     make(chan struct{}, opts.Workers),
-		feeds:    map[string]*feedLoop{},
-		limiter:  rate.NewLimiter(opts.RateLimit, opts.RateBurst),
+		opts:    opts,
+		log:     opts.Log,
+		flights: map[flightKey]*flight{},
+		wake:    make(chan struct{}, opts.Workers),
+		feeds:   map[string]*feedLoop{},
+		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst),
+		sweep:   make(chan struct{}, 1),
+		dead:    map[string]struct{}{},
 	}
+	c.evictions.init(opts.Now)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	bc, err := bigcache.New(c.ctx, opts.bigcacheConfig(c.evictions.record))
+	if err != nil {
+		c.cancel()
+		return nil, fmt.Errorf("creating the external cache's store: %w", err)
+	}
+	c.bc = bc
 	c.breaker = newBreaker(opts.Breaker, func() context.Context { return c.ctx }, c.log, &c.halfOpens)
 	c.notifier = newNotifier(opts.OnUpdate, opts.NotifyQueueSize, c.log)
 	c.shards.Store(&map[int32]*shard{})
@@ -149,6 +169,7 @@ func (c *Cache) Start(ctx context.Context) error {
 		c.wg.Go(c.work)
 	}
 	c.wg.Go(func() { c.notifier.run(c.ctx) })
+	c.wg.Go(c.sweeper)
 	c.feedsMu.Lock()
 	c.running = true
 	for domain, fl := range c.feeds {
@@ -201,6 +222,9 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	if l.Err == nil && l.State == StatePending {
 		l.Err = c.hold.err()
 	}
+	if l.Err == nil && l.State == StatePending {
+		l.Err = c.evictedErr(sh, key, ck)
+	}
 	countLookup(l)
 	return l
 }
@@ -241,6 +265,9 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 			select {
 			case <-room:
 				continue
+			case <-sh.ctx.Done():
+				// Dropped (or stopped): the next admission says which.
+				continue
 			case <-ctx.Done():
 				return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
 			}
@@ -274,7 +301,9 @@ func waitErr(l Lookup) error {
 
 // Warm enqueues fetches for the keys of shard that are not fresh, waiting for room in the queue
 // when it is full. A controller calls it in the background after acquiring a shard, so that its
-// objects find their keys cached.
+// objects find their keys cached. It runs within the shard's tenure: it returns ErrShardDropped as
+// soon as DropShard drops the shard, and enqueues nothing for a dropped shard, even when ctx
+// outlives the tenure.
 func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 	sh, err := c.shardFor(shard)
 	if err != nil {
@@ -293,15 +322,20 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 		sh.noteDomain(c, key.Domain)
 		for {
 			c.mu.Lock()
-			_, _, full := c.admitLocked(sh, key, ck)
+			l, _, full := c.admitLocked(sh, key, ck)
 			if !full {
 				c.mu.Unlock()
+				if errors.Is(l.Err, ErrShardDropped) || errors.Is(l.Err, ErrStopped) {
+					return fmt.Errorf("warming shard %d: %w", shard, l.Err)
+				}
 				break
 			}
 			room := c.roomLocked()
 			c.mu.Unlock()
 			select {
 			case <-room:
+			case <-sh.ctx.Done():
+				// Dropped (or stopped): the next admission says which.
 			case <-ctx.Done():
 				return fmt.Errorf("warming shard %d: %w", shard, ctx.Err())
 			}
@@ -327,8 +361,11 @@ func (c *Cache) DropShard(shard int32) {
 	c.shards.Store(&next)
 	c.shardsMu.Unlock()
 
+	// From here on no admission creates a fetch for the shard (admitLocked and refreshLocked
+	// check dropped under c.mu, which the loop below takes after this), so the loop removes
+	// every fetch it will ever have.
 	sh.mu.Lock()
-	sh.dropped = true
+	sh.dropped.Store(true)
 	sh.mu.Unlock()
 	sh.cancel()
 
@@ -353,11 +390,47 @@ func (c *Cache) DropShard(shard int32) {
 	for _, d := range domains {
 		c.releaseDomain(d)
 	}
-	entries := sh.bc.Len()
-	_ = sh.bc.Reset()
-	_ = sh.bc.Close()
-	c.log.Info("Dropped shard from the external cache", "shard", shard, "entries", entries,
+	// Its entries can no longer be read (a later tenure has another prefix); the sweeper frees
+	// their room in the background, so that dropping stays O(1) on the handover path.
+	c.deadMu.Lock()
+	c.dead[sh.prefix] = struct{}{}
+	c.deadMu.Unlock()
+	select {
+	case c.sweep <- struct{}{}:
+	default:
+	}
+	c.log.Info("Dropped shard from the external cache", "shard", shard, "tenure", sh.tenure,
 		"discardedFetches", discarded, "domains", len(domains))
+}
+
+// sweeper deletes the entries of dropped tenures, one pass over the store per batch of drops.
+func (c *Cache) sweeper() {
+	for {
+		select {
+		case <-c.sweep:
+		case <-c.ctx.Done():
+			return
+		}
+		c.deadMu.Lock()
+		dead := c.dead
+		c.dead = map[string]struct{}{}
+		c.deadMu.Unlock()
+		if len(dead) == 0 {
+			continue
+		}
+		removed := 0
+		for it := c.bc.Iterator(); it.SetNext() && c.ctx.Err() == nil; {
+			e, err := it.Value()
+			if err != nil || len(e.Key()) < tenurePrefixLen {
+				continue
+			}
+			if _, ok := dead[e.Key()[:tenurePrefixLen]]; ok && c.bc.Delete(e.Key()) == nil {
+				removed++
+			}
+		}
+		c.evictions.forget(dead)
+		c.log.V(1).Info("Deleted the entries of dropped shards", "tenures", len(dead), "entries", removed)
+	}
 }
 
 // Shards lists the held shards, sorted.
@@ -369,9 +442,10 @@ func (c *Cache) Shards() []int32 {
 type Stats struct {
 	// Shards is the number of held shards.
 	Shards int
-	// Entries is the number of entries, fresh, stale, expired or negative, in all shards.
+	// Entries is the number of entries, fresh, stale, expired or negative, in all shards
+	// (and, until the sweeper deleted them, of shards just dropped).
 	Entries int
-	// Bytes is what bigcache allocated for entries in all shards; it is bounded by MaxBytes.
+	// Bytes is what bigcache allocated for entries; it is bounded by MaxBytes.
 	Bytes int
 	// QueueDepth is the number of fetches waiting for a worker.
 	QueueDepth int
@@ -385,12 +459,8 @@ type Stats struct {
 
 // Stats summarises the cache.
 func (c *Cache) Stats() Stats {
-	s := Stats{Breaker: c.breaker.State().String(), FeedLoops: int(c.feedLoops.Load())}
-	for _, sh := range *c.shards.Load() {
-		s.Shards++
-		s.Entries += sh.bc.Len()
-		s.Bytes += sh.bc.Capacity()
-	}
+	s := Stats{Breaker: c.breaker.State().String(), FeedLoops: int(c.feedLoops.Load()),
+		Shards: len(*c.shards.Load()), Entries: c.bc.Len(), Bytes: c.bc.Capacity()}
 	c.mu.Lock()
 	s.QueueDepth = len(c.ready)
 	s.Flights = len(c.flights)
@@ -411,16 +481,23 @@ func (c *Cache) queueDepth() int {
 	return len(c.ready)
 }
 
-// shard is one held kshard shard: its own bigcache, so that dropping the shard drops exactly its
-// entries, and the domains it has asked for, which keep their change feeds alive.
+// shard is one tenure of a held kshard shard: its entries in the cache's store (under its own
+// prefix, so that a later tenure never reads them), its context, and the domains it has asked
+// for, which keep their change feeds alive.
 type shard struct {
 	id     int32
+	tenure uint64
+	// prefix is the tenure, 8 bytes big endian, before every key of the shard in the store.
+	prefix string
 	bc     *bigcache.BigCache
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu      sync.RWMutex
-	dropped bool
+	// mu orders noteDomain against DropShard's reading of domains.
+	mu sync.RWMutex
+	// dropped is set by DropShard before it removes the shard's fetches; read under Cache.mu
+	// it means no fetch may be created for the shard any more.
+	dropped atomic.Bool
 	domains sync.Map // string → struct{}
 }
 
@@ -442,16 +519,13 @@ func (c *Cache) AddShard(id int32) error {
 	if len(held) >= c.opts.MaxShards {
 		return fmt.Errorf("adding shard %d: %w: %d are held, MaxShards is %d", id, ErrTooManyShards, len(held), c.opts.MaxShards)
 	}
-	bc, err := bigcache.New(c.ctx, c.bcConfig)
-	if err != nil {
-		return fmt.Errorf("creating the cache of shard %d: %w", id, err)
-	}
-	sh := &shard{id: id, bc: bc}
+	tenure := c.tenures.Add(1)
+	sh := &shard{id: id, tenure: tenure, prefix: string(binary.BigEndian.AppendUint64(nil, tenure)), bc: c.bc}
 	sh.ctx, sh.cancel = context.WithCancel(c.ctx)
 	next := maps.Clone(held)
 	next[id] = sh
 	c.shards.Store(&next)
-	c.log.V(1).Info("Holding shard in the external cache", "shard", id, "bytes", c.opts.shardBytes())
+	c.log.V(1).Info("Holding shard in the external cache", "shard", id, "tenure", tenure)
 	return nil
 }
 
@@ -463,8 +537,18 @@ func (c *Cache) shardFor(id int32) (*shard, error) {
 	return nil, fmt.Errorf("shard %d: %w", id, ErrShardNotHeld)
 }
 
+// tenurePrefixLen is the length of a shard's prefix in the store's keys.
+const tenurePrefixLen = 8
+
+// storeKey is the key of ck in the store.
+func (s *shard) storeKey(ck string) string { return s.prefix + ck }
+
+func (s *shard) set(ck string, b []byte) error { return s.bc.Set(s.storeKey(ck), b) }
+
+func (s *shard) delete(ck string) { _ = s.bc.Delete(s.storeKey(ck)) }
+
 func (s *shard) envelope(ck string) (envelope, bool) {
-	b, err := s.bc.Get(ck)
+	b, err := s.bc.Get(s.storeKey(ck))
 	if err != nil {
 		return envelope{}, false
 	}
@@ -491,7 +575,7 @@ func (s *shard) noteDomain(c *Cache, domain string) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.dropped {
+	if s.dropped.Load() {
 		return
 	}
 	if _, loaded := s.domains.LoadOrStore(domain, struct{}{}); !loaded {

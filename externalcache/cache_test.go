@@ -587,9 +587,11 @@ func TestDropShardDropsExactlyItsEntriesFetchesAndFeeds(t *testing.T) {
 		t.Errorf("feeds after DropShard(1) = %s, want beta,shared", got)
 	}
 	eventually(t, "alpha's feed loop stops", func() bool { return h.cache.Stats().FeedLoops == 2 })
-	if s := h.cache.Stats(); s.Entries != entriesBefore-2 || s.Flights != 0 {
-		t.Errorf("after DropShard(1): %d entries and %d flights, want %d and 0", s.Entries, s.Flights, entriesBefore-2)
+	if s := h.cache.Stats(); s.Flights != 0 {
+		t.Errorf("after DropShard(1): %d flights, want 0", s.Flights)
 	}
+	// The sweeper deletes the dropped shard's entries in the background.
+	eventually(t, "shard 1's two entries are deleted", func() bool { return h.cache.Stats().Entries == entriesBefore-2 })
 	h.setFaults(configcenter.Faults{})
 	callsBefore := h.calls("beta", "") + h.calls("shared", "")
 	for _, k := range []externalcache.Key{b, shared} {
@@ -615,8 +617,11 @@ func TestDropShardDropsExactlyItsEntriesFetchesAndFeeds(t *testing.T) {
 	for _, n := range []int32{0, 1, 2, 3} {
 		h.cache.DropShard(n)
 	}
-	eventually(t, "every feed loop stops", func() bool { return h.cache.Stats().FeedLoops == 0 })
-	if s := h.cache.Stats(); s.Shards != 0 || s.Entries != 0 || len(h.cache.FeedDomains()) != 0 {
+	eventually(t, "every feed loop stops and every entry is deleted", func() bool {
+		s := h.cache.Stats()
+		return s.FeedLoops == 0 && s.Entries == 0
+	})
+	if s := h.cache.Stats(); s.Shards != 0 || len(h.cache.FeedDomains()) != 0 {
 		t.Errorf("after dropping every shard: %+v, feeds %v", s, h.cache.FeedDomains())
 	}
 }
@@ -655,6 +660,26 @@ func gauge(t *testing.T, name string) float64 {
 	for _, f := range families {
 		if f.GetName() == name && len(f.GetMetric()) == 1 {
 			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s is not registered", name)
+	return 0
+}
+
+// gaugeSum adds up every series of a gauge family, whatever their labels.
+func gaugeSum(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gathering metrics: %v", err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			var v float64
+			for _, m := range f.GetMetric() {
+				v += m.GetGauge().GetValue()
+			}
+			return v
 		}
 	}
 	t.Fatalf("metric %s is not registered", name)
@@ -760,5 +785,52 @@ func TestRunsOnEveryReplica(t *testing.T) {
 	var r manager.LeaderElectionRunnable = &externalcache.Cache{}
 	if r.NeedLeaderElection() {
 		t.Fatal("the external cache would run on the leader only")
+	}
+}
+
+// TestRetryAfterHoldsFeedPolls: a Retry-After the config center sent to a key's fetch holds the
+// change feed's polls too, as it holds every other fetch. The feed's waiting poll is answered by
+// a change made during the hold; the next poll must not arrive before the hold ends.
+func TestRetryAfterHoldsFeedPolls(t *testing.T) {
+	const retryAfter = 2 * time.Second
+	h := newHarness(t, setup{feed: true, opts: func(o *externalcache.Options) {
+		o.Retry = externalcache.RetryOptions{MaxAttempts: 4, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond, MaxElapsed: 30 * time.Second}
+	}})
+	watched := externalcache.Key{Domain: "held", Name: "watched"}
+	throttled := externalcache.Key{Domain: "held", Name: "throttled"}
+	h.put(watched.Domain, watched.Name, "v1")
+	h.put(throttled.Domain, throttled.Name, "v1")
+	h.wait(0, watched)
+	eventually(t, "the feed waits on the server", func() bool { return h.srv.WaitingPolls() == 1 })
+
+	// One request every ten seconds; another client takes the token first, so the cache's next
+	// fetch is answered 429 with a Retry-After.
+	h.setFaults(configcenter.Faults{RateLimit: 0.1, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
+	if _, err := newClient(t, h.srv.URL(), "other").Get(context.Background(), throttled.Domain, throttled.Name); err != nil {
+		t.Fatalf("taking the token: %v", err)
+	}
+	h.cache.Get(0, throttled)
+	var throttledAt configcenter.RequestRecord
+	eventually(t, "the fetch is throttled", func() bool {
+		recs := h.srv.Requests(func(r configcenter.RequestRecord) bool {
+			return r.Caller == caller && r.Route == configcenter.RouteGetKey && r.Code == 429
+		})
+		if len(recs) > 0 {
+			throttledAt = recs[0]
+		}
+		return len(recs) > 0
+	})
+	// Wake the waiting poll during the hold.
+	h.put(watched.Domain, watched.Name, "v2")
+	var polls []configcenter.RequestRecord
+	eventually(t, "the feed polls again", func() bool {
+		polls = h.srv.Requests(func(r configcenter.RequestRecord) bool {
+			return r.Caller == caller && r.Route == configcenter.RouteChanges && r.Arrived.After(throttledAt.Done)
+		})
+		return len(polls) > 0
+	})
+	// Server-side times: the hold began when the cache received the 429, after it was sent.
+	if gap := polls[0].Arrived.Sub(throttledAt.Done); gap < retryAfter {
+		t.Errorf("the feed polled %s after a 429 asking every caller to wait %s", gap, retryAfter)
 	}
 }

@@ -71,7 +71,7 @@ func FuzzDecodeEnvelope(f *testing.F) {
 }
 
 func TestOptionsRefuseEntriesThatCannotFit(t *testing.T) {
-	o := Options{Source: nopSource{}, MaxBytes: 4 << 20, MaxShards: 4, InternalShards: 16, MaxEntryBytes: 64 << 10}
+	o := Options{Source: nopSource{}, MaxBytes: 1 << 20, MaxShards: 4, InternalShards: 16, MaxEntryBytes: 64 << 10}
 	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "MaxEntryBytes 65536 does not fit") {
 		t.Fatalf("New with 64 KiB entries in 64 KiB internal shards: %v, want a clear error", err)
@@ -80,12 +80,18 @@ func TestOptionsRefuseEntriesThatCannotFit(t *testing.T) {
 	if _, err := New(o); err != nil {
 		t.Errorf("New with 512 KiB internal shards: %v", err)
 	}
+	// The shards held share MaxBytes: however many MaxShards allows, an internal shard holds
+	// MaxBytes/InternalShards.
+	o.MaxShards = 1024
+	if _, err := New(o); err != nil {
+		t.Errorf("New with 1,024 shards sharing 1 MiB: %v", err)
+	}
 	for name, bad := range map[string]Options{
-		"no source":         {},
-		"shards not pow2":   {Source: nopSource{}, InternalShards: 3},
-		"below 1 MiB/shard": {Source: nopSource{}, MaxBytes: 1 << 20, MaxShards: 2},
-		"hard below soft":   {Source: nopSource{}, SoftTTL: time.Hour, HardTTL: time.Minute},
-		"jitter of 100%":    {Source: nopSource{}, TTLJitter: 1},
+		"no source":       {},
+		"shards not pow2": {Source: nopSource{}, InternalShards: 3},
+		"below 1 MiB":     {Source: nopSource{}, MaxBytes: 1 << 19},
+		"hard below soft": {Source: nopSource{}, SoftTTL: time.Hour, HardTTL: time.Minute},
+		"jitter of 100%":  {Source: nopSource{}, TTLJitter: 1},
 	} {
 		if _, err := New(bad); err == nil {
 			t.Errorf("New accepted %s", name)

@@ -13,5 +13,27 @@ func (c *Cache) StoreForTest(shard int32, key Key, value []byte, revision int64)
 	now := c.opts.Now()
 	e := envelope{revision: revision, fetchedAt: now.UnixNano(), value: value,
 		softExpiry: now.Add(c.opts.SoftTTL).UnixNano(), hardExpiry: now.Add(c.opts.HardTTL).UnixNano()}
-	return sh.bc.Set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))
+	return sh.set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))
+}
+
+// FlightsOfDroppedShards counts the flights whose shard is no longer held in their tenure: a flight
+// of a dropped tenure would block its key in every later tenure of the shard.
+func (c *Cache) FlightsOfDroppedShards() int {
+	held := *c.shards.Load()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, f := range c.flights {
+		if held[f.fk.shard] != f.sh {
+			n++
+		}
+	}
+	return n
+}
+
+// WaitingForRoom reports whether a Wait or Warm waits for room in the fetch queue.
+func (c *Cache) WaitingForRoom() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.space != nil
 }

@@ -63,8 +63,9 @@ func (c *Cache) startFeedLocked(domain string, fl *feedLoop) {
 
 // runFeed polls the domain's change feed until ctx is done. It starts from revision 0, so the
 // first answer lists every key of the domain with its revision and any key cached before the
-// feed started is checked; it backs off on errors (never earlier than a Retry-After) and
-// resynchronises from 0 when the source restarted and lost its history.
+// feed started is checked; it backs off on errors (never earlier than a Retry-After), polls not
+// while the cache's Retry-After hold lasts (a fetch's or a poll's: the source asked every caller
+// to wait), and resynchronises from 0 when the source restarted and lost its history.
 func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	c.feedLoops.Add(1)
 	defer c.feedLoops.Add(-1)
@@ -75,6 +76,13 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	var epoch string
 	failures := 0
 	for {
+		// The source's Retry-After holds every call, polls included, whoever was told.
+		if d := c.hold.remaining(); d > 0 {
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
 		start := time.Now()
 		cs, err := c.opts.Feed.Changes(ctx, domain, since)
 		if ctx.Err() != nil {
@@ -82,7 +90,11 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 		}
 		if err != nil {
 			failures++
-			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), retryAfterHint(err, c.opts.MaxRetryAfter))
+			hint := retryAfterHint(err, c.opts.MaxRetryAfter)
+			if hint > 0 {
+				c.hold.extend(hint)
+			}
+			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), hint)
 			if failures == 1 {
 				log.Info("Change feed failed; backing off", "error", err.Error(), "retryIn", d)
 			} else {

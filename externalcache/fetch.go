@@ -51,6 +51,34 @@ const (
 	stateFailed
 )
 
+// String is the state label of kshard_external_fetches_in_flight.
+func (s flightState) String() string {
+	switch s {
+	case stateQueued:
+		return "queued"
+	case stateInflight:
+		return "calling"
+	case stateBackoff:
+		return "backoff"
+	case stateFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("flightState(%d)", uint8(s))
+}
+
+// flightsIn counts the flights in one state.
+func (c *Cache) flightsIn(state flightState) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, f := range c.flights {
+		if f.state == state {
+			n++
+		}
+	}
+	return n
+}
+
 // resolution releases every waiter of a flight at once, with the outcome.
 type resolution struct {
 	done   chan struct{}
@@ -90,8 +118,8 @@ func (c *Cache) admitLocked(sh *shard, key Key, ck string) (l Lookup, f *flight,
 	if !ok {
 		l = Lookup{State: StatePending}
 	}
-	if c.ctx.Err() != nil {
-		l.Err = fmt.Errorf("fetching %s: %w", key, ErrStopped)
+	if err := c.endedLocked(sh); err != nil {
+		l.Err = fmt.Errorf("fetching %s: %w", key, err)
 		return l, nil, false
 	}
 	fk := flightKey{shard: sh.id, key: key}
@@ -113,6 +141,19 @@ func (c *Cache) admitLocked(sh *shard, key Key, ck string) (l Lookup, f *flight,
 		l.Err = f.err
 	}
 	return l, f, false
+}
+
+// endedLocked reports why no fetch may be created for sh: the cache stopped, or the shard was
+// dropped (a caller that looked the shard up before DropShard must not bring back a fetch that
+// nothing would ever complete or remove).
+func (c *Cache) endedLocked(sh *shard) error {
+	switch {
+	case c.ctx.Err() != nil:
+		return ErrStopped
+	case sh.dropped.Load():
+		return ErrShardDropped
+	}
+	return nil
 }
 
 // pushLocked appends f to the ready queue if there is room and wakes a worker.
@@ -194,8 +235,19 @@ func (c *Cache) fetch(f *flight) {
 		v, _ := r.Val.(Value)
 		c.complete(f, v, r.Err)
 	case <-f.sh.ctx.Done():
-		// The shard was dropped (or the cache stopped): its flights are already released, and
-		// the shared call, bounded by CallTimeout, finishes for whoever else waits on it.
+		// The shard was dropped (or the cache stopped): DropShard removes its flights, and
+		// this one too should it still be there; the shared call, bounded by CallTimeout,
+		// finishes for whoever else waits on it.
+		c.mu.Lock()
+		if c.flights[f.fk] == f {
+			err := c.endedLocked(f.sh)
+			if err == nil {
+				err = ErrShardDropped
+			}
+			delete(c.flights, f.fk)
+			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, err)})
+		}
+		c.mu.Unlock()
 	}
 }
 
@@ -277,7 +329,8 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	if hadPrev {
 		_, hadPrev = prev.lookup(now)
 	}
-	if err := f.sh.bc.Set(f.ck, buf); err != nil {
+	evicted, wasEvicted := c.evictions.take(f.sh.storeKey(f.ck))
+	if err := f.sh.set(f.ck, buf); err != nil {
 		c.mu.Unlock()
 		c.fail(f, fmt.Errorf("%w: entry of %s is %d bytes: %v", ErrEntryTooLarge, f.key, len(buf), err),
 			spread(c.opts.Retry.FailureRetryInterval, 0.2), false)
@@ -286,8 +339,12 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	delete(c.flights, f.fk)
 	l, _ := e.lookup(now)
 	c.releaseLocked(f, l)
-	changed := !hadPrev || prev.negative != negative ||
-		(!negative && (prev.revision != v.Revision || !bytes.Equal(prev.value, v.Data)))
+	// A fetch that only brings back what was evicted for room changes nothing for the objects
+	// that use the key: notifying would requeue them, and their reads would refetch and evict
+	// each other's values in a loop when they do not fit together.
+	refill := !hadPrev && wasEvicted && evicted.negative == negative && evicted.revision == e.revision
+	changed := !refill && (!hadPrev || prev.negative != negative ||
+		(!negative && (prev.revision != v.Revision || !bytes.Equal(prev.value, v.Data))))
 	notify := changed || f.notifiedErr
 	// The change feed reported a change newer than what this fetch saw: fetch again.
 	if (!negative && f.minRevision > v.Revision) || (negative && f.minRevision > 0 && !f.changeDeleted) {
@@ -399,12 +456,15 @@ func (c *Cache) requeue(f *flight) {
 // not-found answer is forgotten) and a fetch is enqueued unless one is under way. If the queue is
 // full, the next Get of the now stale key enqueues it.
 func (c *Cache) refreshLocked(sh *shard, key Key, ck string) {
+	if c.endedLocked(sh) != nil {
+		return
+	}
 	if e, ok := sh.envelope(ck); ok {
 		if e.negative {
-			_ = sh.bc.Delete(ck)
+			sh.delete(ck)
 		} else if now := c.opts.Now().UnixNano(); e.softExpiry > now {
 			e.softExpiry = now
-			_ = sh.bc.Set(ck, appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(e.value)), e))
+			_ = sh.set(ck, appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(e.value)), e))
 		}
 	}
 	fk := flightKey{shard: sh.id, key: key}

@@ -33,6 +33,10 @@ var (
 		Name: "kshard_external_fetch_queue_rejected_total",
 		Help: "Fetches not enqueued by Get because the fetch queue was full (the next Get tries again).",
 	})
+	evictionsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kshard_externalcache_evictions_total",
+		Help: "Servable entries evicted to make room for others: the values the replica reads do not fit in MaxBytes (--cache-max-bytes) together.",
+	})
 	retryAfterCapped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kshard_externalcache_retry_after_capped_total",
 		Help: "Retry-After answers longer than MaxRetryAfter (--cache-max-retry-after), honoured only up to it.",
@@ -67,7 +71,7 @@ func sum(acc, v float64) float64 { return acc + v }
 func maxOf(acc, v float64) float64 { return max(acc, v) }
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected, retryAfterCapped,
+	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected, retryAfterCapped, evictionsTotal,
 		gaugeOverLive("kshard_externalcache_retry_after_hold_seconds", "How long no call is made to the source yet, because it answered with a Retry-After (capped at MaxRetryAfter).",
 			func(c *Cache) float64 { return max(0, c.hold.remaining().Seconds()) }, maxOf),
 		gaugeOverLive("kshard_externalcache_entries", "Entries held by the cache, all shards.",
@@ -79,6 +83,22 @@ func init() {
 		gaugeOverLive("kshard_external_fetch_queue_depth", "Fetches waiting for a worker.",
 			func(c *Cache) float64 { return float64(c.queueDepth()) }, sum),
 	)
+	for state := range stateFailed + 1 {
+		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kshard_external_fetches_in_flight",
+			Help: "Keys of held shards with a fetch under way, by state: queued (waiting for a worker), calling (a worker calls the source), " +
+				"backoff (waiting for a retry) and failed (waiting for the next round after a failed one). A count that never falls is a stuck key.",
+			ConstLabels: prometheus.Labels{"state": state.String()},
+		}, func() float64 {
+			live.Lock()
+			defer live.Unlock()
+			var n int
+			for c := range live.caches {
+				n += c.flightsIn(state)
+			}
+			return float64(n)
+		}))
+	}
 }
 
 func addLive(c *Cache) {

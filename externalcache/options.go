@@ -30,34 +30,33 @@ type Options struct {
 	// without waiting; timers for retries and the breaker always use real time.
 	Now func() time.Time
 
-	// MaxBytes bounds the bytes of all entries across all shards. Default 256 MiB.
+	// MaxBytes bounds the bytes of all entries across all shards (whole MiB, at least 1).
+	// Default 256 MiB.
 	//
-	// The budget is split evenly: each held shard gets MaxBytes/MaxShards (whole MiB, at least 1),
-	// one bigcache per shard. A global budget shared by all shards would use memory better when a
-	// replica holds few shards, but dropping a shard would then mean scanning one big cache; with a
-	// fixed share per shard, dropping is O(1) and the bound holds whatever the number of held
-	// shards, because at most MaxShards are held.
+	// The held shards share it: one bigcache holds every held shard's entries, each key prefixed
+	// with its shard's tenure, so a replica holding few shards may use all of it for them, and a
+	// binding's values evict each other only when the values the replica reads do not fit (their
+	// Lookups then carry ErrEvicted). Dropping a shard stays O(1): a later tenure has another
+	// prefix, and a background sweep deletes the dropped tenure's entries.
 	MaxBytes int64
 	// MaxShards is the most shards held at once; AddShard of one more reports ErrTooManyShards.
 	// Default 64, kshard's default shard count, so a single replica may hold every shard.
 	MaxShards int
 	// MaxEntryBytes bounds one value. Larger values are refused with ErrEntryTooLarge. It must
-	// fit in half of one bigcache internal shard (MaxBytes/MaxShards/InternalShards), which New
-	// checks. Default 64 KiB.
+	// fit in half of one bigcache internal shard (MaxBytes/InternalShards), which New checks.
+	// Default 64 KiB.
 	MaxEntryBytes int
-	// InternalShards is the number of bigcache shards (lock stripes) per kshard shard, a power of
-	// two. Default 4: kshard shards already stripe the locks, and each internal shard costs an
-	// initial allocation (ExpectedEntryBytes times at least 10 entries): 16 of them in 64 shards
-	// were 5 MiB of an empty replica's heap.
+	// InternalShards is the number of bigcache shards (lock stripes) of the store, a power of
+	// two. Each holds MaxBytes/InternalShards and evicts its oldest entries when full, so fewer,
+	// larger ones let more of one binding's large values live together. Default 16: 16 MiB each
+	// at the default MaxBytes, and an initial allocation of 80 KiB (ExpectedEntryBytes times
+	// bigcache's floor of 10 entries per internal shard).
 	InternalShards int
-	// ExpectedEntriesPerShard and ExpectedEntryBytes size bigcache's initial allocation; it
-	// doubles on demand up to the byte bound. Defaults 40 and 512: bigcache's floor of 10 entries
-	// per internal shard, so an empty shard costs about 20 KiB and a replica holding all 64 shards
-	// 1.3 MiB before any value arrives, by bigcache's sizing (entries × entry bytes). The first
-	// defaults, 1024 entries in 16 internal shards, sized 512 KiB per shard, 32 MiB for 64, for
-	// the two dozen keys a shard of the load tests holds.
-	ExpectedEntriesPerShard int
-	ExpectedEntryBytes      int
+	// ExpectedEntries and ExpectedEntryBytes size bigcache's initial allocation; it doubles on
+	// demand up to MaxBytes. Defaults 160 and 512 (bigcache's floor of 10 entries per internal
+	// shard).
+	ExpectedEntries    int
+	ExpectedEntryBytes int
 	// CleanWindow is how often bigcache drops entries older than the hard TTL. Default 1m.
 	CleanWindow time.Duration
 
@@ -151,8 +150,8 @@ func (o *Options) setDefaults() {
 	setDefault(&o.MaxBytes, 256*mib)
 	setDefault(&o.MaxShards, 64)
 	setDefault(&o.MaxEntryBytes, 64<<10)
-	setDefault(&o.InternalShards, 4)
-	setDefault(&o.ExpectedEntriesPerShard, 40)
+	setDefault(&o.InternalShards, 16)
+	setDefault(&o.ExpectedEntries, 160)
 	setDefault(&o.ExpectedEntryBytes, 512)
 	setDefault(&o.CleanWindow, time.Minute)
 	setDefault(&o.HardTTL, time.Hour)
@@ -187,9 +186,10 @@ func setDefault[T int | int64 | uint32 | float64 | time.Duration | rate.Limit](v
 }
 
 // maxWrappedEntry is the most bytes bigcache needs for one entry: our envelope with the largest
-// value and key, bigcache's own header (timestamp, hash, key length) and its queue's length prefix.
+// value and key (with its tenure prefix), bigcache's own header (timestamp, hash, key length) and
+// its queue's length prefix.
 func maxWrappedEntry(maxEntryBytes int) int {
-	return maxEntryBytes + envelopeHeaderSize + maxKeyBytes + 1 + 18 + 5
+	return maxEntryBytes + envelopeHeaderSize + tenurePrefixLen + maxKeyBytes + 1 + 18 + 5
 }
 
 // validate checks what defaults cannot fix. It is why an oversized MaxEntryBytes fails at New with
@@ -208,34 +208,35 @@ func (o *Options) validate() error {
 	if o.HardTTL < o.SoftTTL || o.HardTTL < o.NegativeTTL {
 		errs = append(errs, fmt.Errorf("HardTTL %s must be at least SoftTTL %s and NegativeTTL %s", o.HardTTL, o.SoftTTL, o.NegativeTTL))
 	}
-	shardMiB := o.MaxBytes / int64(o.MaxShards) / mib
-	if shardMiB < 1 {
-		errs = append(errs, fmt.Errorf("MaxBytes %d over MaxShards %d leaves less than 1 MiB per shard", o.MaxBytes, o.MaxShards))
-	} else if per := shardMiB * mib / int64(o.InternalShards); int64(maxWrappedEntry(o.MaxEntryBytes)) > per/2 {
-		errs = append(errs, fmt.Errorf("MaxEntryBytes %d does not fit: each shard holds %d MiB split over %d internal shards of %d bytes, "+
-			"and an entry (value plus up to %d bytes of overhead) may use at most half of one; raise MaxBytes or lower MaxShards, InternalShards or MaxEntryBytes",
-			o.MaxEntryBytes, shardMiB, o.InternalShards, per, maxWrappedEntry(0)))
+	if o.MaxBytes < mib {
+		errs = append(errs, fmt.Errorf("MaxBytes %d is less than 1 MiB", o.MaxBytes))
+	} else if per := o.internalShardBytes(); int64(maxWrappedEntry(o.MaxEntryBytes)) > per/2 {
+		errs = append(errs, fmt.Errorf("MaxEntryBytes %d does not fit: the cache holds %d MiB split over %d internal shards of %d bytes, "+
+			"and an entry (value plus up to %d bytes of overhead) may use at most half of one; raise MaxBytes or lower InternalShards or MaxEntryBytes",
+			o.MaxEntryBytes, o.MaxBytes/mib, o.InternalShards, per, maxWrappedEntry(0)))
 	}
 	return errors.Join(errs...)
 }
 
-// bigcacheConfig is the configuration of one shard's bigcache: our own envelope expiry decides
-// freshness, so bigcache's LifeWindow is only an upper bound set past the hard TTL; stats are off
-// (they take a write lock on every hit); the initial allocation is small and grows to the bound.
-func (o *Options) bigcacheConfig() bigcache.Config {
+// internalShardBytes is what one bigcache internal shard holds before it evicts its oldest entry.
+func (o *Options) internalShardBytes() int64 {
+	return o.MaxBytes / mib * mib / int64(o.InternalShards)
+}
+
+// bigcacheConfig is the configuration of the store: our own envelope expiry decides freshness,
+// so bigcache's LifeWindow is only an upper bound set past the hard TTL; stats are off (they take
+// a write lock on every hit); the initial allocation is small and grows to the bound; evicted
+// reports the entries evicted for room.
+func (o *Options) bigcacheConfig(evicted func(key string, entry []byte, reason bigcache.RemoveReason)) bigcache.Config {
 	return bigcache.Config{
 		Shards:             o.InternalShards,
 		LifeWindow:         o.HardTTL + 2*time.Second,
 		CleanWindow:        o.CleanWindow,
-		MaxEntriesInWindow: o.ExpectedEntriesPerShard,
+		MaxEntriesInWindow: o.ExpectedEntries,
 		MaxEntrySize:       o.ExpectedEntryBytes,
 		StatsEnabled:       false,
 		Verbose:            false,
-		HardMaxCacheSize:   int(o.MaxBytes / int64(o.MaxShards) / mib),
-	}
-}
-
-// shardBytes is the byte bound of one held shard under these options.
-func (o Options) shardBytes() int64 {
-	return o.MaxBytes / int64(o.MaxShards) / mib * mib
+		HardMaxCacheSize:   int(o.MaxBytes / mib),
+		OnRemoveWithReason: evicted,
+	}.OnRemoveFilterSet(bigcache.NoSpace)
 }

@@ -117,6 +117,11 @@ var (
 	ErrTooManyShards = errors.New("too many shards")
 	// ErrInvalidKey is reported for keys the cache cannot store.
 	ErrInvalidKey = errors.New("invalid key")
+	// ErrEvicted is carried by a Lookup of a key whose value the cache evicted to make room for
+	// others while it was still servable: the values the replica reads do not fit in
+	// Options.MaxBytes together. The key is fetched again; that arrival is not notified (the
+	// value did not change), so a caller that waits for it looks again later.
+	ErrEvicted = errors.New("value evicted for room")
 	// ErrStopped releases waiters when the cache stops.
 	ErrStopped = errors.New("cache stopped")
 )

@@ -52,6 +52,12 @@ const (
 	// not fit in its ExternalDomain mirror; see the mirror's Synced
 	// condition.
 	ReasonDomainTooLarge = "DomainTooLarge"
+	// ReasonValuesDoNotFit: the replica's external cache evicted one of the
+	// binding's values for room: the values the replica reads do not fit in
+	// --cache-max-bytes together. The ConfigMap keeps its last values;
+	// raise the cache's size or split the binding. It looks again every
+	// RetryAfter.
+	ReasonValuesDoNotFit = "ValuesDoNotFit"
 )
 
 // FieldManager owns what kshard writes with server-side apply.
@@ -364,6 +370,9 @@ func (res resolution) condition() metav1.Condition {
 	switch {
 	case errors.Is(res.unavailable, ErrDomainTooLarge):
 		c.Reason = ReasonDomainTooLarge
+		c.Message = fmt.Sprintf("%v; the ConfigMap keeps its last values", res.unavailable)
+	case errors.Is(res.unavailable, externalcache.ErrEvicted):
+		c.Reason = ReasonValuesDoNotFit
 		c.Message = fmt.Sprintf("%v; the ConfigMap keeps its last values", res.unavailable)
 	case len(res.missing) > 0:
 		c.Reason = ReasonKeyNotFound

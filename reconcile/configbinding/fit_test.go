@@ -1,0 +1,36 @@
+package configbinding_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/reconcile/configbinding"
+)
+
+// TestValuesThatDoNotFitAreNamed: a binding whose values the replica's external cache cannot
+// hold together says so (ValuesDoNotFit, naming the cache's size) instead of waiting silently
+// while its values evict each other.
+func TestValuesThatDoNotFitAreNamed(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	// 16 values of 60 KiB (a ConfigMap's worth) in a 1 MiB cache of eight 128 KiB internal
+	// shards: at least three land in one, which holds two.
+	e := startEnv(t, "fit", externalcache.Options{MaxBytes: 1 << 20, InternalShards: 8, MaxEntryBytes: 62 << 10})
+	var keys []string
+	for i := range 16 {
+		k := fmt.Sprintf("big-%02d", i)
+		if _, err := e.cc.Put("fit", k, strings.Repeat("v", 60<<10)); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	e.create(t, "big", "fit", keys...)
+	cb := e.waitReason(t, "big", configbinding.ReasonValuesDoNotFit)
+	c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+	if !strings.Contains(c.Message, "MaxBytes 1048576") || !strings.Contains(c.Message, "fit/big-") {
+		t.Errorf("message does not name the value and the cache's size: %q", c.Message)
+	}
+}
