@@ -43,11 +43,17 @@ import (
 
 var cp *controlplane.ControlPlane
 
+// apiAudit is the control plane's own audit log (internal/audit's Policy):
+// the writes the API server committed and refused.
+var apiAudit string
+
 // TestMain starts one control plane with kshard's CRDs and the third-party
 // CRDs the monitoring and autoscaling folders use. It enables the
 // OwnerReferencesPermissionEnforcement admission plugin, as hardened clusters
 // do: kshard's ConfigMaps set blockOwnerDeletion, which that plugin guards.
-// Its aggregation layer has a front proxy, as a real cluster's has, so that
+// Its API server writes an audit log of the writes to shard resources and
+// Leases, which the fencing tests check (internal/audit). Its aggregation
+// layer has a front proxy, as a real cluster's has, so that
 // an aggregated API server (kshard-metrics-adapter) can be reached through
 // it.
 func TestMain(m *testing.M) {
@@ -61,7 +67,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	dir, err := os.MkdirTemp("", "kshard-front-proxy-")
+	dir, err := os.MkdirTemp("", "kshard-deploy-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -74,9 +80,11 @@ func run(m *testing.M) int {
 	}
 	args := map[string][]string{"enable-admission-plugins": {"OwnerReferencesPermissionEnforcement"}}
 	maps.Copy(args, frontProxy)
+	apiAudit = filepath.Join(dir, "audit.log")
 	return controlplane.RunTestsWith(m, &cp, controlplane.Options{
 		CRDDirs:       []string{filepath.Join(root, "deploy", "crd"), filepath.Join(root, "deploy", "testdata", "crds")},
 		APIServerArgs: args,
+		AuditLogPath:  apiAudit,
 	})
 }
 
@@ -283,6 +291,12 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 			ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
 			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "spec", "policyName"); err != nil {
 				t.Fatal(err)
+			}
+			// Nor the namespace of the params (the shard Leases).
+			if _, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok {
+				if err := unstructured.SetNestedField(o.Object, namespace, "spec", "paramRef", "namespace"); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}

@@ -103,8 +103,18 @@ func tokenClient(t *testing.T, token string) client.Client {
 
 func writeKubeconfig(t *testing.T, token string) string {
 	t.Helper()
+	return writeKubeconfigFor(t, cp.Config.Host, token)
+}
+
+// writeKubeconfigFor writes a kubeconfig for the API server at server
+// (https://host:port, or host:port) with the control plane's CA.
+func writeKubeconfigFor(t *testing.T, server, token string) string {
+	t.Helper()
+	if !strings.Contains(server, "://") {
+		server = "https://" + server
+	}
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: cp.Config.Host, CertificateAuthorityData: cp.Config.CAData}
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cp.Config.CAData}
 	cfg.AuthInfos["kshard"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["kshard"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "kshard"}
 	cfg.CurrentContext = "kshard"
@@ -301,13 +311,20 @@ func metricsCert(t *testing.T) (string, *tls.Config) {
 }
 
 // runReplica starts the real kshard binary as replica kshard-0 of the
-// StatefulSet in ns, authenticated only with a TokenRequest token of the
-// base's ServiceAccount, serving secure metrics, and waits until /readyz
-// says it runs its shards. It returns the process and the metrics address.
-// extraArgs are added to the command line (a component's flags).
+// StatefulSet in ns, authenticated only with a token of the base's
+// ServiceAccount bound to its pod (podToken), serving secure metrics, and
+// waits until /readyz says it runs its shards. It returns the process and
+// the metrics address.
 func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, extraArgs ...string) (*process, metricsEndpoint) {
 	t.Helper()
-	token := serviceAccountToken(ctx, t, ns, "kshard")
+	return runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, configCenterURL, extraArgs...)
+}
+
+// runReplicaAs is runReplica for replica id, reaching the API server at
+// server (a proxy's address, say).
+func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, configCenterURL string, extraArgs ...string) (*process, metricsEndpoint) {
+	t.Helper()
+	token := podToken(ctx, t, ns, id)
 	// RBAC reaches the authorizer through informers: wait until it is in force.
 	controlplane.Eventually(t, time.Minute, "RBAC in force for the ServiceAccount", func() error {
 		return tokenClient(t, token).List(ctx, &configv1alpha1.ConfigBindingList{}, client.Limit(1))
@@ -315,12 +332,12 @@ func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, e
 	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
 	certDir, metricsTLS := metricsCert(t)
 	args := append([]string{"controller",
-		"--kubeconfig", writeKubeconfig(t, token),
-		"--replica-id", "kshard-0", "--statefulset", "kshard", "--lease-namespace", ns,
+		"--kubeconfig", writeKubeconfigFor(t, server, token),
+		"--replica-id", id, "--statefulset", "kshard", "--lease-namespace", ns,
 		"--configcenter-url", configCenterURL,
 		"--metrics-secure", "--metrics-cert-dir", certDir, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
 	p := startProcess(t, buildCommand(t, "kshard"), args...)
-	controlplane.Eventually(t, 2*time.Minute, "replica ready", func() error {
+	controlplane.Eventually(t, 2*time.Minute, "replica "+id+" ready", func() error {
 		resp, err := http.Get("http://" + healthAddr + "/readyz")
 		if err != nil {
 			return err
@@ -333,6 +350,42 @@ func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, e
 		return nil
 	})
 	return p, metricsEndpoint{addr: metricsAddr, tls: metricsTLS}
+}
+
+// podToken creates the pod a StatefulSet in ns would run as replica id
+// (from its template; nothing runs it here, there is no kubelet) and returns
+// a token of its ServiceAccount bound to that pod, as the kubelet mounts
+// one: the API server then names the pod in the token's user extras
+// (authentication.kubernetes.io/pod-name), which the shard-writes policy
+// checks against the shard Leases' holders.
+func podToken(ctx context.Context, t *testing.T, ns, id string) string {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sts, err := cs.AppsV1().StatefulSets(ns).Get(ctx, "kshard", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: id, Labels: sts.Spec.Template.Labels},
+		Spec:       sts.Spec.Template.Spec,
+	}
+	pod, err = cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating pod %s/%s: %v", ns, id, err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("requesting a token bound to pod %s/%s: %v", ns, id, err)
+	}
+	return tr.Status.Token
 }
 
 // bindMetricsReader creates a ServiceAccount bound to the base's

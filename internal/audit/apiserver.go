@@ -51,10 +51,11 @@ const PodNameExtra = "authentication.kubernetes.io/pod-name"
 
 // event is the part of an audit.k8s.io/v1 Event the checks read.
 type event struct {
-	Stage     string `json:"stage"`
-	Verb      string `json:"verb"`
-	UserAgent string `json:"userAgent"`
-	User      struct {
+	Stage      string `json:"stage"`
+	RequestURI string `json:"requestURI"`
+	Verb       string `json:"verb"`
+	UserAgent  string `json:"userAgent"`
+	User       struct {
 		Username string              `json:"username"`
 		Extra    map[string][]string `json:"extra"`
 	} `json:"user"`
@@ -138,21 +139,33 @@ type APILog struct {
 
 // ReadAPILog reads an API server's JSON audit log (--audit-log-format=json):
 // one event per line. Lines that are not audit events are an error: a log
-// the checks cannot read must not pass as one without writes.
+// the checks cannot read must not pass as one without writes. A last line
+// without its newline is one the API server is still writing, and is left
+// for the next read.
 func ReadAPILog(r io.Reader) (*APILog, error) {
 	l := &APILog{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 256*1024), 16*1024*1024)
-	for line := 1; sc.Scan(); line++ {
-		if len(strings.TrimSpace(sc.Text())) == 0 {
+	br := bufio.NewReaderSize(r, 256*1024)
+	for line := 1; ; line++ {
+		b, err := br.ReadBytes('\n')
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading audit log: %w", err)
+		}
+		if len(strings.TrimSpace(string(b))) == 0 {
 			continue
 		}
 		var ev event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+		if err := json.Unmarshal(b, &ev); err != nil {
 			return nil, fmt.Errorf("audit log line %d: %w", line, err)
 		}
 		l.Events++
 		if ev.Stage != "ResponseComplete" || ev.ObjectRef == nil || ev.ResponseStatus == nil {
+			continue
+		}
+		if strings.Contains(ev.RequestURI, "dryRun=") {
+			// Admitted or refused, a dry run commits nothing.
 			continue
 		}
 		switch ev.Verb {
@@ -196,9 +209,6 @@ func ReadAPILog(r io.Reader) (*APILog, error) {
 			}
 		}
 		l.Writes = append(l.Writes, w)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading audit log: %w", err)
 	}
 	return l, nil
 }

@@ -1,0 +1,319 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/netfault"
+	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
+)
+
+// Lease timing of the fencing test's replicas, and the delay on the wire:
+// longer than a lease, so the delayed replica's shards move while its
+// requests are held.
+const (
+	fenceLease   = 8 * time.Second
+	fenceRenew   = 6 * time.Second
+	fenceRetry   = time.Second
+	fenceDelay   = 20 * time.Second
+	fenceShards  = 8
+	fenceUpdates = 3 * time.Second // how long updates flow at the start of the delay
+)
+
+// TestAdmissionFencesDelayedWrites holds a write on the wire while its
+// shard's Lease moves: replica kshard-1 reaches the API server through a
+// proxy that delays what it sends by longer than a lease, while the spec of
+// its bindings changes. Its writes pass its own fence (WriteContext) when
+// they are sent and arrive after kshard-0 took the shards over. The API
+// server's own audit log then shows:
+//
+//   - with deploy/base's kshard-shard-writes policy, each late write refused
+//     (403, the policy's message), none committed outside a tenure, and the
+//     API server's count of the policy's denials grown;
+//   - without it (the policy binding deleted), late writes committed
+//     outside the writer's tenure, which the checker (internal/audit) names:
+//     the check can fail, and the fault is real.
+func TestAdmissionFencesDelayedWrites(t *testing.T) {
+	ctx := context.Background()
+	c := adminClient(t)
+	ns := installBase(ctx, t, c)
+	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: fenceShards, KeysPerDomain: 3, ValueBytes: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	apiURL, err := url.Parse(cp.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := netfault.Listen(apiURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	timing := []string{"--shards", strconv.Itoa(fenceShards), "--lease-duration", fenceLease.String(),
+		"--renew-deadline", fenceRenew.String(), "--retry-period", fenceRetry.String(), "--requeue-max-delay", "2s"}
+	runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, cc.URL(), timing...)
+	runReplicaAs(ctx, t, ns, "kshard-1", proxy.Addr(), cc.URL(), timing...)
+
+	app := uniqueName("app")
+	createNamespace(ctx, t, c, app, targets)
+	var bindings []client.ObjectKey
+	for i := range 40 {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: fmt.Sprintf("b%02d", i)},
+			Spec: configv1alpha1.ConfigBindingSpec{
+				Domain: fmt.Sprintf("domain-%d", i%fenceShards),
+				Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("b%02d-config", i)},
+			},
+		}
+		if err := c.Create(ctx, cb); err != nil {
+			t.Fatal(err)
+		}
+		bindings = append(bindings, client.ObjectKeyFromObject(cb))
+	}
+	settled := func(what string) {
+		t.Helper()
+		controlplane.Eventually(t, 3*time.Minute, what, func() error {
+			if err := allReady(ctx, c, bindings); err != nil {
+				return err
+			}
+			held := shardsHeld(ctx, t, c, ns)
+			if len(held["kshard-0"]) == 0 || len(held["kshard-1"]) == 0 {
+				return fmt.Errorf("shards held %v: want both replicas holding some", held)
+			}
+			return nil
+		})
+	}
+	settled("every binding Ready, both replicas holding shards")
+
+	probe := probeFence(ctx, t, c, ns, app)
+	checkOpts := audit.CheckOptions{Ring: "kshard", LeaseNamespace: ns, ReplicaUsers: []string{"system:serviceaccount:" + ns + ":kshard"}}
+
+	// Fenced by the API server.
+	controlplane.Eventually(t, time.Minute, "the shard-writes policy refusing a pod that holds no Lease", func() error { return probe(true) })
+	denials := policyDenials(ctx, t)
+	fenced := time.Now()
+	delayWrites(ctx, t, c, proxy, ns, bindings)
+	settled("settled after the delayed writes (fenced)")
+	e := audit.CheckExclusive(readAPIAudit(t), checkOpts)
+	t.Logf("fenced: %s", e)
+	if !e.OK() {
+		t.Errorf("with the shard-writes policy, writes committed outside a tenure:\n%s", e)
+	}
+	if n := countSince(e.Refused, fenced, "kshard-1_"); n == 0 {
+		t.Errorf("no write of the delayed replica was refused by the policy; refused: %v", e.Refused)
+	} else if grown := policyDenials(ctx, t) - denials; grown < float64(n) {
+		t.Errorf("the audit log shows %d refused writes, the API server counted %v denials of the policy", n, grown)
+	}
+	if e.Writes() == 0 || e.LeaseWrites == 0 {
+		t.Errorf("the audit log shows no replica writes: %s", e)
+	}
+
+	// Not fenced by the API server: the checker must see the late writes.
+	vapb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: audit.FencingPolicy + "-" + ns}}
+	if err := c.Delete(ctx, vapb); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, time.Minute, "the shard-writes policy no longer in force", func() error { return probe(false) })
+	unfenced := time.Now()
+	delayWrites(ctx, t, c, proxy, ns, bindings)
+	settled("settled after the delayed writes (not fenced)")
+	e = audit.CheckExclusive(readAPIAudit(t), checkOpts)
+	t.Logf("not fenced: %s", e)
+	if n := countSince(e.Stray, unfenced, "kshard-1_"); n == 0 {
+		t.Errorf("without the policy the delayed writes were not seen committed outside a tenure: the check cannot fail, or the fault did not happen:\n%s", e)
+	}
+	if n := countSince(e.Stray, time.Time{}, "") - countSince(e.Stray, unfenced, ""); n != 0 {
+		t.Errorf("%d writes outside a tenure before the policy was removed:\n%s", n, e)
+	}
+}
+
+// delayWrites delays what kshard-1 sends by fenceDelay and, while the delay
+// starts, changes the keys of its bindings a few times, so that it sends
+// writes that arrive after its shards moved. Each change gives a ConfigMap
+// other contents, so a late write commits a change (or is refused), never
+// a no-op. It returns once the delay is over and the held bytes delivered.
+func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netfault.Proxy, ns string, bindings []client.ObjectKey) {
+	t.Helper()
+	held := shardsHeld(ctx, t, c, ns)["kshard-1"]
+	var victims []client.ObjectKey
+	for _, k := range bindings {
+		var cb configv1alpha1.ConfigBinding
+		if err := c.Get(ctx, k, &cb); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := strconv.Atoi(cb.Labels[sharding.LabelShard]); err == nil && held[int32(s)] {
+			victims = append(victims, k)
+		}
+	}
+	if len(victims) == 0 {
+		t.Fatalf("kshard-1 holds shards %v but none of the bindings", held)
+	}
+	keySets := [][]string{{"key-0"}, {"key-1", "key-2"}, {"key-2"}, {"key-0", "key-1", "key-2"}}
+	start := time.Now()
+	proxy.Delay(fenceDelay)
+	for i := 0; time.Since(start) < fenceUpdates; i++ {
+		keys := keySets[i%len(keySets)]
+		patch := fmt.Sprintf(`{"spec":{"keys":["%s"]}}`, strings.Join(keys, `","`))
+		for _, k := range victims {
+			cb := &configv1alpha1.ConfigBinding{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
+			if err := c.Patch(ctx, cb, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if rest := fenceDelay - time.Since(start); rest > 0 {
+		time.Sleep(rest + 2*time.Second)
+	}
+	if proxy.Delayed() == 0 {
+		t.Fatal("the proxy delayed nothing kshard-1 sent")
+	}
+}
+
+// shardsHeld returns the shards each replica holds, by the shard Leases.
+func shardsHeld(ctx context.Context, t *testing.T, c client.Client, ns string) map[string]map[int32]bool {
+	t.Helper()
+	var leases coordinationv1.LeaseList
+	if err := c.List(ctx, &leases, client.InNamespace(ns), client.MatchingLabels{sharding.LabelLeaseKind: sharding.LeaseKindShard}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[int32]bool{}
+	for _, l := range leases.Items {
+		n, ok := sharding.ParseShardLeaseName("kshard", l.Name, fenceShards)
+		holder := sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, ""))
+		if !ok || holder == "" {
+			continue
+		}
+		if out[holder] == nil {
+			out[holder] = map[int32]bool{}
+		}
+		out[holder][n] = true
+	}
+	return out
+}
+
+// allReady says which binding is not Ready at its latest generation.
+func allReady(ctx context.Context, c client.Client, keys []client.ObjectKey) error {
+	for _, k := range keys {
+		var cb configv1alpha1.ConfigBinding
+		if err := c.Get(ctx, k, &cb); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+		if cond == nil || cond.Status != metav1.ConditionTrue || cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("binding %s not Ready at generation %d: %+v", k, cb.Generation, cb.Status)
+		}
+	}
+	return nil
+}
+
+// probeFence returns a check of whether the shard-writes policy is in
+// force: a dry-run write, as a pod that holds no Lease, to a ConfigMap of a
+// held shard, must be refused with the policy's message (want true) or
+// admitted (want false). A dry run commits nothing, and the checker ignores
+// it.
+func probeFence(ctx context.Context, t *testing.T, c client.Client, ns, app string) func(want bool) error {
+	t.Helper()
+	pc := tokenClient(t, podToken(ctx, t, ns, "kshard-probe"))
+	return func(want bool) error {
+		var cms corev1.ConfigMapList
+		if err := c.List(ctx, &cms, client.InNamespace(app), client.HasLabels{sharding.LabelShard}); err != nil {
+			return err
+		}
+		if len(cms.Items) == 0 {
+			return fmt.Errorf("no ConfigMap of a shard in %s", app)
+		}
+		cm := &cms.Items[0]
+		err := pc.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"probe":"x"}}}`)), client.DryRunAll)
+		refused := err != nil && strings.Contains(err.Error(), "kshard fencing")
+		switch {
+		case want && !refused:
+			return fmt.Errorf("a pod holding no Lease wrote ConfigMap %s (shard %s): %v", cm.Name, cm.Labels[sharding.LabelShard], err)
+		case !want && err != nil:
+			return fmt.Errorf("still refused: %v", err)
+		}
+		return nil
+	}
+}
+
+// policyDenials reads the API server's own count of requests the
+// shard-writes policy denied. A metric that is missing fails the test: a
+// count of zero must mean none.
+func policyDenials(ctx context.Context, t *testing.T) float64 {
+	t.Helper()
+	fams, err := cp.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "apiserver_validating_admission_policy_check_total"
+	fam, ok := fams[name]
+	if !ok {
+		t.Fatalf("the API server exports no %s", name)
+	}
+	var n float64
+	for _, m := range fam.GetMetric() {
+		var policy, action string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "policy":
+				policy = l.GetValue()
+			case "enforcement_action":
+				action = l.GetValue()
+			}
+		}
+		if strings.HasPrefix(policy, audit.FencingPolicy) && action == "deny" {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
+}
+
+// readAPIAudit reads the control plane's audit log so far.
+func readAPIAudit(t *testing.T) *audit.APILog {
+	t.Helper()
+	f, err := os.Open(apiAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := audit.ReadAPILog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// countSince counts the writes received at or after since by a holder
+// identity with the given prefix.
+func countSince(ws []audit.Write, since time.Time, holderPrefix string) int {
+	n := 0
+	for _, w := range ws {
+		if !w.Received.Before(since) && strings.HasPrefix(w.Holder, holderPrefix) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,83 @@
+package netfault
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestDelayHoldsClientBytes: what a client sends during a delay reaches the
+// server no earlier than the delay after it was sent (a lower bound, which
+// a slow machine can only make later), in order, and the server's answers
+// are not held.
+func TestDelayHoldsClientBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type line struct {
+		s  string
+		at time.Time
+	}
+	got := make(chan line, 10)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write([]byte("hello\n")) // the server speaks first
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			got <- line{sc.Text(), time.Now()}
+		}
+	}()
+	p, err := Listen(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("before\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-got; l.s != "before" {
+		t.Fatalf("got %q, want before", l.s)
+	}
+
+	const delay = 2 * time.Second
+	p.Delay(delay)
+	sent := time.Now()
+	for _, s := range []string{"one\n", "two\n"} {
+		if _, err := c.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Responses flow while requests are held.
+	if s, err := r.ReadString('\n'); err != nil || s != "hello\n" {
+		t.Fatalf("read %q, %v from the server during the delay", s, err)
+	}
+	for _, want := range []string{"one", "two"} {
+		select {
+		case l := <-got:
+			if l.s != want {
+				t.Fatalf("got %q, want %q: order lost", l.s, want)
+			}
+			if early := delay - l.at.Sub(sent); early > 0 {
+				t.Errorf("%q reached the server %s before its delay ended", l.s, early)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%q never reached the server", want)
+		}
+	}
+	if p.Delayed() == 0 {
+		t.Error("no chunk counted as delayed")
+	}
+}
