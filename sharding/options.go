@@ -36,6 +36,10 @@ const (
 	DefaultStartupGrace         = 10 * time.Second
 )
 
+// maxShards is the largest shard count of a ring: a replica holds a Lease,
+// and renews it every RetryPeriod, per shard.
+const maxShards = 4096
+
 // Kind is an object kind that a shard watches.
 type Kind struct {
 	// Object is an instance of the kind, e.g. &corev1.ConfigMap{}.
@@ -291,8 +295,8 @@ func (o *Options) validate() error {
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))
 	}
-	if o.Shards < 1 || o.Shards > 4096 {
-		errs = append(errs, fmt.Errorf("shards must be in [1, 4096], got %d", o.Shards))
+	if o.Shards < 1 || o.Shards > maxShards {
+		errs = append(errs, fmt.Errorf("shards must be in [1, %d], got %d", maxShards, o.Shards))
 	}
 	if o.For.Object == nil {
 		errs = append(errs, errors.New("the primary kind (For) is required"))
