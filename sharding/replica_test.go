@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -803,10 +804,13 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	}
 }
 
-// TestMismatchedLeaderDoesNotLabel: the elected labeler whose shard count
-// differs from the ring's labels nothing (it would put objects into shards
-// nobody runs); once it is gone, the next leader labels them right.
-func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
+// TestMismatchedLabelerStepsDown: the elected labeler whose shard count
+// stops agreeing with the ring's (a rolling update changing --shards) steps
+// down, and a replica that agrees labels while the odd one still runs: every
+// object created meanwhile is labeled by the ring's count and reconciled.
+// The odd one used to keep the labeler Lease and label nothing, so no object
+// created while it ran was ever reconciled.
+func TestMismatchedLabelerStepsDown(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -816,12 +820,8 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 	m := startReplica(t, odd)
 	// Alone, it is the ring (of shards/2) and the elected labeler.
 	controlplane.Eventually(t, time.Minute, "the odd replica elected", func() error {
-		var l coordinationv1.Lease
-		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: ring + "-labeler"}, &l); err != nil {
-			return err
-		}
-		if holderOf(l) == "" {
-			return fmt.Errorf("no labeler elected")
+		if h := labelerHolder(t, c, ns, ring); h != "r-odd" {
+			return fmt.Errorf("labeler Lease held by %q", h)
 		}
 		return m.rep.Ready()
 	})
@@ -834,45 +834,47 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 		}
 		return nil
 	})
-
-	keys := createBindings(t, c, ns, 40, 40)
-	labels := func() (right, wrong int, example string) {
-		for _, k := range keys {
-			var cb configv1alpha1.ConfigBinding
-			if err := c.Get(context.Background(), k, &cb); err != nil {
-				t.Fatal(err)
-			}
-			v, ok := cb.Labels[sharding.LabelShard]
-			if !ok {
-				continue
-			}
-			if v == fmt.Sprint(sharding.ShardOf(cb.Spec.Domain, shards)) {
-				right++
-			} else {
-				wrong++
-				example = fmt.Sprintf("%s (domain %s) labeled %s", cb.Name, cb.Spec.Domain, v)
-			}
-		}
-		return right, wrong, example
-	}
-	// The odd leader's labeler sees them at once; give it time to misbehave.
-	for range 3 {
-		time.Sleep(fastTiming.retry)
-		if right, wrong, example := labels(); right+wrong > 0 {
-			t.Fatalf("the mismatched leader labeled %d objects (%d wrongly, e.g. %s)", right+wrong, wrong, example)
-		}
-	}
-	m.stop(t)
-	controlplane.Eventually(t, 2*time.Minute, "every object labeled by the next leader", func() error {
-		right, wrong, example := labels()
-		if wrong > 0 {
-			return fmt.Errorf("%d wrongly labeled, e.g. %s", wrong, example)
-		}
-		if right != len(keys) {
-			return fmt.Errorf("%d of %d labeled", right, len(keys))
+	controlplane.Eventually(t, time.Minute, "an agreeing replica elected", func() error {
+		if h := labelerHolder(t, c, ns, ring); h != "r-0" && h != "r-1" {
+			return fmt.Errorf("labeler Lease held by %q", h)
 		}
 		return nil
 	})
+
+	keys := createBindings(t, c, ns, 40, 40)
+	var wrong string
+	controlplane.Eventually(t, 2*time.Minute, "every object labeled and reconciled", func() error {
+		for _, k := range keys {
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(context.Background(), k, &cb); err != nil {
+				return err
+			}
+			if v, ok := cb.Labels[sharding.LabelShard]; ok && v != fmt.Sprint(sharding.ShardOf(cb.Spec.Domain, shards)) && wrong == "" {
+				wrong = fmt.Sprintf("%s (domain %s) labeled %s", cb.Name, cb.Spec.Domain, v)
+			}
+		}
+		return allReconciled(c, ns, ring, t)
+	})
+	if wrong != "" {
+		t.Errorf("an object labeled by another shard count: %s", wrong)
+	}
+	if h := labelerHolder(t, c, ns, ring); h == "r-odd" {
+		t.Errorf("the odd replica holds the labeler Lease again")
+	}
+}
+
+// labelerHolder is the replica holding a ring's labeler Lease, "" if none.
+func labelerHolder(t testing.TB, c client.Client, ns, ring string) string {
+	t.Helper()
+	var l coordinationv1.Lease
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.LabelerLeaseName(ring)}, &l)
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return holderOf(l)
 }
 
 // TestTwoRingsShareANamespace: two controllers' rings in one Lease
