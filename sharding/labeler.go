@@ -313,6 +313,7 @@ func (l *labeler) lead(ctx context.Context) error {
 	}
 	l.log.Info("Labeling unlabeled objects as the elected labeler")
 	errs := make(chan error, 2)
+	r.metrics.caches.WithLabelValues("labeler").Inc()
 	go func() { errs <- c.Start(ctx) }()
 	go func() { errs <- ctl.Start(ctx) }()
 	err = <-errs

@@ -704,10 +704,15 @@ func (p *cutProxy) cut() {
 
 // gathered sums the series of one ring of a metric in controller-runtime's
 // registry: other tests' replicas of other rings run in the same process.
-func gathered(name, ring string) (float64, error) {
+// Label pairs in match narrow the series further.
+func gathered(name, ring string, match ...string) (float64, error) {
 	families, err := metrics.Registry.Gather()
 	if err != nil {
 		return 0, err
+	}
+	want := map[string]string{"ring": ring}
+	for i := 0; i+1 < len(match); i += 2 {
+		want[match[i]] = match[i+1]
 	}
 	for _, f := range families {
 		if f.GetName() != name {
@@ -715,10 +720,14 @@ func gathered(name, ring string) (float64, error) {
 		}
 		sum := 0.0
 		for _, m := range f.GetMetric() {
+			found := 0
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "ring" && l.GetValue() == ring {
-					sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				if v, ok := want[l.GetName()]; ok && v == l.GetValue() {
+					found++
 				}
+			}
+			if found == len(want) {
+				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
 			}
 		}
 		return sum, nil
