@@ -761,8 +761,14 @@ func createStatefulSet(t *testing.T, c client.Client, ns string, replicas int32)
 // does not take every shard and hand most of them over as the others join
 // (each such move is a LIST, a cold cache and a reconcile per object).
 //
-// It runs alone (not parallel): the peers join within the startup grace
-// only if the machine is not busy with other tests' rings.
+// A replica counts the StatefulSet's desired replicas as ring members for
+// its startup grace, so within it, whenever its peers join, it holds at
+// most its final share, exactly: that is what is checked, over the window
+// each replica's own start opens, rather than a peak over the whole run
+// bounded by a margin (a peer that joins after the grace, on a busy
+// machine, is rightly covered for until it does). It runs alone (not
+// parallel), so that the peers usually join within the grace and the ring
+// settles as one.
 func TestStartupDoesNotOverClaim(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -771,16 +777,25 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	createStatefulSet(t, c, ns, 3)
 	ids := []string{"kshard-0", "kshard-1", "kshard-2"}
 	var mu sync.Mutex
-	peak := map[string]int{}
-	reps := map[string]*replica{}
+	peak, samples := map[string]int{}, map[string]int{}
+	type started struct {
+		r  *replica
+		at time.Time
+	}
+	reps := map[string]started{}
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
 		for {
 			mu.Lock()
-			for id, r := range reps {
-				peak[id] = max(peak[id], len(r.rep.HeldShards()))
+			for id, s := range reps {
+				// The grace starts once the replica has read the ring,
+				// after at: until at+StartupGrace it is in its grace.
+				if time.Since(s.at) < sharding.DefaultStartupGrace {
+					peak[id] = max(peak[id], len(s.r.rep.HeldShards()))
+					samples[id]++
+				}
 			}
 			mu.Unlock()
 			select {
@@ -793,9 +808,10 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	for _, id := range ids {
 		rc := ringConfig(ns, ring, id)
 		rc.statefulSet = "kshard"
+		at := time.Now()
 		r := startReplica(t, rc)
 		mu.Lock()
-		reps[id] = r
+		reps[id] = started{r: r, at: at}
 		mu.Unlock()
 		// Late peers: without the StatefulSet's word, the first would
 		// hold everything until they join.
@@ -807,8 +823,12 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	final := sharding.NewRing(fullShards, ids)
 	for _, id := range ids {
 		share := len(final.ShardsOf(id))
-		if float64(peak[id]) > 1.3*float64(share) {
-			t.Errorf("%s held up to %d shards while starting; its final share is %d", id, peak[id], share)
+		t.Logf("%s: held up to %d shards in its startup grace (%d samples); its final share is %d", id, peak[id], samples[id], share)
+		if peak[id] > share {
+			t.Errorf("%s held up to %d shards in its startup grace; its final share is %d", id, peak[id], share)
+		}
+		if samples[id] == 0 {
+			t.Errorf("%s: never sampled in its startup grace", id)
 		}
 	}
 }
