@@ -202,8 +202,11 @@ func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 				defer cancel()
 				defer context.AfterFunc(labelCtx, cancel)()
 				err := l.lead(lctx)
-				if lctx.Err() != nil {
+				switch {
+				case lctx.Err() != nil:
 					err = nil // ended by the term or by stepping down
+				case err == nil:
+					err = errors.New("the labeling stopped by itself")
 				}
 				ended <- err
 			},
@@ -234,11 +237,11 @@ campaigning:
 			led = true
 			l.setState(labelerLeading, nil)
 		case err := <-ended:
+			// Nil: the term ended with the Lease lost.
+			why = errors.New("the labeler Lease was lost")
 			if err != nil {
 				l.log.Error(err, "Labeling failed; stepping down")
 				failed, why = true, err
-			} else {
-				why = errors.New("the labeler Lease was lost")
 			}
 			break campaigning
 		case <-ran:
