@@ -81,7 +81,7 @@ func TestWaitingProcessDoesNotCampaign(t *testing.T) {
 	ns := newNamespace(t, c)
 	ring := "waiter"
 	// The other process of identity w-0 is the test, renewing its member
-	// Lease every retry period until stopRenewing.
+	// Lease every retry period until renewing() stops it.
 	renewing := renewMemberLease(t, c, ns, ring, "w-0", "w-0_other")
 	w := startReplica(t, ringConfig(ns, ring, "w-0"))
 	controlplane.Eventually(t, time.Minute, "the process says why it is not ready", func() error {

@@ -37,8 +37,8 @@ import (
 // Only a replica in the ring may label: one whose shard count differed (a
 // rolling update changing --shards) or whose identity another process runs
 // used to win the labeler Lease, keep it and label nothing, so no object
-// created meanwhile was ever reconciled. Its lifecycle is run's state
-// machine, below.
+// created meanwhile was ever reconciled. Its lifecycle is one state machine
+// (labelerState), run by Start.
 type labeler struct {
 	r         *Replica
 	kick      chan struct{} // the ring or this replica's place in it may have changed
