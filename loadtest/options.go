@@ -285,9 +285,11 @@ func (o *Options) validate(sc *scenario) error {
 	check(!finite(o.ErrorRate) || o.ErrorRate < 0 || o.ErrorRate > 1, "error rate %v must be within 0..1", o.ErrorRate)
 	check(o.OutageAfter < 0 || o.OutageFor < 0, "outage times must not be negative")
 	check(o.OutageFor > 0 && o.OutageAfter+o.OutageFor > o.Duration, "the outage (%s after the start, for %s) must end within the duration %s", o.OutageAfter, o.OutageFor, o.Duration)
-	check(o.LeaseDuration < time.Second || o.LeaseDuration%time.Second != 0, "lease duration %s must be whole seconds (Leases store seconds)", o.LeaseDuration)
-	check(o.RenewDeadline <= 0 || o.RenewDeadline >= o.LeaseDuration, "renew deadline %s must be positive and below the lease duration %s", o.RenewDeadline, o.LeaseDuration)
-	check(o.RetryPeriod <= 0 || o.RetryPeriod >= o.RenewDeadline, "retry period %s must be positive and below the renew deadline %s", o.RetryPeriod, o.RenewDeadline)
+	// The replicas refuse what sharding refuses: refused here, before any starts.
+	if err := sharding.ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod,
+		sharding.LeaseTimingNames{LeaseDuration: "lease duration", RenewDeadline: "renew deadline", RetryPeriod: "retry period"}); err != nil {
+		errs = append(errs, err)
+	}
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
 	// Pauses and clock offsets are faults of replica processes; pods get
 	// none (checkPodTarget).

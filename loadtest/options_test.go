@@ -50,6 +50,7 @@ func TestOptionsRejectBadInput(t *testing.T) {
 		{Options{Skew: SkewZipf, ZipfS: 0.5}, "zipf exponent 0.5"},
 		{Options{LeaseDuration: 1500 * time.Millisecond}, "whole seconds"},
 		{Options{LeaseDuration: 10 * time.Second, RenewDeadline: 10 * time.Second}, "renew deadline"},
+		{Options{RenewDeadline: 6 * time.Second, RetryPeriod: 5 * time.Second}, "renew deadline 6s must exceed 1.2 × retry period 5s"},
 		{Options{ErrorRate: 2}, "error rate 2"},
 		{Options{Duration: time.Minute, OutageAfter: 50 * time.Second, OutageFor: 20 * time.Second}, "must end within the duration"},
 		{Options{HPATimeScale: 2}, "HPA time scale 2"},

@@ -460,6 +460,12 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		return fmt.Sprintf("%.0f", f.HeldMax)
 	})
 	row("initial syncs of ConfigBindings: LISTs + watch-lists (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Syncs) })
+	row("informer caches the replicas started (kshard_caches_started_total): for acquisitions, of shards acquired", func(f *FleetResult) string {
+		if f.CachesStarted < 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.0f: %.0f, of %.0f", f.CachesStarted, f.AcquisitionCaches, f.Acquisitions)
+	})
 	row("ConfigBindings the API server scanned for them", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Scanned) })
 	row("… per replica process", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.ScannedPerProcess) })
 	if len(fl) > 1 {

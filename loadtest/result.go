@@ -176,6 +176,14 @@ type FleetResult struct {
 	// open at the end (the load tester's own one subtracted).
 	Syncs, Scanned, Bytes, OpenWatches float64
 	OwnSyncs                           int64
+	// CachesStarted are the informer caches the fleet's replicas report
+	// having started over its life (kshard_caches_started_total, every
+	// reason; -1 with sharding off, which does not export it), each one
+	// initial sync of ConfigBindings: Syncs beyond it are syncs nobody
+	// accounts for. AcquisitionCaches are those started for shards
+	// acquired together, of Acquisitions shard Leases acquired: a cache
+	// per shard would make them equal.
+	CachesStarted, AcquisitionCaches, Acquisitions float64
 	// ScannedPerProcess is Scanned divided by the replica processes.
 	ScannedPerProcess               float64
 	LeaseWritesPerSec, WritesPerSec float64
@@ -300,6 +308,11 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				last := in.samples[n-1]
 				rr.Reconciles += last.Reconciles
 				rr.ExternalCalls += last.ExternalCalls
+				for _, v := range last.Caches {
+					res.CachesStarted += v
+				}
+				res.AcquisitionCaches += last.Caches["acquisition"]
+				res.Acquisitions += last.Acquired
 			}
 			// "End" is the end of the measured phase: once the fleet is
 			// told to stop, leaving replicas hand their shards over.
@@ -338,6 +351,9 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		}
 		res.PerReplica = append(res.PerReplica, rr)
 		res.Replicas++
+	}
+	if !f.mode.Sharded() {
+		res.CachesStarted, res.AcquisitionCaches, res.Acquisitions = -1, -1, -1
 	}
 	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
 	_, res.RSSPeakMean = maxMean(rssPeaks)

@@ -28,6 +28,8 @@ const (
 	metricShardsOwned    = "kshard_shards_owned"
 	metricShardObjects   = "kshard_shard_objects"
 	metricUnlabeled      = "kshard_unlabeled_objects"
+	metricCachesStarted  = "kshard_caches_started_total"
+	metricHandovers      = "kshard_shard_handovers_total"
 	metricReconciles     = "controller_runtime_reconcile_total"
 	metricReconcileTime  = "controller_runtime_reconcile_time_seconds"
 	metricQueueDepth     = "workqueue_depth"
@@ -165,6 +167,12 @@ type replicaSample struct {
 	// elected labeler's shard label, as the labeler's watch counts them. Only
 	// the elected leader sets it; the others export 0.
 	Unlabeled float64
+	// Caches counts the informer caches the replica started, by reason
+	// (kshard_caches_started_total): each is one initial sync of
+	// ConfigBindings at the API server. Acquired counts the shard Leases
+	// it acquired.
+	Caches   map[string]float64
+	Acquired float64
 	// Metric is the value of an extra family the run asked for (the HPA's
 	// per-pod metric), summed.
 	Metric float64
@@ -205,6 +213,8 @@ func scrapeReplica(ctx context.Context, hc *http.Client, url, extra string) (rep
 		Cache:           f.by(metricCacheRequests, "result", nil),
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
 		Unlabeled:       f.sum(metricUnlabeled, nil),
+		Caches:          f.by(metricCachesStarted, "reason", nil),
+		Acquired:        f.sum(metricHandovers, map[string]string{"direction": "acquire"}),
 	}
 	s.Reconcile.Bounds, s.Reconcile.Counts = f.histogram(metricReconcileTime, ctl)
 	s.QueueWait.Bounds, s.QueueWait.Counts = f.histogram(metricQueueWait, map[string]string{"name": controllerName})

@@ -118,9 +118,15 @@ func TestSmoke(t *testing.T) {
 	if f.HeapPeakMax <= 0 || f.Syncs < 1 {
 		t.Errorf("heap %v, initial syncs %v: the replicas' and the API server's metrics were not read", f.HeapPeakMax, f.Syncs)
 	}
-	// A cache per acquisition, not per shard: a few syncs per replica and
-	// the labeler's, where a cache per shard made 64 and more.
-	if f.Syncs > 4*3 {
-		t.Errorf("3 replicas synced ConfigBindings %v times", f.Syncs)
+	// Every sync the API server made (the load tester's own subtracted) is
+	// one of the caches the replicas report, and a cache serves the shards
+	// acquired together, not one: bounded by what the run observed, not by
+	// a count of syncs, which depends on how acquisitions batch under load.
+	t.Logf("%v initial syncs of ConfigBindings; the replicas report %v caches, %v of them for %v shards acquired", f.Syncs, f.CachesStarted, f.AcquisitionCaches, f.Acquisitions)
+	if f.Syncs > f.CachesStarted {
+		t.Errorf("the API server served %v syncs of ConfigBindings, the replicas report %v caches", f.Syncs, f.CachesStarted)
+	}
+	if f.AcquisitionCaches < 1 || f.AcquisitionCaches > f.Acquisitions/2 {
+		t.Errorf("%v caches for %v shards acquired, want at least one and at most one per two (one per acquisition batch, not per shard)", f.AcquisitionCaches, f.Acquisitions)
 	}
 }

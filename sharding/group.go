@@ -392,6 +392,7 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 	for _, s := range running {
 		s.beginTenure()
 	}
+	r.metrics.caches.WithLabelValues("acquisition").Inc()
 	g.start()
 	for range shards {
 		g.leave()
@@ -457,6 +458,7 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 		return
 	}
 	g.members = 1 // the compaction itself, until the switch
+	r.metrics.caches.WithLabelValues("compaction").Inc()
 	g.start()
 	select {
 	case <-g.synced:

@@ -2,9 +2,14 @@ package sharding
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
@@ -28,10 +33,70 @@ import (
 // those objects (selector: shard label not in [0, shards)), so it costs
 // nothing while every object is labeled, and no webhook sits on the write
 // path: a new object waits for one watch event and one patch instead.
+//
+// Only a replica in the ring may label: one whose shard count differed (a
+// rolling update changing --shards) or whose identity another process runs
+// used to win the labeler Lease, keep it and label nothing, so no object
+// created meanwhile was ever reconciled. Its lifecycle is one state machine
+// (labelerState), run by Start.
 type labeler struct {
 	r         *Replica
+	kick      chan struct{} // the ring or this replica's place in it may have changed
 	unlabeled atomic.Int64
-	refused   atomic.Bool // logged that the shard counts disagree
+	log       logr.Logger
+
+	mu    sync.Mutex
+	state labelerState
+}
+
+// labelerState is where this replica is with the ring's labeling.
+type labelerState int
+
+const (
+	// labelerIdle: this replica is not in the ring (Replica.inRing says
+	// why: another process runs its identity, its shard count differs from
+	// the ring's, it has not joined yet), so it does not campaign.
+	labelerIdle labelerState = iota
+	// labelerCampaigning: in the ring, it campaigns for the labeler Lease.
+	labelerCampaigning
+	// labelerLeading: it holds the labeler Lease and labels.
+	labelerLeading
+	// labelerSteppingDown: its term ends (it left the ring, the Lease was
+	// lost, the labeling failed, the replica stops): the labeling stops,
+	// then the Lease is released, so two replicas never label at once.
+	labelerSteppingDown
+)
+
+func (st labelerState) String() string {
+	return [...]string{"Idle", "Campaigning", "Leading", "SteppingDown"}[st]
+}
+
+func newLabeler(r *Replica) *labeler {
+	return &labeler{r: r, kick: make(chan struct{}, 1), log: r.log.WithName("labeler")}
+}
+
+// wake makes the labeler look at the ring again. It never blocks.
+func (l *labeler) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// setState moves to a state and logs the change with why.
+func (l *labeler) setState(st labelerState, why error) {
+	l.mu.Lock()
+	from := l.state
+	l.state = st
+	l.mu.Unlock()
+	if from == st {
+		return
+	}
+	if why != nil {
+		l.log.Info("Labeler", "state", st, "from", from, "reason", why.Error())
+		return
+	}
+	l.log.Info("Labeler", "state", st, "from", from)
 }
 
 // NeedLeaderElection is false: the labeler runs its own election, on Lease
@@ -55,46 +120,152 @@ func unlabeledSelector(shards int32) (labels.Selector, error) {
 	return labels.NewSelector().Add(*req), nil
 }
 
-// Start campaigns for the labeler Lease until ctx is done, labeling while
-// it holds it.
+// Start runs the labeler's lifecycle until ctx is done: Idle while this
+// replica is not in the ring, Campaigning and Leading while it is, and
+// SteppingDown at the end of each campaign.
 func (l *labeler) Start(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if why := l.r.inRing(); why != nil {
+			l.setState(labelerIdle, why)
+			select {
+			case <-ctx.Done():
+			case <-l.kick:
+			}
+			continue
+		}
+		failed, err := l.campaign(ctx)
+		if err != nil {
+			return err
+		}
+		if failed {
+			// Labeling failed while leading: let another replica try
+			// before this one campaigns again.
+			select {
+			case <-ctx.Done():
+			case <-time.After(l.r.opts.RetryPeriod):
+			}
+		}
+	}
+	l.setState(labelerIdle, context.Cause(ctx))
+	return nil
+}
+
+// campaign runs one election for the labeler Lease, labeling while it is
+// won, until ctx is done, this replica leaves the ring, the term is lost or
+// the labeling ends by itself (failed reports that). Then it steps down:
+// the labeling stops first, then the Lease is released (client-go's
+// ReleaseOnCancel is safe only once the code it guards stopped), so the
+// next labeler can start at once.
+func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 	r := l.r
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: r.opts.LeaseNamespace, Name: LabelerLeaseName(r.opts.Ring)},
 		Client:     r.leases.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: r.holder},
 	}
-	for ctx.Err() == nil {
-		done := make(chan struct{})
-		var led atomic.Bool
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			LeaseDuration:   r.opts.LeaseDuration,
-			RenewDeadline:   r.opts.RenewDeadline,
-			RetryPeriod:     r.opts.RetryPeriod,
-			ReleaseOnCancel: true,
-			Name:            LabelerLeaseName(r.opts.Ring),
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(lctx context.Context) {
-					led.Store(true)
-					defer close(done)
-					if err := l.lead(lctx); err != nil && lctx.Err() == nil {
-						r.log.Error(err, "Labeling")
-					}
-				},
-				OnStoppedLeading: func() {},
+	electCtx, stopElection := context.WithCancel(ctx)
+	defer stopElection()
+	labelCtx, stopLabeling := context.WithCancel(ctx)
+	defer stopLabeling()
+
+	// client-go starts OnStartedLeading in a goroutine of its own, which
+	// may run after Run returned: over keeps such a late term from
+	// labeling, and term waits for one that began.
+	var (
+		termMu  sync.Mutex
+		over    bool
+		term    sync.WaitGroup
+		elected = make(chan struct{}, 1)
+		ended   = make(chan error, 1)
+	)
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   r.opts.LeaseDuration,
+		RenewDeadline:   r.opts.RenewDeadline,
+		RetryPeriod:     r.opts.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            LabelerLeaseName(r.opts.Ring),
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(termCtx context.Context) {
+				termMu.Lock()
+				if over {
+					termMu.Unlock()
+					return
+				}
+				term.Add(1)
+				termMu.Unlock()
+				defer term.Done()
+				elected <- struct{}{}
+				// The labeling ends with the term, or when this replica
+				// steps down, whichever comes first.
+				lctx, cancel := context.WithCancel(termCtx)
+				defer cancel()
+				defer context.AfterFunc(labelCtx, cancel)()
+				err := l.lead(lctx)
+				switch {
+				case lctx.Err() != nil:
+					err = nil // ended by the term or by stepping down
+				case err == nil:
+					err = errors.New("the labeling stopped by itself")
+				}
+				ended <- err
 			},
-		})
-		if err != nil {
-			return fmt.Errorf("creating the labeler's election: %w", err)
-		}
-		le.Run(ctx)
-		if led.Load() {
-			<-done
-			r.log.Info("Stopped labeling: the labeler Lease was lost or released")
+			OnStoppedLeading: func() {},
+		},
+	})
+	if err != nil {
+		// Options.validate refuses the timings client-go refuses.
+		return false, fmt.Errorf("creating the labeler's election: %w", err)
+	}
+	ran := make(chan struct{})
+	go func() { defer close(ran); le.Run(electCtx) }()
+	l.setState(labelerCampaigning, nil)
+
+	var why error
+	led := false
+campaigning:
+	for {
+		select {
+		case <-ctx.Done():
+			why = context.Cause(ctx)
+			break campaigning
+		case <-l.kick:
+			if why = r.inRing(); why != nil {
+				break campaigning
+			}
+		case <-elected:
+			led = true
+			l.setState(labelerLeading, nil)
+		case err := <-ended:
+			// Nil: the term ended with the Lease lost.
+			why = errors.New("the labeler Lease was lost")
+			if err != nil {
+				l.log.Error(err, "Labeling failed; stepping down")
+				failed, why = true, err
+			}
+			break campaigning
+		case <-ran:
+			// Run returns by itself only once a term was lost (or ctx
+			// ended); the term's labeling ends too.
+			why = errors.New("the labeler Lease was lost")
+			if ctx.Err() != nil {
+				why = context.Cause(ctx)
+			}
+			break campaigning
 		}
 	}
-	return nil
+	l.setState(labelerSteppingDown, why)
+	stopLabeling()
+	termMu.Lock()
+	over = true
+	termMu.Unlock()
+	term.Wait()
+	stopElection()
+	<-ran
+	if led {
+		l.log.Info("Stopped labeling", "reason", why.Error())
+	}
+	return failed, nil
 }
 
 // lead labels unlabeled objects until ctx (the labeler's term) ends.
@@ -135,7 +306,7 @@ func (l *labeler) lead(ctx context.Context) error {
 		}),
 		MaxConcurrentReconciles: r.opts.LabelerWorkers,
 		SkipNameValidation:      ptr.To(true),
-		Logger:                  r.log.WithName("labeler"),
+		Logger:                  l.log,
 	})
 	if err != nil {
 		return fmt.Errorf("creating labeler: %w", err)
@@ -143,8 +314,9 @@ func (l *labeler) lead(ctx context.Context) error {
 	if err := ctl.Watch(ctrlsource.Kind(c, r.opts.For.Object, &handler.EnqueueRequestForObject{})); err != nil {
 		return fmt.Errorf("creating labeler: %w", err)
 	}
-	r.log.Info("Labeling unlabeled objects as the elected labeler")
+	l.log.Info("Labeling unlabeled objects as the elected labeler")
 	errs := make(chan error, 2)
+	r.metrics.caches.WithLabelValues("labeler").Inc()
 	go func() { errs <- c.Start(ctx) }()
 	go func() { errs <- ctl.Start(ctx) }()
 	err = <-errs
@@ -164,15 +336,13 @@ func (l *labeler) reconcile(ctx context.Context, c client.Reader, req reconcile.
 		}
 		return reconcile.Result{}, err
 	}
-	if err := l.r.agreesWithRing(); err != nil {
+	if l.r.inRing() != nil {
 		// Labeling by another shard count would put objects in shards
-		// nobody runs, or fight the replicas that correct labels.
-		if l.refused.CompareAndSwap(false, true) {
-			l.r.log.Error(err, "NOT LABELING objects as the elected leader until the shard counts agree")
-		}
-		return reconcile.Result{RequeueAfter: l.r.opts.RetryPeriod}, nil
+		// nobody runs, or fight the replicas that correct labels. This
+		// replica is stepping down (campaign): the next labeler lists
+		// this object afresh.
+		return reconcile.Result{}, nil
 	}
-	l.refused.Store(false)
 	domain := l.r.opts.Domain(obj)
 	return reconcile.Result{}, l.r.stampLabels(ctx, obj, domain, ShardOf(domain, l.r.opts.Shards))
 }

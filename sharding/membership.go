@@ -244,6 +244,19 @@ type leaseView struct {
 	// expiries are the times at which a live Lease will expire.
 	expiries []time.Time
 	total    int32
+	// invalid says, per live member Lease whose AnnotationShards is not a
+	// shard count, why: such a member is no member of the ring.
+	invalid []error
+}
+
+// memberShardCount reads the shard count a member Lease announces.
+func memberShardCount(l *coordinationv1.Lease) (int32, error) {
+	v := l.Annotations[AnnotationShards]
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 1 || n > maxShards {
+		return 0, fmt.Errorf("member Lease %s: annotation %s %q is not a shard count in [1, %d]", l.Name, AnnotationShards, v, maxShards)
+	}
+	return int32(n), nil
 }
 
 // shardLease is the part of a shard Lease that claims depend on.
@@ -294,11 +307,12 @@ func readLeases(ring string, items []coordinationv1.Lease, shards int32, now tim
 			if holder == "" || !expiry.After(now) {
 				continue
 			}
-			n, err := strconv.ParseInt(l.Annotations[AnnotationShards], 10, 32)
+			n, err := memberShardCount(l)
 			if err != nil {
+				v.invalid = append(v.invalid, err)
 				continue
 			}
-			members = append(members, live{name: HolderReplica(holder), shards: int32(n), created: l.CreationTimestamp.Time})
+			members = append(members, live{name: HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time})
 		case LeaseKindShard:
 			n, ok := ParseShardLeaseName(ring, l.Name, shards)
 			if !ok {

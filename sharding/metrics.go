@@ -45,6 +45,12 @@ var (
 		Name: "kshard_labeler_leader",
 		Help: "1 while this replica holds the ring's labeler Lease and labels unlabeled objects.",
 	}, []string{"ring"})
+	cachesStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kshard_caches_started_total",
+		Help: "Informer caches this replica started, by reason: acquisition (a batch of shards acquired together), " +
+			"compaction (a cache rebuilt for fewer shards), labeler (a term of the elected labeler). Each begins with one " +
+			"initial sync (LIST or watch-list) of the primary kind, for which the API server scans the whole collection.",
+	}, []string{"ring", "reason"})
 	shardCountMismatch = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kshard_ring_shard_count_mismatch",
 		Help: "1 while this replica's shard count differs from the ring's, so it claims nothing.",
@@ -53,7 +59,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
-		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch)
+		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch, cachesStarted)
 }
 
 // ringMetrics are the metrics of one Replica, with its ring's label bound.
@@ -61,6 +67,7 @@ type ringMetrics struct {
 	members, owned, unowned, unlabeled, labeler, mismatch prometheus.Gauge
 	objects                                               *prometheus.GaugeVec   // by shard
 	handovers                                             *prometheus.CounterVec // by direction and reason
+	caches                                                *prometheus.CounterVec // started, by reason
 	acquire                                               prometheus.Observer
 }
 
@@ -77,6 +84,7 @@ func newRingMetrics(ring string) ringMetrics {
 		mismatch:  shardCountMismatch.With(l),
 		objects:   shardObjects.MustCurryWith(l),
 		handovers: shardHandovers.MustCurryWith(l),
+		caches:    cachesStarted.MustCurryWith(l),
 		acquire:   shardAcquireDuration.With(l),
 	}
 }

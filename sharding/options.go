@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -34,6 +35,10 @@ const (
 	DefaultLabelerWorkers       = 64
 	DefaultStartupGrace         = 10 * time.Second
 )
+
+// maxShards is the largest shard count of a ring: a replica holds a Lease,
+// and renews it every RetryPeriod, per shard.
+const maxShards = 4096
 
 // Kind is an object kind that a shard watches.
 type Kind struct {
@@ -94,7 +99,10 @@ type Options struct {
 	Shards int32
 
 	// LeaseDuration, RenewDeadline and RetryPeriod have the meaning they have
-	// in client-go leader election, per shard Lease and member Lease.
+	// in client-go leader election, per shard Lease, member Lease and the
+	// labeler Lease. LeaseDuration must be whole seconds (a Lease stores
+	// seconds), RenewDeadline below it and above 1.2 × RetryPeriod
+	// (ValidateLeaseTiming). Default 15 s, 10 s and 5 s.
 	LeaseDuration time.Duration
 	RenewDeadline time.Duration
 	RetryPeriod   time.Duration
@@ -228,6 +236,60 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	return o.validate()
 }
 
+// LeaseTimingNames are what a caller calls the three Lease durations, so
+// that ValidateLeaseTiming's errors name what the user set: Options fields,
+// or the flags that set them.
+type LeaseTimingNames struct {
+	LeaseDuration, RenewDeadline, RetryPeriod string
+}
+
+// optionsTimingNames name the durations as Options fields.
+var optionsTimingNames = LeaseTimingNames{LeaseDuration: "LeaseDuration", RenewDeadline: "RenewDeadline", RetryPeriod: "RetryPeriod"}
+
+// ValidateLeaseTiming reports what makes a lease duration, renew deadline
+// and retry period unusable, each named as names says. New refuses Options
+// it rejects; a command validates its flags with it before anything starts,
+// so that a bad pair is named instead of stopping a running replica:
+//
+//   - each must be positive;
+//   - the lease duration must be whole seconds: a Lease stores it in
+//     spec.leaseDurationSeconds, so 1.5s would be written, and honoured by
+//     every other replica, as 1s, and 500ms as 0s (expired at once);
+//   - renew deadline < lease duration, so that a holder that cannot renew
+//     stops before anyone else may take its Lease;
+//   - renew deadline > leaderelection.JitterFactor (1.2) × retry period:
+//     client-go's leader election, which the labeler runs (and a manager's,
+//     without sharding), jitters its retries by up to that factor and
+//     refuses a shorter deadline; accepted here, a pair such as 5s/6s
+//     stopped the replica when the labeler started campaigning.
+func ValidateLeaseTiming(leaseDuration, renewDeadline, retryPeriod time.Duration, names LeaseTimingNames) error {
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{names.LeaseDuration, leaseDuration}, {names.RenewDeadline, renewDeadline}, {names.RetryPeriod, retryPeriod}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s must be positive", d.name, d.v))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if leaseDuration%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("%s %s must be whole seconds: a Lease stores spec.leaseDurationSeconds, so it would be written and honoured as %s",
+			names.LeaseDuration, leaseDuration, leaseDuration.Truncate(time.Second)))
+	}
+	if renewDeadline >= leaseDuration {
+		errs = append(errs, fmt.Errorf("%s %s must be below %s %s: a holder that cannot renew must stop before anyone else may take its Lease",
+			names.RenewDeadline, renewDeadline, names.LeaseDuration, leaseDuration))
+	}
+	if floor := time.Duration(leaderelection.JitterFactor * float64(retryPeriod)); renewDeadline <= floor {
+		errs = append(errs, fmt.Errorf("%s %s must exceed %v × %s %s = %s: client-go's leader election (the labeler's) jitters its retries by up to that factor and refuses a shorter deadline",
+			names.RenewDeadline, renewDeadline, leaderelection.JitterFactor, names.RetryPeriod, retryPeriod, floor))
+	}
+	return errors.Join(errs...)
+}
+
 func (o *Options) validate() error {
 	var errs []error
 	if o.Ring == "" {
@@ -247,8 +309,8 @@ func (o *Options) validate() error {
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))
 	}
-	if o.Shards < 1 || o.Shards > 4096 {
-		errs = append(errs, fmt.Errorf("shards must be in [1, 4096], got %d", o.Shards))
+	if o.Shards < 1 || o.Shards > maxShards {
+		errs = append(errs, fmt.Errorf("shards must be in [1, %d], got %d", maxShards, o.Shards))
 	}
 	if o.For.Object == nil {
 		errs = append(errs, errors.New("the primary kind (For) is required"))
@@ -256,9 +318,8 @@ func (o *Options) validate() error {
 	if o.Domain == nil {
 		errs = append(errs, errors.New("the Domain function is required"))
 	}
-	if !(o.RetryPeriod < o.RenewDeadline && o.RenewDeadline < o.LeaseDuration) {
-		errs = append(errs, fmt.Errorf("need retry period (%s) < renew deadline (%s) < lease duration (%s)",
-			o.RetryPeriod, o.RenewDeadline, o.LeaseDuration))
+	if err := ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, optionsTimingNames); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid sharding options: %w", errors.Join(errs...))

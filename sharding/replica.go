@@ -36,6 +36,7 @@ type Replica struct {
 	// "<identity>_<incarnation>".
 	holder    string
 	member    *memberLease
+	labeler   *labeler
 	metrics   ringMetrics
 	log       logr.Logger
 	mgr       manager.Manager
@@ -133,10 +134,11 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		backoff:    map[int32]acquireBackoff{},
 	}
 	r.member = newMemberLease(r)
+	r.labeler = newLabeler(r)
 	if err := mgr.Add(r); err != nil {
 		return nil, err
 	}
-	if err := mgr.Add(&labeler{r: r}); err != nil {
+	if err := mgr.Add(r.labeler); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -281,6 +283,9 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Whatever this pass changed, the labeler looks again: it campaigns
+	// only while this replica is in the ring.
+	defer r.labeler.wake()
 	mismatch := view.shardCount != 0 && view.shardCount != r.opts.Shards
 	if mismatch != r.mismatch {
 		r.mismatch = mismatch
@@ -491,15 +496,19 @@ func (r *Replica) HeldShards() []int32 {
 	return out
 }
 
-// agreesWithRing reports why this replica may not act for the ring: it has
-// not seen the ring's members yet, or its shard count differs from theirs.
-func (r *Replica) agreesWithRing() error {
+// inRing reports why this replica may not act for the ring (claim shards,
+// label objects): another process runs its identity, its shard count
+// differs from the ring's, or its ring does not have it yet.
+func (r *Replica) inRing() error {
+	if err := r.member.notHeldReason(); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mismatch {
 		return fmt.Errorf("shard count %d differs from the ring's", r.opts.Shards)
 	}
-	if len(r.ring.Members()) == 0 {
+	if !slices.Contains(r.ring.Members(), r.opts.Identity) {
 		return fmt.Errorf("not a ring member yet")
 	}
 	return nil
@@ -508,10 +517,7 @@ func (r *Replica) agreesWithRing() error {
 // Ready is a readiness check: ready once this replica runs every shard the
 // ring gives it, with synced informers, and its shard count agrees.
 func (r *Replica) Ready() error {
-	if err := r.member.notHeldReason(); err != nil {
-		return err
-	}
-	if err := r.agreesWithRing(); err != nil {
+	if err := r.inRing(); err != nil {
 		return err
 	}
 	r.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -703,10 +704,15 @@ func (p *cutProxy) cut() {
 
 // gathered sums the series of one ring of a metric in controller-runtime's
 // registry: other tests' replicas of other rings run in the same process.
-func gathered(name, ring string) (float64, error) {
+// Label pairs in match narrow the series further.
+func gathered(name, ring string, match ...string) (float64, error) {
 	families, err := metrics.Registry.Gather()
 	if err != nil {
 		return 0, err
+	}
+	want := map[string]string{"ring": ring}
+	for i := 0; i+1 < len(match); i += 2 {
+		want[match[i]] = match[i+1]
 	}
 	for _, f := range families {
 		if f.GetName() != name {
@@ -714,10 +720,14 @@ func gathered(name, ring string) (float64, error) {
 		}
 		sum := 0.0
 		for _, m := range f.GetMetric() {
+			found := 0
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "ring" && l.GetValue() == ring {
-					sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				if v, ok := want[l.GetName()]; ok && v == l.GetValue() {
+					found++
 				}
+			}
+			if found == len(want) {
+				sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
 			}
 		}
 		return sum, nil
@@ -751,8 +761,14 @@ func createStatefulSet(t *testing.T, c client.Client, ns string, replicas int32)
 // does not take every shard and hand most of them over as the others join
 // (each such move is a LIST, a cold cache and a reconcile per object).
 //
-// It runs alone (not parallel): the peers join within the startup grace
-// only if the machine is not busy with other tests' rings.
+// A replica counts the StatefulSet's desired replicas as ring members for
+// its startup grace, so within it, whenever its peers join, it holds at
+// most its final share, exactly: that is what is checked, over the window
+// each replica's own start opens, rather than a peak over the whole run
+// bounded by a margin (a peer that joins after the grace, on a busy
+// machine, is rightly covered for until it does). It runs alone (not
+// parallel), so that the peers usually join within the grace and the ring
+// settles as one.
 func TestStartupDoesNotOverClaim(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -761,16 +777,25 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	createStatefulSet(t, c, ns, 3)
 	ids := []string{"kshard-0", "kshard-1", "kshard-2"}
 	var mu sync.Mutex
-	peak := map[string]int{}
-	reps := map[string]*replica{}
+	peak, samples := map[string]int{}, map[string]int{}
+	type started struct {
+		r  *replica
+		at time.Time
+	}
+	reps := map[string]started{}
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
 		for {
 			mu.Lock()
-			for id, r := range reps {
-				peak[id] = max(peak[id], len(r.rep.HeldShards()))
+			for id, s := range reps {
+				// The grace starts once the replica has read the ring,
+				// after at: until at+StartupGrace it is in its grace.
+				if time.Since(s.at) < sharding.DefaultStartupGrace {
+					peak[id] = max(peak[id], len(s.r.rep.HeldShards()))
+					samples[id]++
+				}
 			}
 			mu.Unlock()
 			select {
@@ -783,9 +808,10 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	for _, id := range ids {
 		rc := ringConfig(ns, ring, id)
 		rc.statefulSet = "kshard"
+		at := time.Now()
 		r := startReplica(t, rc)
 		mu.Lock()
-		reps[id] = r
+		reps[id] = started{r: r, at: at}
 		mu.Unlock()
 		// Late peers: without the StatefulSet's word, the first would
 		// hold everything until they join.
@@ -797,16 +823,23 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 	final := sharding.NewRing(fullShards, ids)
 	for _, id := range ids {
 		share := len(final.ShardsOf(id))
-		if float64(peak[id]) > 1.3*float64(share) {
-			t.Errorf("%s held up to %d shards while starting; its final share is %d", id, peak[id], share)
+		t.Logf("%s: held up to %d shards in its startup grace (%d samples); its final share is %d", id, peak[id], samples[id], share)
+		if peak[id] > share {
+			t.Errorf("%s held up to %d shards in its startup grace; its final share is %d", id, peak[id], share)
+		}
+		if samples[id] == 0 {
+			t.Errorf("%s: never sampled in its startup grace", id)
 		}
 	}
 }
 
-// TestMismatchedLeaderDoesNotLabel: the elected labeler whose shard count
-// differs from the ring's labels nothing (it would put objects into shards
-// nobody runs); once it is gone, the next leader labels them right.
-func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
+// TestMismatchedLabelerStepsDown: the elected labeler whose shard count
+// stops agreeing with the ring's (a rolling update changing --shards) steps
+// down, and a replica that agrees labels while the odd one still runs: every
+// object created meanwhile is labeled by the ring's count and reconciled.
+// The odd one used to keep the labeler Lease and label nothing, so no object
+// created while it ran was ever reconciled.
+func TestMismatchedLabelerStepsDown(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
@@ -816,12 +849,8 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 	m := startReplica(t, odd)
 	// Alone, it is the ring (of shards/2) and the elected labeler.
 	controlplane.Eventually(t, time.Minute, "the odd replica elected", func() error {
-		var l coordinationv1.Lease
-		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: ring + "-labeler"}, &l); err != nil {
-			return err
-		}
-		if holderOf(l) == "" {
-			return fmt.Errorf("no labeler elected")
+		if h := labelerHolder(t, c, ns, ring); h != "r-odd" {
+			return fmt.Errorf("labeler Lease held by %q", h)
 		}
 		return m.rep.Ready()
 	})
@@ -834,45 +863,47 @@ func TestMismatchedLeaderDoesNotLabel(t *testing.T) {
 		}
 		return nil
 	})
-
-	keys := createBindings(t, c, ns, 40, 40)
-	labels := func() (right, wrong int, example string) {
-		for _, k := range keys {
-			var cb configv1alpha1.ConfigBinding
-			if err := c.Get(context.Background(), k, &cb); err != nil {
-				t.Fatal(err)
-			}
-			v, ok := cb.Labels[sharding.LabelShard]
-			if !ok {
-				continue
-			}
-			if v == fmt.Sprint(sharding.ShardOf(cb.Spec.Domain, shards)) {
-				right++
-			} else {
-				wrong++
-				example = fmt.Sprintf("%s (domain %s) labeled %s", cb.Name, cb.Spec.Domain, v)
-			}
-		}
-		return right, wrong, example
-	}
-	// The odd leader's labeler sees them at once; give it time to misbehave.
-	for range 3 {
-		time.Sleep(fastTiming.retry)
-		if right, wrong, example := labels(); right+wrong > 0 {
-			t.Fatalf("the mismatched leader labeled %d objects (%d wrongly, e.g. %s)", right+wrong, wrong, example)
-		}
-	}
-	m.stop(t)
-	controlplane.Eventually(t, 2*time.Minute, "every object labeled by the next leader", func() error {
-		right, wrong, example := labels()
-		if wrong > 0 {
-			return fmt.Errorf("%d wrongly labeled, e.g. %s", wrong, example)
-		}
-		if right != len(keys) {
-			return fmt.Errorf("%d of %d labeled", right, len(keys))
+	controlplane.Eventually(t, time.Minute, "an agreeing replica elected", func() error {
+		if h := labelerHolder(t, c, ns, ring); h != "r-0" && h != "r-1" {
+			return fmt.Errorf("labeler Lease held by %q", h)
 		}
 		return nil
 	})
+
+	keys := createBindings(t, c, ns, 40, 40)
+	var wrong string
+	controlplane.Eventually(t, 2*time.Minute, "every object labeled and reconciled", func() error {
+		for _, k := range keys {
+			var cb configv1alpha1.ConfigBinding
+			if err := c.Get(context.Background(), k, &cb); err != nil {
+				return err
+			}
+			if v, ok := cb.Labels[sharding.LabelShard]; ok && v != fmt.Sprint(sharding.ShardOf(cb.Spec.Domain, shards)) && wrong == "" {
+				wrong = fmt.Sprintf("%s (domain %s) labeled %s", cb.Name, cb.Spec.Domain, v)
+			}
+		}
+		return allReconciled(c, ns, ring, t)
+	})
+	if wrong != "" {
+		t.Errorf("an object labeled by another shard count: %s", wrong)
+	}
+	if h := labelerHolder(t, c, ns, ring); h == "r-odd" {
+		t.Errorf("the odd replica holds the labeler Lease again")
+	}
+}
+
+// labelerHolder is the replica holding a ring's labeler Lease, "" if none.
+func labelerHolder(t testing.TB, c client.Client, ns, ring string) string {
+	t.Helper()
+	var l coordinationv1.Lease
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.LabelerLeaseName(ring)}, &l)
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return holderOf(l)
 }
 
 // TestTwoRingsShareANamespace: two controllers' rings in one Lease

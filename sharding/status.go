@@ -2,6 +2,7 @@ package sharding
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -54,7 +55,12 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
 	}
 	now := time.Now()
-	view := readLeases(ring, leases.Items, 1<<12, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
+	view := readLeases(ring, leases.Items, maxShards, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
+	if len(view.invalid) > 0 {
+		// Hand-edited or written by something else: the ring cannot be
+		// drawn without knowing whether that member is in it.
+		return nil, fmt.Errorf("reading ring %s: %w", ring, errors.Join(view.invalid...))
+	}
 	st := &RingStatus{Ring: ring, ShardCount: view.shardCount}
 	if st.ShardCount == 0 {
 		// No live member: take the largest shard Lease number seen.
@@ -88,8 +94,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		case LeaseKindMember:
 			replica, _ := ParseMemberLeaseName(ring, l.Name)
 			name := HolderReplica(ptr.Deref(l.Spec.HolderIdentity, replica))
-			var count int32
-			_, _ = fmt.Sscan(l.Annotations[AnnotationShards], &count)
+			count, _ := memberShardCount(&l) // 0 for an expired member's bad annotation
 			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}
 			m.Live = leaseExpiry(l.Spec).After(now) && ptr.Deref(l.Spec.HolderIdentity, "") != ""
 			if l.Spec.RenewTime != nil {

@@ -168,6 +168,9 @@ func (o *Options) applyMemoryLimit(log logr.Logger) {
 	log.Info("Sized from the memory limit", "memoryLimit", o.MemoryLimit, "goMemLimit", soft, "externalCacheBytes", o.Cache.MaxBytes)
 }
 
+// timingFlags name the Lease timing as cmd/kshard's flags set it.
+var timingFlags = sharding.LeaseTimingNames{LeaseDuration: "--lease-duration", RenewDeadline: "--renew-deadline", RetryPeriod: "--retry-period"}
+
 func (o *Options) setDefaults() error {
 	if o.Ring == "" {
 		o.Ring = "kshard"
@@ -186,6 +189,11 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RetryPeriod == 0 {
 		o.RetryPeriod = sharding.DefaultRetryPeriod
+	}
+	// Sharded or not (a manager's leader election), the same Lease timing:
+	// refused here with the flags named, not when a Lease is first written.
+	if err := sharding.ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, timingFlags); err != nil {
+		return err
 	}
 	if o.MaxConcurrentReconciles == 0 {
 		o.MaxConcurrentReconciles = 16
