@@ -132,10 +132,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	}
 
 	// Not fenced by the API server: the checker must see the late writes.
-	vapb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: audit.FencingPolicy + "-" + ns}}
-	if err := c.Delete(ctx, vapb); err != nil {
-		t.Fatal(err)
-	}
+	unbindFencing(ctx, t, c, ns)
 	controlplane.Eventually(t, time.Minute, "the shard-writes policy no longer in force", func() error { return probe(false) })
 	unfenced := time.Now()
 	delayWrites(ctx, t, c, proxy, ns, bindings)
@@ -191,6 +188,30 @@ func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netf
 	if proxy.Delayed() == 0 {
 		t.Fatal("the proxy delayed nothing kshard-1 sent")
 	}
+}
+
+// unbindFencing deletes the shard-writes policy's bindings of the base
+// installed in ns, and returns them as they were.
+func unbindFencing(ctx context.Context, t testing.TB, c client.Client, ns string) []admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+	t.Helper()
+	var list admissionregistrationv1.ValidatingAdmissionPolicyBindingList
+	if err := c.List(ctx, &list); err != nil {
+		t.Fatal(err)
+	}
+	var out []admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	for _, b := range list.Items {
+		if b.Spec.PolicyName != audit.FencingPolicy+"-"+ns {
+			continue
+		}
+		if err := c.Delete(ctx, &b); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	if len(out) == 0 {
+		t.Fatalf("no binding of policy %s-%s", audit.FencingPolicy, ns)
+	}
+	return out
 }
 
 // shardsHeld returns the shards each replica holds, by the shard Leases.

@@ -49,7 +49,7 @@ import (
 // optional components, into a namespace of their own (the Namespace object of
 // the base, renamed) and returns the namespace. The StatefulSet creates no
 // pods here (there is no controller manager), but a stopping replica reads it.
-func installBase(ctx context.Context, t *testing.T, c client.Client, components ...string) string {
+func installBase(ctx context.Context, t testing.TB, c client.Client, components ...string) string {
 	t.Helper()
 	ns := uniqueName("kshard-rbac")
 	var objs []*unstructured.Unstructured
@@ -92,7 +92,7 @@ func tokenConfig(token string) *rest.Config {
 	}
 }
 
-func tokenClient(t *testing.T, token string) client.Client {
+func tokenClient(t testing.TB, token string) client.Client {
 	t.Helper()
 	c, err := client.New(tokenConfig(token), client.Options{Scheme: replica.Scheme()})
 	if err != nil {
@@ -358,7 +358,7 @@ func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, configCente
 // one: the API server then names the pod in the token's user extras
 // (authentication.kubernetes.io/pod-name), which the shard-writes policy
 // checks against the shard Leases' holders.
-func podToken(ctx context.Context, t *testing.T, ns, id string) string {
+func podToken(ctx context.Context, t testing.TB, ns, id string) string {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(cp.Config)
 	if err != nil {

@@ -42,6 +42,6 @@ func newRootCommand() *cobra.Command {
 	}
 	zapFlags := flagSetOf(zapOpts.BindFlags)
 	root.PersistentFlags().AddGoFlagSet(zapFlags)
-	root.AddCommand(newControllerCommand(), newStatusCommand())
+	root.AddCommand(newControllerCommand(), newStatusCommand(), newFencingCommand())
 	return root
 }

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kshard/kshard/sharding"
+)
+
+// TestShippedFencingBindingsAreGenerated: deploy/base's bindings are what
+// `kshard fencing` writes for the default ring, so every shard of it is
+// fenced (a shard without a binding would be checked by nothing).
+func TestShippedFencingBindingsAreGenerated(t *testing.T) {
+	shipped, err := os.ReadFile(filepath.Join("..", "..", "deploy", "base", "shard-writes-bindings.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	if err := writeFencingBindings(&want, "kshard", "kshard-system", sharding.DefaultShards); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(shipped, want.Bytes()) {
+		t.Error("deploy/base/shard-writes-bindings.yaml is not what `kshard fencing` writes: run `go run ./cmd/kshard fencing > deploy/base/shard-writes-bindings.yaml`")
+	}
+}
