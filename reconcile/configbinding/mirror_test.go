@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -245,4 +246,42 @@ func TestMirrorMovesWithShard(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestMirrorLongRetryAfterIsCapped: the config center (or a proxy in front
+// of it) answers 503 with Retry-After: 1h while a domain's mirror syncs. The
+// mirror says Unavailable meanwhile, and once the service is back it catches
+// up within the cap (--cache-max-retry-after), not an hour later.
+func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-ra", func(o *replica.Options) { mirrorMode(o); o.Cache.MaxRetryAfter = 2 * time.Second })
+	const domain = "mirror-ra"
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.mirrorOf(t, domain, mirrored("a", "v1"))
+
+	if err := e.cc.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	// The change wakes the mirror's poll; its fetch (or the next poll) is
+	// answered 503 with Retry-After: 1h.
+	if _, err := e.cc.Put(domain, "a", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonUnavailable {
+			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
+		}
+		return nil
+	})
+	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	// Within two minutes (mirrorOf's bound), not the hour asked for.
+	e.mirrorOf(t, domain, mirrored("a", "v2"))
+	e.waitData(t, "app-config", map[string]string{"a": "v2"})
 }

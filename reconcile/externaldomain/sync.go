@@ -161,7 +161,7 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 }
 
 // backoff is exponential with equal jitter, never shorter than a
-// Retry-After the config center asked for.
+// Retry-After the config center asked for, up to MaxRetryAfter.
 func (s *syncer) backoff(err error) time.Duration {
 	o := s.m.opts
 	d := o.RetryMax
@@ -171,7 +171,7 @@ func (s *syncer) backoff(err error) time.Duration {
 	d = d/2 + rand.N(d/2+1)
 	var h externalcache.RetryAfterHinter
 	if errors.As(err, &h) {
-		d = max(d, h.RetryAfterHint())
+		d = max(d, min(h.RetryAfterHint(), o.MaxRetryAfter))
 	}
 	return d
 }
