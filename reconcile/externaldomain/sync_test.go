@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/externalcache"
 )
 
 // retryAfterError is a failure that carries the config center's Retry-After.
@@ -26,5 +28,28 @@ func TestBackoffCapsRetryAfter(t *testing.T) {
 	}
 	if d := s.backoff(errors.New("connection refused")); d > 500*time.Millisecond {
 		t.Errorf("first failure without Retry-After: next poll in %s, want at most the base 500ms", d)
+	}
+}
+
+// TestLostHistory: which change-feed answers mean that the config center
+// lost the history the mirror's revision belongs to.
+func TestLostHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		since int64
+		epoch string
+		cs    externalcache.ChangeSet
+		lost  bool
+	}{
+		{"first poll", 0, "", externalcache.ChangeSet{Revision: 7, Epoch: "e1"}, false},
+		{"same epoch, on", 7, "e1", externalcache.ChangeSet{Revision: 9, Epoch: "e1"}, false},
+		{"revision went back", 7, "e1", externalcache.ChangeSet{Revision: 3, Epoch: "e1"}, true},
+		{"another epoch, revision on", 7, "e1", externalcache.ChangeSet{Revision: 900, Epoch: "e2"}, true},
+		{"a source without epochs", 7, "", externalcache.ChangeSet{Revision: 9}, false},
+		{"a mirror written before epochs were recorded", 7, "", externalcache.ChangeSet{Revision: 9, Epoch: "e1"}, true},
+	} {
+		if got := lostHistory(tc.since, tc.epoch, tc.cs); got != tc.lost {
+			t.Errorf("%s: lostHistory = %v, want %v", tc.name, got, tc.lost)
+		}
 	}
 }
