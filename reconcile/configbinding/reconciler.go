@@ -327,14 +327,23 @@ func targetConflict(name, owner string) *metav1.Condition {
 		Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", name, owner)}
 }
 
-// apiMessage is the API server's own words for a refused request.
+// apiMessage is the API server's own words for a refused request, the
+// first maxQuoted bytes of them: a condition's message holds at most 32 KiB,
+// and what an admission webhook answers is not bounded.
 func apiMessage(err error) string {
+	msg := err.Error()
 	var status apierrors.APIStatus
 	if errors.As(err, &status) && status.Status().Message != "" {
-		return status.Status().Message
+		msg = status.Status().Message
 	}
-	return err.Error()
+	if len(msg) > maxQuoted {
+		msg = strings.ToValidUTF8(msg[:maxQuoted], "") + "…"
+	}
+	return msg
 }
+
+// maxQuoted bounds the API server's words quoted in a condition.
+const maxQuoted = 4 << 10
 
 func (r *Reconciler) retryAfter() time.Duration {
 	if r.RetryAfter > 0 {
