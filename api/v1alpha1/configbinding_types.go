@@ -73,7 +73,12 @@ type ConfigBindingStatus struct {
 	ResolvedRevision int64 `json:"resolvedRevision,omitempty"`
 
 	// Conditions say whether the ConfigMap holds the current values (Ready)
-	// and, when it does not, why.
+	// and, when it does not, why. The Ready reasons: Synced; KeyNotFound,
+	// ExternalUnavailable, DomainTooLarge and ValuesDoNotFit (the values);
+	// TargetConflict (the ConfigMap is someone else's); TargetForbidden,
+	// TargetTooLarge, TargetImmutable, TargetKeyConflict and TargetInvalid
+	// (the API server refuses the ConfigMap, or would: its message is
+	// quoted). In every case but Synced the ConfigMap keeps its last values.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

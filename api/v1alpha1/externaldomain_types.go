@@ -50,6 +50,14 @@ type ExternalDomainStatus struct {
 	// +optional
 	Revision int64 `json:"revision,omitempty"`
 
+	// Epoch names the config center's history that Revision belongs to
+	// (the change feed's epoch; it changes when the config center restarts
+	// and its revisions start over). The next holder of the shard resumes
+	// from Revision only in the same epoch; in another it mirrors the domain
+	// again from the start. Empty when the config center names none.
+	// +optional
+	Epoch string `json:"epoch,omitempty"`
+
 	// LastSyncTime is when the mirror last caught up with the change feed.
 	// +optional
 	LastSyncTime *metav1.Time `json:"lastSyncTime,omitempty"`

@@ -143,7 +143,7 @@ func (s *mirrorSource) bind(mgr manager.Manager, rep *sharding.Replica, _ config
 	}
 	m, err := externaldomain.New(externaldomain.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep,
-		MaxBytes: s.opts.MirrorMaxBytes, Log: s.log,
+		MaxBytes: s.opts.MirrorMaxBytes, MaxRetryAfter: s.opts.Cache.MaxRetryAfter, Log: s.log,
 	})
 	if err != nil {
 		return err

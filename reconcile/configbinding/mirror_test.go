@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -244,5 +245,134 @@ func TestMirrorMovesWithShard(t *testing.T) {
 				t.Errorf("%s written by %s after the new holder: writes %v", d, seq[i], seq)
 			}
 		}
+	}
+}
+
+// TestMirrorLongRetryAfterIsCapped: the config center (or a proxy in front
+// of it) answers 503 with Retry-After: 1h while a domain's mirror syncs. The
+// mirror says Unavailable meanwhile, and once the service is back it catches
+// up within the cap (--cache-max-retry-after), not an hour later.
+func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-ra", func(o *replica.Options) { mirrorMode(o); o.Cache.MaxRetryAfter = 2 * time.Second })
+	const domain = "mirror-ra"
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.mirrorOf(t, domain, mirrored("a", "v1"))
+
+	if err := e.cc.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	// The change wakes the mirror's poll; its fetch (or the next poll) is
+	// answered 503 with Retry-After: 1h.
+	if _, err := e.cc.Put(domain, "a", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonUnavailable {
+			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
+		}
+		return nil
+	})
+	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	// Within two minutes (mirrorOf's bound), not the hour asked for.
+	e.mirrorOf(t, domain, mirrored("a", "v2"))
+	e.waitData(t, "app-config", map[string]string{"a": "v2"})
+}
+
+// TestMirrorResumesTheEpoch: the config center restarts (a new epoch, its
+// revisions start over) while a domain's shard changes hands, and its new
+// history has passed the mirror's revision by the time the new holder
+// resumes. The new holder resumes in the mirror's epoch, so it sees the
+// restart and mirrors the domain again: a changed key gets its new value
+// and a key that is gone leaves. Before, it resumed without the epoch, took
+// the new history as news since that revision, and kept the old keys for
+// good. No write on the way says Synced without the domain's keys.
+func TestMirrorResumesTheEpoch(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-epoch", mirrorMode)
+	const domain = "mirror-epoch"
+	e.deleteMirrors(t, domain)
+	for k, v := range map[string]string{"a": "old", "b": "gone"} {
+		if _, err := e.cc.Put(domain, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	before := e.mirrorOf(t, domain, mirrored("b", "gone"))
+
+	// The holder leaves; the config center restarts on the same address
+	// with a new history, in which a changes and b is gone, and which then
+	// passes the mirror's revision with changes of other domains.
+	e.stopFirst()
+	addr := e.cc.Addr()
+	if err := e.cc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := configcenter.Start(context.Background(), configcenter.Options{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	e.cc = cc
+	if _, err := cc.Put(domain, "a", "new"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		v, err := cc.Put("mirror-epoch-other", "k", fmt.Sprint(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Revision > before.Status.Revision {
+			break
+		}
+	}
+
+	ctx := context.Background()
+	w, err := newWatchClient(t).Watch(ctx, &configv1alpha1.ExternalDomainList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	var emptied []string
+	go func() {
+		for ev := range w.ResultChan() {
+			ed, ok := ev.Object.(*configv1alpha1.ExternalDomain)
+			if ok && ed.Name == domain && len(ed.Status.Keys) == 0 && meta.IsStatusConditionTrue(ed.Status.Conditions, externaldomain.ConditionSynced) {
+				mu.Lock()
+				emptied = append(emptied, fmt.Sprintf("%s at revision %d by %s", ev.Type, ed.Status.Revision, ed.Status.Replica))
+				mu.Unlock()
+			}
+		}
+	}()
+
+	second := e.opts
+	second.Identity = "mirror-epoch-1"
+	e.startReplica(t, second)
+	after := e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		if err := mirrored("a", "new")(ed); err != nil {
+			return err
+		}
+		if len(ed.Status.Keys) != 1 {
+			return fmt.Errorf("keys %+v: b is gone from the config center", ed.Status.Keys)
+		}
+		return nil
+	})
+	e.waitData(t, "app-config", map[string]string{"a": "new"})
+	if after.Status.Epoch == "" || after.Status.Epoch == before.Status.Epoch || after.Status.Replica != "mirror-epoch-1" {
+		t.Errorf("mirror epoch %q (was %q), written by %s", after.Status.Epoch, before.Status.Epoch, after.Status.Replica)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(emptied) > 0 {
+		t.Errorf("the mirror said Synced with no keys: %v", emptied)
 	}
 }

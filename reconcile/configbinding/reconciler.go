@@ -48,6 +48,29 @@ const (
 	// kshard.dev/targets=enabled). The message is the API server's; the
 	// binding tries again every RetryAfter and on its next change.
 	ReasonTargetForbidden = "TargetForbidden"
+	// ReasonTargetTooLarge: the bound keys' values do not fit in one
+	// ConfigMap (the API server accepts at most 1 MiB of data and binaryData
+	// values). A binding whose own values are too large is refused before
+	// anything is written; binaryData that someone else added counts too,
+	// and then the API server's refusal is quoted. The ConfigMap keeps its
+	// last values: bind fewer or smaller keys, or split them over two
+	// bindings.
+	ReasonTargetTooLarge = "TargetTooLarge"
+	// ReasonTargetImmutable: someone marked the target ConfigMap
+	// immutable: true, so its data can no longer change (the API server's
+	// message is quoted). It keeps its last values; delete it and the
+	// binding writes it again at once.
+	ReasonTargetImmutable = "TargetImmutable"
+	// ReasonTargetKeyConflict: the target ConfigMap has binaryData keys that
+	// the binding writes as data (someone else added them; a key may not be
+	// in both). The message names them and quotes the API server. Remove
+	// them from binaryData; the binding looks again every RetryAfter.
+	ReasonTargetKeyConflict = "TargetKeyConflict"
+	// ReasonTargetInvalid: the API server refused the ConfigMap as invalid
+	// for another reason (an admission policy of the cluster, for example);
+	// its message is quoted. The binding looks again every RetryAfter and on
+	// its next change.
+	ReasonTargetInvalid = "TargetInvalid"
 	// ReasonDomainTooLarge: with --external-source=mirror, the domain does
 	// not fit in its ExternalDomain mirror; see the mirror's Synced
 	// condition.
@@ -161,8 +184,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 // applyConfigMap makes the target ConfigMap hold the binding's values, with
 // a server-side apply only when the cache shows it different and our own
 // last apply is not simply on its way. It returns the TargetConflict
-// condition, and writes nothing, when the ConfigMap is someone else's, and
-// TargetForbidden when the API server refuses the write.
+// condition, and writes nothing, when the ConfigMap is someone else's;
+// TargetTooLarge, and writes nothing, when the values cannot fit; and the
+// condition naming the refusal when the API server refuses the write for a
+// reason a retry cannot fix (refusedApply).
 func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, cb *configv1alpha1.ConfigBinding, shard int32, res resolution) (*metav1.Condition, error) {
 	var current corev1.ConfigMap
 	target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
@@ -197,6 +222,9 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 			return targetConflict(target.Name, owner), nil
 		}
 	}
+	if c := tooLarge(target.Name, res.data); c != nil {
+		return c, nil
+	}
 	ac := renderConfigMap(cb, shard, res.data)
 	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
 	if !ok {
@@ -205,9 +233,8 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	err = r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
 	done()
 	if err != nil {
-		if apierrors.IsForbidden(err) {
-			return &metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonTargetForbidden,
-				Message: fmt.Sprintf("writing ConfigMap %s was refused: %s", target.Name, apiMessage(err))}, nil
+		if c := refusedApply(target.Name, err); c != nil {
+			return c, nil
 		}
 		return nil, fmt.Errorf("applying ConfigMap %s: %w", target.Name, err)
 	}
@@ -300,14 +327,23 @@ func targetConflict(name, owner string) *metav1.Condition {
 		Message: fmt.Sprintf("ConfigMap %s exists and belongs to %s, not to this ConfigBinding: it is left untouched; delete it or choose another configMapName", name, owner)}
 }
 
-// apiMessage is the API server's own words for a refused request.
+// apiMessage is the API server's own words for a refused request, the
+// first maxQuoted bytes of them: a condition's message holds at most 32 KiB,
+// and what an admission webhook answers is not bounded.
 func apiMessage(err error) string {
+	msg := err.Error()
 	var status apierrors.APIStatus
 	if errors.As(err, &status) && status.Status().Message != "" {
-		return status.Status().Message
+		msg = status.Status().Message
 	}
-	return err.Error()
+	if len(msg) > maxQuoted {
+		msg = strings.ToValidUTF8(msg[:maxQuoted], "") + "…"
+	}
+	return msg
 }
+
+// maxQuoted bounds the API server's words quoted in a condition.
+const maxQuoted = 4 << 10
 
 func (r *Reconciler) retryAfter() time.Duration {
 	if r.RetryAfter > 0 {

@@ -67,6 +67,11 @@ type Options struct {
 	// RetryBase and RetryMax bound the backoff after a failed poll or fetch.
 	// Defaults 500ms and 30s.
 	RetryBase, RetryMax time.Duration
+	// MaxRetryAfter caps a Retry-After the config center sends: a proxy's
+	// maintenance page may ask for a day, and the mirror would stay stale
+	// that long after the service is back. Defaults to one minute, as the
+	// cache's (the replica passes --cache-max-retry-after to both).
+	MaxRetryAfter time.Duration
 	// MinPollInterval spaces polls that returned no change, so a feed that
 	// answers at once cannot spin. Defaults to 100ms.
 	MinPollInterval time.Duration
@@ -98,6 +103,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.RetryMax == 0 {
 		o.RetryMax = 30 * time.Second
+	}
+	if o.MaxRetryAfter == 0 {
+		o.MaxRetryAfter = time.Minute
 	}
 	if o.MinPollInterval == 0 {
 		o.MinPollInterval = 100 * time.Millisecond

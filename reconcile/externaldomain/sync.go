@@ -23,11 +23,14 @@ type syncer struct {
 	domain string
 	log    logr.Logger
 
-	keys     map[string]configv1alpha1.MirroredKey
-	since    int64
-	epoch    string
-	obj      *configv1alpha1.ExternalDomain // last object read or written
-	synced   bool                           // the first poll was applied
+	keys  map[string]configv1alpha1.MirroredKey
+	since int64
+	epoch string                         // the config center's history since belongs to
+	obj   *configv1alpha1.ExternalDomain // last object read or written
+	// synced: the mirror holds what the polls applied. False until the
+	// first poll is written, and again after a resynchronisation, so that
+	// the next successful poll is written even when it changes nothing.
+	synced   bool
 	failures int
 }
 
@@ -82,7 +85,12 @@ func (s *syncer) run(ctx context.Context) {
 	}
 }
 
-// resume starts from the mirror in the shard's cache when it is complete.
+// resume starts from the mirror in the shard's cache when it is complete,
+// at its revision in its epoch: a revision means nothing in another history
+// (the config center restarted and its revisions started over), and a
+// holder that resumed without the epoch would take the new history's
+// answers as news since that revision, and keep for good every key that
+// changed or went in the lost one.
 func (s *syncer) resume(ctx context.Context) {
 	reader, ok := s.m.opts.Shards.Reader(s.shard)
 	if !ok {
@@ -99,26 +107,32 @@ func (s *syncer) resume(ctx context.Context) {
 	for _, k := range ed.Status.Keys {
 		s.keys[k.Name] = k
 	}
-	s.since = ed.Status.Revision
+	s.since, s.epoch = ed.Status.Revision, ed.Status.Epoch
 }
 
 // poll applies one answer of the change feed: deleted keys leave, changed
 // keys are fetched. Nothing is applied unless every fetch succeeded, so a
-// failed poll is retried from the same revision.
+// failed poll is retried from the same revision. When the config center
+// lost its history, the domain is read again from revision 0 at once, and
+// written only from that answer: the mirror never says Synced with the
+// keys emptied in between.
 func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 	src := s.m.opts.Source
-	cs, err := src.Changes(ctx, s.domain, s.since)
+	cs, err := s.changes(ctx)
 	if err != nil {
-		mirrorFetches.WithLabelValues("changes", "error").Inc()
-		return false, fmt.Errorf("polling the change feed: %w", err)
+		return false, err
 	}
-	mirrorFetches.WithLabelValues("changes", "ok").Inc()
-	if cs.Revision < s.since || (s.epoch != "" && cs.Epoch != s.epoch) {
+	if lostHistory(s.since, s.epoch, cs) {
 		s.log.Info("Config center lost its history (restarted?); resynchronising the mirror",
-			"hadRevision", s.since, "revision", cs.Revision)
-		s.since, s.epoch = 0, cs.Epoch
+			"hadRevision", s.since, "revision", cs.Revision, "hadEpoch", s.epoch, "epoch", cs.Epoch)
+		s.since, s.epoch, s.synced = 0, cs.Epoch, false
 		s.keys = map[string]configv1alpha1.MirroredKey{}
-		return true, nil
+		if cs, err = s.changes(ctx); err != nil {
+			return false, err
+		}
+		if lostHistory(s.since, s.epoch, cs) {
+			return false, fmt.Errorf("the change feed answered epoch %q right after %q: its history changed again", cs.Epoch, s.epoch)
+		}
 	}
 	s.epoch = cs.Epoch
 	updates := map[string]*configv1alpha1.MirroredKey{}
@@ -160,8 +174,28 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 	return changed, nil
 }
 
+// changes polls the domain's change feed from s.since.
+func (s *syncer) changes(ctx context.Context) (externalcache.ChangeSet, error) {
+	cs, err := s.m.opts.Source.Changes(ctx, s.domain, s.since)
+	if err != nil {
+		mirrorFetches.WithLabelValues("changes", "error").Inc()
+		return cs, fmt.Errorf("polling the change feed: %w", err)
+	}
+	mirrorFetches.WithLabelValues("changes", "ok").Inc()
+	return cs, nil
+}
+
+// lostHistory reports whether a change-feed answer belongs to another
+// history than since and epoch: its revision went back, or it names
+// another epoch. A mirror written before the epoch was recorded (an epoch
+// of "" at a revision above 0) cannot tell, and is read again once when the
+// config center names one.
+func lostHistory(since int64, epoch string, cs externalcache.ChangeSet) bool {
+	return cs.Revision < since || cs.Epoch != epoch && (epoch != "" || since > 0)
+}
+
 // backoff is exponential with equal jitter, never shorter than a
-// Retry-After the config center asked for.
+// Retry-After the config center asked for, up to MaxRetryAfter.
 func (s *syncer) backoff(err error) time.Duration {
 	o := s.m.opts
 	d := o.RetryMax
@@ -171,7 +205,7 @@ func (s *syncer) backoff(err error) time.Duration {
 	d = d/2 + rand.N(d/2+1)
 	var h externalcache.RetryAfterHinter
 	if errors.As(err, &h) {
-		d = max(d, h.RetryAfterHint())
+		d = max(d, min(h.RetryAfterHint(), o.MaxRetryAfter))
 	}
 	return d
 }

@@ -124,6 +124,7 @@ func (s *syncer) desired(st *configv1alpha1.ExternalDomainStatus, failure error)
 	slices.SortFunc(keys, func(a, b configv1alpha1.MirroredKey) int { return strings.Compare(a.Name, b.Name) })
 	st.KeyCount = int32(len(keys))
 	st.Bytes = size
+	st.Epoch = s.epoch
 	if st.Revision != s.since || st.LastSyncTime == nil {
 		st.Revision = s.since
 		st.LastSyncTime = ptr.To(metav1.NewTime(time.Now().Truncate(time.Second)))
@@ -142,7 +143,7 @@ func (s *syncer) desired(st *configv1alpha1.ExternalDomainStatus, failure error)
 }
 
 func statusEqual(a, b *configv1alpha1.ExternalDomainStatus) bool {
-	if a.KeyCount != b.KeyCount || a.Bytes != b.Bytes || a.Revision != b.Revision || a.Replica != b.Replica ||
+	if a.KeyCount != b.KeyCount || a.Bytes != b.Bytes || a.Revision != b.Revision || a.Epoch != b.Epoch || a.Replica != b.Replica ||
 		ptr.Deref(a.Shard, -1) != ptr.Deref(b.Shard, -1) || !slices.Equal(a.Keys, b.Keys) || len(a.Conditions) != len(b.Conditions) {
 		return false
 	}
