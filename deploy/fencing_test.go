@@ -78,6 +78,25 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)
+	// The package's other tests run rings of their own that would take
+	// this test's bindings up while the namespace terminates: they go
+	// first, and the test waits until they are gone.
+	t.Cleanup(func() {
+		if err := c.DeleteAllOf(context.Background(), &configv1alpha1.ConfigBinding{}, client.InNamespace(app)); err != nil {
+			t.Error(err)
+			return
+		}
+		controlplane.Eventually(t, 2*time.Minute, "the test's bindings deleted", func() error {
+			var list configv1alpha1.ConfigBindingList
+			if err := c.List(context.Background(), &list, client.InNamespace(app)); err != nil {
+				return err
+			}
+			if n := len(list.Items); n > 0 {
+				return fmt.Errorf("%d bindings left", n)
+			}
+			return nil
+		})
+	})
 	var bindings []client.ObjectKey
 	for i := range 40 {
 		cb := &configv1alpha1.ConfigBinding{
