@@ -16,11 +16,13 @@ import (
 // while its values evict each other.
 func TestValuesThatDoNotFitAreNamed(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	// 16 values of 60 KiB (a ConfigMap's worth) in a 1 MiB cache of eight 128 KiB internal
-	// shards: at least three land in one, which holds two.
+	// 17 values of 60 KiB (a ConfigMap's worth: 1,020 KiB) in a 1 MiB cache of eight 128 KiB
+	// internal shards, each of which holds two: by pigeonhole at least three land in one,
+	// wherever the hash puts them. (With 16, an even spread fits all, and the keys, which
+	// carry the shard's tenure, spread differently from run to run.)
 	e := startEnv(t, "fit", externalcache.Options{MaxBytes: 1 << 20, InternalShards: 8, MaxEntryBytes: 62 << 10})
 	var keys []string
-	for i := range 16 {
+	for i := range 17 {
 		k := fmt.Sprintf("big-%02d", i)
 		if _, err := e.cc.Put("fit", k, strings.Repeat("v", 60<<10)); err != nil {
 			t.Fatal(err)
