@@ -233,6 +233,9 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	err = r.Client.Apply(wctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership)
 	done()
 	if err != nil {
+		if fenced("configmaps", err) {
+			return nil, fmt.Errorf("applying ConfigMap %s: the shard's Lease has moved: %w", target.Name, err)
+		}
 		if c := refusedApply(target.Name, err); c != nil {
 			return c, nil
 		}
@@ -467,6 +470,8 @@ func (r *Reconciler) patchStatus(ctx context.Context, cb *configv1alpha1.ConfigB
 			return nil
 		case apierrors.IsConflict(err):
 			return errStale
+		case fenced("configbindings/status", err):
+			return fmt.Errorf("patching the status of %s: the shard's Lease has moved: %w", client.ObjectKeyFromObject(cb), err)
 		}
 		return fmt.Errorf("patching status: %w", err)
 	}
