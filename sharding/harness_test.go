@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -55,6 +56,11 @@ const (
 	envTiming     = "KSHARD_TEST_TIMING"
 )
 
+// apiAudit is the shared control plane's own audit log (internal/audit's
+// Policy): what the API server committed, to check the replicas' writes
+// against the Leases.
+var apiAudit string
+
 // TestMain shares one control plane. Tests that count the API server's
 // requests or read the whole cluster run alone, first; the others, each with
 // its own namespace, ring and Leases, run in parallel after them, four at a
@@ -65,7 +71,15 @@ func TestMain(m *testing.M) {
 	}
 	flag.Parse()
 	setDefaultParallel(defaultParallel)
-	os.Exit(controlplane.RunTests(m, &cp))
+	dir, err := os.MkdirTemp("", "kshard-sharding-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	apiAudit = filepath.Join(dir, "audit.log")
+	code := controlplane.RunTestsWith(m, &cp, controlplane.Options{AuditLogPath: apiAudit})
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // defaultParallel is how many of the package's parallel tests run at once.
@@ -220,7 +234,11 @@ func (r *replica) stop(t testing.TB) {
 // newReplica builds the manager, Replica and recording controller of one
 // replica, as any controller using the library would.
 func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
+	// As kshard does: the holder identity in the user agent, so that the
+	// API server's audit log names the process behind each write.
+	incarnation := sharding.NewIncarnation()
 	cfg := rest.CopyConfig(rc.restConfig)
+	cfg.UserAgent = audit.UserAgent(rest.DefaultKubernetesUserAgent(), sharding.HolderIdentity(rc.id, incarnation))
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme:                  newScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
@@ -234,6 +252,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 	opts := sharding.Options{
 		Ring:           rc.ring,
 		Identity:       rc.id,
+		Incarnation:    incarnation,
 		LeaseNamespace: rc.namespace,
 		Shards:         rc.shards,
 		LeaseDuration:  rc.timing.lease,

@@ -26,6 +26,9 @@ type CheckOptions struct {
 	Ring string
 	// LeaseNamespace holds the ring's Leases. Required.
 	LeaseNamespace string
+	// Namespaces, when set, limit the check to objects in them (and to
+	// cluster-scoped ones): for a control plane that other rings share.
+	Namespaces []string
 	// ReplicaUsers are the users the replicas authenticate as. A write to a
 	// shard resource by one of them whose user agent names no holder is
 	// Unattributed: the check cannot tell whether it was in a tenure, so
@@ -115,6 +118,10 @@ func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
 	for _, r := range ShardWriteResources {
 		shardRes[r] = true
 	}
+	inScope := map[string]bool{"": true}
+	for _, ns := range opts.Namespaces {
+		inScope[ns] = true
+	}
 	replicaUser := map[string]bool{}
 	for _, u := range opts.ReplicaUsers {
 		replicaUser[u] = true
@@ -132,7 +139,7 @@ func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
 			}
 			continue
 		}
-		if !shardRes[w.Resource] {
+		if !shardRes[w.Resource] || (len(opts.Namespaces) > 0 && !inScope[w.Namespace]) {
 			continue
 		}
 		if w.Holder == "" && replicaUser[w.Username] {
