@@ -97,21 +97,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 			return nil
 		})
 	})
-	var bindings []client.ObjectKey
-	for i := range 40 {
-		cb := &configv1alpha1.ConfigBinding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: fmt.Sprintf("b%02d", i)},
-			Spec: configv1alpha1.ConfigBindingSpec{
-				Domain: fmt.Sprintf("domain-%d", i%fenceShards),
-				Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
-				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("b%02d-config", i)},
-			},
-		}
-		if err := c.Create(ctx, cb); err != nil {
-			t.Fatal(err)
-		}
-		bindings = append(bindings, client.ObjectKeyFromObject(cb))
-	}
+	bindings := createBindings(ctx, t, c, app, 40, fenceShards)
 	settled := func(what string) {
 		t.Helper()
 		controlplane.Eventually(t, 3*time.Minute, what, func() error {
@@ -231,6 +217,29 @@ func unbindFencing(ctx context.Context, t testing.TB, c client.Client, ns string
 		t.Fatalf("no binding of policy %s-%s", audit.FencingPolicy, ns)
 	}
 	return out
+}
+
+// createBindings creates n ConfigBindings cb-<i> in ns over the config
+// center's seeded domains domain-0 … domain-<domains-1>, each binding key-0
+// and key-1 into ConfigMap cb-<i>.
+func createBindings(ctx context.Context, t testing.TB, c client.Client, ns string, n, domains int) []client.ObjectKey {
+	t.Helper()
+	keys := make([]client.ObjectKey, 0, n)
+	for i := range n {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cb-%d", i)},
+			Spec: configv1alpha1.ConfigBindingSpec{
+				Domain: fmt.Sprintf("domain-%d", i%domains),
+				Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("cb-%d", i)},
+			},
+		}
+		if err := c.Create(ctx, cb); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, client.ObjectKeyFromObject(cb))
+	}
+	return keys
 }
 
 // shardsHeld returns the shards each replica holds, by the shard Leases.

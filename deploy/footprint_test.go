@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -89,19 +88,7 @@ func TestMeasureFootprint(t *testing.T) {
 	app := uniqueName("footprint")
 	createNamespace(ctx, t, c, app, targets)
 	start := time.Now()
-	for i := range n {
-		cb := &configv1alpha1.ConfigBinding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: fmt.Sprintf("cb-%d", i)},
-			Spec: configv1alpha1.ConfigBindingSpec{
-				Domain: fmt.Sprintf("domain-%d", i%domains),
-				Keys:   []configv1alpha1.ConfigKey{"key-0", "key-1"},
-				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: fmt.Sprintf("cb-%d", i)},
-			},
-		}
-		if err := c.Create(ctx, cb); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createBindings(ctx, t, c, app, n, domains)
 	controlplane.Eventually(t, 15*time.Minute, "every ConfigBinding Ready", func() error {
 		var list configv1alpha1.ConfigBindingList
 		if err := c.List(ctx, &list, client.InNamespace(app)); err != nil {

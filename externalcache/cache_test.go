@@ -650,8 +650,14 @@ func TestGetNeverCallsTheSourceItself(t *testing.T) {
 	}
 }
 
-// gauge reads a gauge from controller-runtime's registry, where the cache registers its metrics.
-func gauge(t *testing.T, name string) float64 {
+// gauge and counter read a metric of one series from controller-runtime's
+// registry, where the cache registers its metrics. A metric that is not
+// registered fails the test: zero must mean none, not not found.
+func gauge(t *testing.T, name string) float64 { t.Helper(); return metricValue(t, name) }
+
+func counter(t *testing.T, name string) float64 { t.Helper(); return metricValue(t, name) }
+
+func metricValue(t *testing.T, name string) float64 {
 	t.Helper()
 	families, err := metrics.Registry.Gather()
 	if err != nil {
@@ -659,6 +665,9 @@ func gauge(t *testing.T, name string) float64 {
 	}
 	for _, f := range families {
 		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			if m := f.GetMetric()[0]; m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
 			return f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
-
 	"github.com/kshard/kshard/externalcache"
 )
 
@@ -138,20 +136,4 @@ func TestValuesThatDoNotFitAreNamedAndDoNotLoop(t *testing.T) {
 		t.Errorf("no Lookup of %d values of %d bytes in a 1 MiB cache carries ErrEvicted", keys, valueSize)
 	}
 	t.Logf("%d reconciles, %d reads of the config center, %d Lookups named evicted", reconciles.Load(), h.calls("fit", ""), named)
-}
-
-// counter reads a counter from controller-runtime's registry.
-func counter(t *testing.T, name string) float64 {
-	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatalf("gathering metrics: %v", err)
-	}
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("metric %s is not registered", name)
-	return 0
 }
