@@ -153,6 +153,14 @@ type Options struct {
 	// Kubeconfig targets an existing cluster instead of starting a control
 	// plane. Its kubeconfig user must be allowed to read /metrics.
 	Kubeconfig string
+	// APIServerAuditLog is the audit log file of the Kubeconfig cluster's
+	// API server, written under internal/audit's policy
+	// (internal/audit/policy.yaml, --audit-log-format=json): the evidence
+	// the write check reads. The node of `make cluster` writes
+	// bin/cluster/log/kube-apiserver-audit.log. Without it, a run against
+	// Kubeconfig has no evidence of the writes, and its write check fails
+	// with "no data". The control plane a run starts writes its own.
+	APIServerAuditLog string
 	// StatefulSet, "namespace/name", makes the pods of that StatefulSet in
 	// the Kubeconfig cluster the replicas, instead of processes the load
 	// tester starts: it scales the StatefulSet, deletes pods for the chaos
@@ -302,6 +310,7 @@ func (o *Options) validate(sc *scenario) error {
 	if _, err := parseFleets(o.Fleets); err != nil {
 		errs = append(errs, err)
 	}
+	check(o.APIServerAuditLog != "" && o.Kubeconfig == "", "the API server audit log %s is for a cluster of --kubeconfig: the control plane a run starts writes its own", o.APIServerAuditLog)
 	check(o.Fleets != "" && !sc.fleets, "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")

@@ -30,8 +30,11 @@ type Report struct {
 	// Error is why the run itself failed, if it did.
 	Error  string `json:",omitempty"`
 	Checks []Check
-	// Audit is what the audit logs showed, for a run with a sharded fleet.
-	Audit  *AuditSummary `json:",omitempty"`
+	// Writes is what the API server's audit log showed of the replicas'
+	// writes, and Audit what the replicas' audit logs showed of their
+	// reconciles, for a run with a sharded fleet.
+	Writes *WriteEvidence `json:",omitempty"`
+	Audit  *AuditSummary  `json:",omitempty"`
 	Fleets []*FleetResult
 	Events []EventResult
 	// Updates and Creates are the end-to-end latencies of every measured
@@ -632,43 +635,51 @@ func (r *run) finish(runErr error) {
 	creates.Merge(r.tracker.latencies(r.begin, time.Now(), writeCreate))
 	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
 
-	// 1 and 2. Overlapping writes and reconciles, from every replica
-	// process's audit log and the shard Leases' history.
+	// 1. Writes outside a tenure, from the API server's audit log; 2.
+	// overlapping reconciles, from every replica process's audit log.
 	var files []auditFile
-	var plain []string
+	var plain, single []string
 	pauses := map[string][]window{}
 	sharded := false
 	for _, f := range r.fleets {
 		files = append(files, f.auditFiles()...)
 		sharded = sharded || f.mode.Sharded()
-		if f.mode.Plain {
+		switch {
+		case f.mode.Plain:
 			plain = append(plain, f.label())
+		case !f.mode.Sharded():
+			single = append(single, f.label())
 		}
 		for id, ws := range f.pauseWindows() {
 			pauses[id] = append(pauses[id], ws...)
 		}
 	}
-	// A plain fleet has no audit log, so its reconciles are not checked.
-	notAudited := ""
+	// A plain fleet has no audit log, so its reconciles are not checked;
+	// one active replica holds no shard Lease, so its writes are not.
+	notAudited, notChecked := "", ""
 	if len(plain) > 0 {
 		notAudited = fmt.Sprintf("; not checked for %s: no kshard code, no audit log (one active replica)", strings.Join(plain, ", "))
 	}
-	data, err := readAudit(files, time.Now())
-	switch {
-	case err != nil:
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Detail: err.Error()}, Check{Name: checkReconciles, Detail: err.Error()})
-	case !sharded:
-		na := "not applicable: no sharded fleet (one active replica)" + notAudited
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na}, Check{Name: checkReconciles, Passed: true, Detail: na})
-	default:
-		tenures, changes := r.ring.tenures()
-		rep.Audit = auditSummary(data, len(files), audit.StrayWrites(data.Writes, tenures), changes, audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
-		for _, f := range r.fleets {
-			if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
-				f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
+	if unsharded := append(single, plain...); len(unsharded) > 0 {
+		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
+	}
+	if !sharded {
+		na := "not applicable: no sharded fleet (one active replica)"
+		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na + notChecked}, Check{Name: checkReconciles, Passed: true, Detail: na + notAudited})
+	} else {
+		rep.Writes = writeEvidence(r.apiAuditLog, r.checkOptions(), false)
+		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
+		if data, err := readAudit(files, time.Now()); err != nil {
+			rep.Checks = append(rep.Checks, Check{Name: checkReconciles, Detail: err.Error()})
+		} else {
+			rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
+			for _, f := range r.fleets {
+				if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
+					f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
+				}
 			}
+			rep.Checks = append(rep.Checks, rep.Audit.reconcileCheck(notAudited))
 		}
-		rep.Checks = append(rep.Checks, rep.Audit.writeCheck(notAudited), rep.Audit.reconcileCheck(notAudited))
 	}
 
 	// 3. Every object's latest generation Ready after the final settle.

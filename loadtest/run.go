@@ -86,10 +86,15 @@ type run struct {
 
 	restConfig    *rest.Config
 	serverVersion string
-	c             client.Client
-	cs            kubernetes.Interface
-	rc            rest.Interface
-	procs         *processes
+	// apiAuditLog is the API server's audit log under internal/audit's
+	// Policy, the evidence of the write check: the one the run's own
+	// control plane writes, or Options.APIServerAuditLog; empty without
+	// one.
+	apiAuditLog string
+	c           client.Client
+	cs          kubernetes.Interface
+	rc          rest.Interface
+	procs       *processes
 	// pods is the StatefulSet whose pods are the replicas
 	// (Options.StatefulSet); nil when the load tester starts them as
 	// processes.
@@ -341,13 +346,15 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		if cfg, err = clientcmd.BuildConfigFromFlags("", r.opts.Kubeconfig); err != nil {
 			return nil, fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
 		}
-		r.kubeconfig = r.opts.Kubeconfig
+		r.kubeconfig, r.apiAuditLog = r.opts.Kubeconfig, r.opts.APIServerAuditLog
 		r.progress.printf("using the cluster of %s", r.kubeconfig)
 	} else {
 		r.kubeconfig = filepath.Join(r.work, "kubeconfig")
 		r.progress.printf("starting the control plane (etcd + kube-apiserver) ...")
 		start := time.Now()
-		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool)})
+		r.apiAuditLog = filepath.Join(r.work, "apiserver-audit.log")
+		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
+			AuditLogPath: r.apiAuditLog})
 		if err != nil {
 			return nil, err
 		}

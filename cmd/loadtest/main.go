@@ -86,6 +86,7 @@ func run() int {
 	fs.BoolVar(&o.Profile, "profile", false, "serve pprof on every replica (the plain controller too) and write a CPU profile over each measured phase and a heap profile at its end into the work folder's profiles/ (give --work-dir to keep them)")
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
+	fs.StringVar(&o.APIServerAuditLog, "apiserver-audit-log", "", "with --kubeconfig: the cluster's kube-apiserver audit log, written under internal/audit/policy.yaml in JSON (make cluster's: bin/cluster/log/kube-apiserver-audit.log); the write check reads it, and without it has no data and fails")
 	fs.StringVar(&o.StatefulSet, "statefulset", "", "namespace/name: run on this StatefulSet's kshard pods in the --kubeconfig cluster instead of starting replica processes (basic and chaos; the pods must run with --audit-log=-, as e2e/overlay adds)")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")
 	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard and configcenter binaries, and plaincontroller for compare-sharding (default: go build them)")
