@@ -249,6 +249,32 @@ type WriteEvidence struct {
 	// returning no object); the first few of each are in Examples.
 	Stray, Unattributed int
 	Examples            []string `json:",omitempty"`
+	// Delays are what the API server received, late, from each victim of
+	// the chaos scenario's delay fault.
+	Delays []DelayEvidence `json:",omitempty"`
+}
+
+// DelayEvidence is what the API server's audit log shows of one delay
+// fault: the requests of its victim (any incarnation) received from the
+// fault's start until its held bytes and what queued behind them were
+// delivered (twice the delay) and answered (a retry period more).
+type DelayEvidence struct {
+	Replica string
+	// At is when the delay began, into the run.
+	At time.Duration
+	// Refused counts its writes to shard resources the fencing policy
+	// denied; Stray those committed outside its tenure; Committed all of
+	// them it committed (in its tenure: a Lease that had not moved yet, or
+	// its own again after the delay).
+	Refused, Stray, Committed int
+	// LeaseConflicts counts its writes of the ring's Leases answered 409
+	// Conflict: renewals of Leases others had written meanwhile.
+	LeaseConflicts int
+}
+
+func (d DelayEvidence) String() string {
+	return fmt.Sprintf("delay of %s at %s: the API server received, late, %d of its shard writes refused by the %s policy and %d committed (%d outside its tenure), and %d of its Lease writes refused with 409 Conflict (renewals of Leases written by others meanwhile)",
+		d.Replica, round(d.At), d.Refused, audit.FencingPolicy, d.Committed, d.Stray, d.LeaseConflicts)
 }
 
 // Writes is the number of committed replica writes to shard resources.
@@ -260,10 +286,25 @@ func (w *WriteEvidence) Writes() int {
 	return n
 }
 
-// writeEvidence reads the API server's audit log at path and checks every
+// evidenceFor says what the write evidence reads of a run: the API
+// server's audit log, whose Leases grant the shards, whether the fencing
+// policy was bound, and the delay faults to account for.
+type evidenceFor struct {
+	log     string
+	check   audit.CheckOptions
+	fencing bool
+	delays  []delayWindow
+	// delaySpan is how long after a delay fault's start its victim's
+	// requests are counted as the fault's.
+	delaySpan time.Duration
+	begin     time.Time
+}
+
+// writeEvidence reads the API server's audit log and checks every
 // committed replica write in it against the ring's shard Leases.
-func writeEvidence(path string, opts audit.CheckOptions, fencing bool) *WriteEvidence {
-	w := &WriteEvidence{Log: path, Fencing: fencing}
+func writeEvidence(ev evidenceFor) *WriteEvidence {
+	path, opts := ev.log, ev.check
+	w := &WriteEvidence{Log: path, Fencing: ev.fencing}
 	if path == "" {
 		return w
 	}
@@ -293,7 +334,46 @@ func writeEvidence(path string, opts audit.CheckOptions, fencing bool) *WriteEvi
 		}
 		w.Examples = append(w.Examples, "UNATTRIBUTED: "+x.String())
 	}
+	for _, d := range ev.delays {
+		w.Delays = append(w.Delays, delayEvidence(l, e, ev, d))
+	}
 	return w
+}
+
+// delayEvidence counts what the API server received from a delay fault's
+// victim while the fault lasted.
+func delayEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d delayWindow) DelayEvidence {
+	out := DelayEvidence{Replica: d.replica, At: d.from.Sub(ev.begin)}
+	to := d.from.Add(ev.delaySpan)
+	of := func(w audit.Write) bool {
+		return strings.HasPrefix(w.Holder, d.replica+"_") && !w.Received.Before(d.from) && !w.Received.After(to)
+	}
+	shardRes := map[string]bool{}
+	for _, r := range audit.ShardWriteResources {
+		shardRes[r] = true
+	}
+	for _, w := range l.Writes {
+		if !of(w) {
+			continue
+		}
+		switch {
+		case w.Resource == "leases" && w.Namespace == ev.check.LeaseNamespace && w.Code == 409:
+			out.LeaseConflicts++
+		case shardRes[w.Resource] && w.Code >= 200 && w.Code < 300:
+			out.Committed++
+		}
+	}
+	for _, w := range e.Refused {
+		if of(w) {
+			out.Refused++
+		}
+	}
+	for _, w := range e.Stray {
+		if of(w) {
+			out.Stray++
+		}
+	}
+	return out
 }
 
 // check passes when the API server's audit log was read, shows replica
@@ -345,13 +425,27 @@ func committedText(by map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-// checkOptions say whose Leases grant the shards the write check checks
-// writes against, and which users the replicas authenticate as.
-func (r *run) checkOptions() audit.CheckOptions {
-	if t := r.pods; t != nil {
-		return audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
+// evidence says what the write check reads of this run: the API server's
+// audit log, the ring whose Leases grant the shards, the users the
+// replicas authenticate as, whether the fencing policy was bound, and the
+// delay faults.
+func (r *run) evidence() evidenceFor {
+	ev := evidenceFor{log: r.apiAuditLog, begin: r.begin}
+	switch {
+	case r.pods != nil:
+		t := r.pods
+		ev.check = audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
+	case r.fencing != nil:
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
+		ev.fencing = r.fencing.enforced
+	default:
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace}
 	}
-	return audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace}
+	r.mu.Lock()
+	ev.delays = slices.Clone(r.delays)
+	r.mu.Unlock()
+	ev.delaySpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
+	return ev
 }
 
 // replicaServiceAccount is the ServiceAccount of deploy/base the replicas

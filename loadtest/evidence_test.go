@@ -81,13 +81,21 @@ func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 		return p
 	}
 	opts := audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
+	read := func(path string) *WriteEvidence {
+		return writeEvidence(evidenceFor{log: path, check: opts, fencing: true})
+	}
 
-	clean := writeEvidence(write("clean.log", base...), opts, true)
+	clean := read(write("clean.log", base...))
 	if c := clean.check(""); !c.Passed || !strings.Contains(c.Detail, "3 committed replica writes to shard resources (configbindings/status 1, configmaps 2) checked against 2 commits of the shard Leases: 0 outside the writer's tenure, 0 unattributed; 1 refused by the kshard-shard-writes admission policy") {
 		t.Errorf("clean log: %+v", c)
 	}
 
-	stray := writeEvidence(write("stray.log", append(base, planted)...), opts, true)
+	renewal := apiEvent(t, "leases", LeaseNamespace, lease, a, 409, 0, "", "")
+	stray := writeEvidence(evidenceFor{log: write("stray.log", append(base, planted, renewal)...), check: opts, fencing: true,
+		delays: []delayWindow{{replica: "kshard-0", from: time.Now().Add(-time.Hour)}}, delaySpan: 2 * time.Hour})
+	if d := stray.Delays; len(d) != 1 || d[0].Refused != 1 || d[0].Stray != 1 || d[0].Committed != 3 || d[0].LeaseConflicts != 1 {
+		t.Errorf("the delay fault's evidence %+v, want kshard-0's 1 refused, 1 stray, 3 committed, 1 Lease conflict", d)
+	}
 	c := stray.check("")
 	if c.Passed || stray.Stray != 1 || !strings.Contains(c.Detail, "1 outside the writer's tenure") || !strings.Contains(c.Detail, "OUTSIDE A TENURE: patch configmaps loadtest/y-config (shard 3) by kshard-0_a1 at resourceVersion 22") {
 		t.Errorf("planted stray write: %+v, want the check failed naming it", c)
@@ -98,11 +106,11 @@ func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 	}
 
 	for name, w := range map[string]*WriteEvidence{
-		"no log":                writeEvidence("", opts, true),
-		"a missing log":         writeEvidence(filepath.Join(dir, "missing.log"), opts, true),
-		"not an audit log":      writeEvidence(write("klog.log", "I1204 04:33:09.000 a klog line"), opts, true),
-		"no replica write":      writeEvidence(write("leases.log", base[0], base[3]), opts, true),
-		"no shard Lease write":  writeEvidence(write("writes.log", base[1], base[2]), opts, true),
+		"no log":                read(""),
+		"a missing log":         read(filepath.Join(dir, "missing.log")),
+		"not an audit log":      read(write("klog.log", "I1204 04:33:09.000 a klog line")),
+		"no replica write":      read(write("leases.log", base[0], base[3])),
+		"no shard Lease write":  read(write("writes.log", base[1], base[2])),
 		"nil (never evaluated)": nil,
 	} {
 		if c := w.check(""); c.Passed || !strings.HasPrefix(c.Detail, "no data") || strings.Contains(c.Detail, "0 outside") {

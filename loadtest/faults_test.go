@@ -23,25 +23,43 @@ func TestFaultRotation(t *testing.T) {
 		got = append(got, p.next())
 	}
 	want := []fault{
-		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second},
+		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second}, {kind: faultDelay},
 		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: -30 * time.Second},
-		{kind: faultKill},
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("faults %v, want %v", got, want)
 	}
-	o := Options{RestartDelay: 5 * time.Second, PauseFor: 25 * time.Second}
+	o := Options{RestartDelay: 5 * time.Second, PauseFor: 25 * time.Second, DelayFor: 26 * time.Second}
 	for _, tc := range []struct {
 		f    fault
 		want time.Duration
-	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}} {
+	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}, {want[3], 26 * time.Second}} {
 		if got := tc.f.lasts(o); got != tc.want {
 			t.Errorf("%s lasts %s, want %s", tc.f.kind, got, tc.want)
 		}
 	}
-	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[5], replica: "kshard-0", at: 2 * time.Minute}}
-	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
+	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[6], replica: "kshard-0", at: 2 * time.Minute}}
+	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset, 0 delay (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
 		t.Errorf("finding %q\nwant      %q", got, want)
+	}
+}
+
+// TestFaultKinds: --faults chooses the rotation among the target's kinds,
+// and refuses a kind the target cannot have.
+func TestFaultKinds(t *testing.T) {
+	if got, err := parseFaults("delay, kill", false); err != nil || !slices.Equal(got, []faultKind{faultDelay, faultKill}) {
+		t.Errorf("delay, kill: %v (%v)", got, err)
+	}
+	if got, err := parseFaults("", true); err != nil || !slices.Equal(got, podFaultRotation) {
+		t.Errorf("pods' default: %v (%v)", got, err)
+	}
+	for _, tc := range []struct {
+		s    string
+		pods bool
+	}{{"delay", true}, {"force-delete", false}, {"nap", false}} {
+		if _, err := parseFaults(tc.s, tc.pods); err == nil {
+			t.Errorf("%q (pods %v) accepted", tc.s, tc.pods)
+		}
 	}
 }
 

@@ -537,9 +537,25 @@ func (r *run) newReport() *Report {
 			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
 	} else {
 		set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
+		if fe := r.fencing; fe != nil {
+			policy := "deploy/base's " + audit.FencingPolicy + " admission policy, which refuses a shard write by a pod not holding the shard's Lease"
+			if !fe.enforced {
+				policy = "the " + audit.FencingPolicy + " admission policy NOT bound (--no-fencing): the API server refuses no late write"
+			}
+			set("replica identity", "sharded replicas: a token of deploy/base's ServiceAccount bound to a Pod object of the replica's name (created, never run), deploy/base's RBAC, "+
+				policy+"; sharding off and the plain controller: the load tester's admin credentials")
+		}
 		set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
 	}
 	set("API server write ceiling (calibration)", ceilingText(r.calibration))
+	switch {
+	case r.apiAuditLog == "":
+		set("API server audit log", "none (a cluster of --kubeconfig without --apiserver-audit-log): the write check has no data")
+	case r.opts.Kubeconfig == "":
+		set("API server audit log", "written by the run's control plane under internal/audit's policy (writes to Leases, ConfigMaps, ConfigBindings, ExternalDomains, with the objects; blocking mode), read by the write check")
+	default:
+		set("API server audit log", r.apiAuditLog+", read by the write check")
+	}
 	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
@@ -549,9 +565,17 @@ func (r *run) newReport() *Report {
 			"(grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go), pod deletion with its grace period; "+
 			"the StatefulSet recreates the pod at once", o.ChaosInterval))
 	} else if r.sc.faults {
-		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: kill (SIGKILL, restarted after %s), "+
-			"pause (SIGSTOP for %s, then SIGCONT), clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)",
-			o.ChaosInterval, o.RestartDelay, o.PauseFor, signed(o.ClockOffset), signed(-o.ClockOffset)))
+		kinds := map[faultKind]string{
+			faultKill:  fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
+			faultPause: fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
+			faultClock: fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
+			faultDelay: fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+		}
+		var rotation []string
+		for _, k := range r.chaos {
+			rotation = append(rotation, kinds[k])
+		}
+		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
 	}
 	if r.pods != nil {
 		set("memory limit", o.MemoryLimit+" per replica, the container's limit")
@@ -667,8 +691,11 @@ func (r *run) finish(runErr error) {
 		na := "not applicable: no sharded fleet (one active replica)"
 		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na + notChecked}, Check{Name: checkReconciles, Passed: true, Detail: na + notAudited})
 	} else {
-		rep.Writes = writeEvidence(r.apiAuditLog, r.checkOptions(), false)
+		rep.Writes = writeEvidence(r.evidence())
 		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
+		for _, d := range rep.Writes.Delays {
+			rep.Findings = append(rep.Findings, d.String())
+		}
 		if data, err := readAudit(files, time.Now()); err != nil {
 			rep.Checks = append(rep.Checks, Check{Name: checkReconciles, Detail: err.Error()})
 		} else {
