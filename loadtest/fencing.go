@@ -51,6 +51,9 @@ import (
 // fieldOwner is the field manager of what the load tester applies.
 const fieldOwner = "kshard-loadtest"
 
+// baseRing is the ring deploy/base's fencing bindings name the Leases of.
+const baseRing = "kshard"
+
 // fencingKinds are the kinds of deploy/base the fencing needs (of the
 // admission policies, only audit.FencingPolicy's).
 var fencingKinds = map[string]bool{
@@ -148,16 +151,20 @@ func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
 		if !fencingKinds[rs.GetKind()] {
 			continue
 		}
-		if strings.HasPrefix(rs.GetKind(), "ValidatingAdmissionPolicy") && rs.GetName() != audit.FencingPolicy {
-			// The ConfigMap policy limits what a replica may write, not
-			// when: not what the load tester measures.
-			continue
-		}
 		m, err := rs.Map()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", rs.CurId(), err)
 		}
 		o := &unstructured.Unstructured{Object: m}
+		policy := o.GetName()
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			policy, _, _ = unstructured.NestedString(o.Object, "spec", "policyName")
+		}
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && policy != audit.FencingPolicy {
+			// The ConfigMap policy limits what a replica may write, not
+			// when: not what the load tester measures.
+			continue
+		}
 		if err := renameFor(o, ns, ring); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
 		}
@@ -167,7 +174,9 @@ func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
 }
 
 // renameFor renames one object of deploy/base for namespace ns and ring:
-// what kustomize's `namespace:` leaves to the user.
+// what kustomize's `namespace:` leaves to the user (the user name in the
+// policy's CEL; the bindings' params, which `kshard fencing --ring
+// --lease-namespace` would write).
 func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 	switch o.GetKind() {
 	case "ClusterRole":
@@ -188,6 +197,8 @@ func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 		}
 		return unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions")
 	case "ValidatingAdmissionPolicyBinding":
+		// One binding per shard, its param the shard's Lease by name
+		// (deploy/base/shard-writes-bindings.yaml, `kshard fencing`).
 		o.SetName(o.GetName() + "-" + ns)
 		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
 		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
@@ -196,7 +207,12 @@ func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 		if err := unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace"); err != nil {
 			return err
 		}
-		return unstructured.SetNestedField(o.Object, ring, "spec", "paramRef", "selector", "matchLabels", sharding.LabelRing)
+		lease, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
+		n, ok := sharding.ParseShardLeaseName(baseRing, lease, sharding.DefaultShards)
+		if !ok {
+			return fmt.Errorf("its param %q is no shard Lease of ring %s", lease, baseRing)
+		}
+		return unstructured.SetNestedField(o.Object, sharding.ShardLeaseName(ring, n), "spec", "paramRef", "name")
 	}
 	return nil
 }
