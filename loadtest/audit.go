@@ -49,8 +49,9 @@ type auditFile struct {
 	Ended time.Time
 }
 
-// readAudit merges audit files into reconcile intervals per object. A start without an end lasts until its process ended, or until
-// now for a process still running. Lines cut short by SIGKILL are skipped.
+// readAudit merges audit files into reconcile intervals per object. A
+// start without an end lasts until its process ended, or until now for a
+// process still running. Lines cut short by SIGKILL are skipped.
 func readAudit(files []auditFile, now time.Time) (*audit.Log, error) {
 	d := audit.NewLog()
 	for _, af := range files {
@@ -239,10 +240,11 @@ type WriteEvidence struct {
 	Committed   map[string]int
 	LeaseWrites int
 	// Refused counts the replicas' writes the fencing admission policy
-	// (deploy/base's kshard-shard-writes) denied; Fencing says whether the
-	// run installed it.
+	// (deploy/base's kshard-shard-writes) denied; Fencing says whose policy
+	// it was: "bound by the run", "left unbound (--no-fencing)", or "the
+	// cluster's" for a StatefulSet's pods.
 	Refused int
-	Fencing bool
+	Fencing string
 	// Stray counts the committed writes outside their writer's tenure of
 	// the shard's Lease (replica and incarnation), Unattributed those the
 	// check could not place (a replica's write naming no holder, or
@@ -292,7 +294,7 @@ func (w *WriteEvidence) Writes() int {
 type evidenceFor struct {
 	log     string
 	check   audit.CheckOptions
-	fencing bool
+	fencing string
 	delays  []delayWindow
 	// delaySpan is how long after a delay fault's start its victim's
 	// requests are counted as the fault's.
@@ -407,11 +409,16 @@ func (w *WriteEvidence) check(notChecked string) Check {
 
 // refusedText says what the fencing admission policy refused.
 func (w *WriteEvidence) refusedText() string {
-	if !w.Fencing {
-		return fmt.Sprintf("%d refused by the %s admission policy (not installed by this run)", w.Refused, audit.FencingPolicy)
-	}
-	return fmt.Sprintf("%d refused by the %s admission policy", w.Refused, audit.FencingPolicy)
+	return fmt.Sprintf("%d refused by the %s admission policy (%s)", w.Refused, audit.FencingPolicy, w.Fencing)
 }
+
+// How the fencing policy was in force, for WriteEvidence.Fencing.
+const (
+	fencingBound    = "bound by the run"
+	fencingUnbound  = "left unbound (--no-fencing)"
+	fencingClusters = "the cluster's"
+	fencingNone     = "none: the replicas ran on the load tester's credentials"
+)
 
 // committedText lists committed writes by resource: "configmaps 10, configbindings/status 8".
 func committedText(by map[string]int) string {
@@ -435,11 +442,16 @@ func (r *run) evidence() evidenceFor {
 	case r.pods != nil:
 		t := r.pods
 		ev.check = audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
+		ev.fencing = fencingClusters
 	case r.fencing != nil:
 		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
-		ev.fencing = r.fencing.enforced
+		ev.fencing = fencingBound
+		if !r.fencing.enforced {
+			ev.fencing = fencingUnbound
+		}
 	default:
 		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace}
+		ev.fencing = fencingNone
 	}
 	r.mu.Lock()
 	ev.delays = slices.Clone(r.delays)

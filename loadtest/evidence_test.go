@@ -82,16 +82,16 @@ func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 	}
 	opts := audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
 	read := func(path string) *WriteEvidence {
-		return writeEvidence(evidenceFor{log: path, check: opts, fencing: true})
+		return writeEvidence(evidenceFor{log: path, check: opts, fencing: fencingBound})
 	}
 
 	clean := read(write("clean.log", base...))
-	if c := clean.check(""); !c.Passed || !strings.Contains(c.Detail, "3 committed replica writes to shard resources (configbindings/status 1, configmaps 2) checked against 2 commits of the shard Leases: 0 outside the writer's tenure, 0 unattributed; 1 refused by the kshard-shard-writes admission policy") {
+	if c := clean.check(""); !c.Passed || !strings.Contains(c.Detail, "3 committed replica writes to shard resources (configbindings/status 1, configmaps 2) checked against 2 commits of the shard Leases: 0 outside the writer's tenure, 0 unattributed; 1 refused by the kshard-shard-writes admission policy (bound by the run)") {
 		t.Errorf("clean log: %+v", c)
 	}
 
 	renewal := apiEvent(t, "leases", LeaseNamespace, lease, a, 409, 0, "", "")
-	stray := writeEvidence(evidenceFor{log: write("stray.log", append(base, planted, renewal)...), check: opts, fencing: true,
+	stray := writeEvidence(evidenceFor{log: write("stray.log", append(base, planted, renewal)...), check: opts, fencing: fencingBound,
 		delays: []delayWindow{{replica: "kshard-0", from: time.Now().Add(-time.Hour)}}, delaySpan: 2 * time.Hour})
 	if d := stray.Delays; len(d) != 1 || d[0].Refused != 1 || d[0].Stray != 1 || d[0].Committed != 3 || d[0].LeaseConflicts != 1 {
 		t.Errorf("the delay fault's evidence %+v, want kshard-0's 1 refused, 1 stray, 3 committed, 1 Lease conflict", d)

@@ -104,7 +104,7 @@ func TestSmoke(t *testing.T) {
 	// The write check had writes to check, against at least one
 	// acquisition of every shard's Lease, from the API server's audit log.
 	t.Logf("write check: %s", rep.Writes.check("").Detail)
-	if w := rep.Writes; w == nil || w.Writes() == 0 || w.LeaseWrites < 64 || !w.Fencing {
+	if w := rep.Writes; w == nil || w.Writes() == 0 || w.LeaseWrites < 64 || w.Fencing != fencingBound {
 		t.Errorf("write evidence %+v: want replica writes, fenced by deploy/base's policy, checked against every shard's Lease", w)
 	}
 	f := rep.Fleets[0]
