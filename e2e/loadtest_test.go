@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,7 +40,8 @@ func testLoadTester(t *testing.T, s *suite) {
 	}
 	rep, err := loadtest.Run(ctx, loadtest.Options{
 		Scenario: "basic", Kubeconfig: s.kubeconfig, StatefulSet: systemNamespace + "/" + statefulSet,
-		Objects: 300, Duration: 20 * time.Second, CalibrateFor: -1,
+		APIServerAuditLog: os.Getenv(envAPIServerAudit),
+		Objects:           300, Duration: 20 * time.Second, CalibrateFor: -1,
 		Out: t.TempDir(), WorkDir: t.TempDir(), Progress: logWriter{t},
 	})
 	if err != nil {

@@ -30,9 +30,14 @@ const (
 	// envContainerd is the node's containerd socket, through which the
 	// suite SIGKILLs a replica's process.
 	envContainerd = "KSHARD_E2E_CONTAINERD"
+	// envAPIServerAudit is the node's kube-apiserver audit log (make
+	// cluster writes it under internal/audit's policy): the API server's
+	// own record of the writes it committed, which the write check reads.
+	envAPIServerAudit = "KSHARD_E2E_APISERVER_AUDIT"
 
 	systemNamespace = "kshard-system"
 	statefulSet     = "kshard"
+	serviceAccount  = "kshard"
 	ring            = "kshard"
 	shards          = sharding.DefaultShards
 	podSelector     = "app.kubernetes.io/name=kshard"

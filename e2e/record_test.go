@@ -29,7 +29,7 @@ type recorder struct {
 	mu sync.Mutex
 	// leases is each shard Lease as last seen; history its versions.
 	leases  map[int32]*coordinationv1.Lease
-	history map[int32][]audit.LeaseVersion
+	history map[int32][]leaseVersion
 	// pods are the replica pods seen, by UID; logs the output of each
 	// kshard container seen running, by container ID.
 	pods map[types.UID]*podRecord
@@ -59,7 +59,7 @@ type processLog struct {
 
 func newRecorder(ctx context.Context, t *testing.T, s *suite) *recorder {
 	t.Helper()
-	r := &recorder{s: s, leases: map[int32]*coordinationv1.Lease{}, history: map[int32][]audit.LeaseVersion{}, pods: map[types.UID]*podRecord{}, logs: map[string]*processLog{}}
+	r := &recorder{s: s, leases: map[int32]*coordinationv1.Lease{}, history: map[int32][]leaseVersion{}, pods: map[types.UID]*podRecord{}, logs: map[string]*processLog{}}
 	leases := informers.NewSharedInformerFactoryWithOptions(s.cs, 0, informers.WithNamespace(systemNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + sharding.LeaseKindShard
@@ -105,7 +105,7 @@ func (r *recorder) lease(obj any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.leases[n] = l
-	v := audit.LeaseVersion{Holder: ptr.Deref(l.Spec.HolderIdentity, "")}
+	v := leaseVersion{Holder: ptr.Deref(l.Spec.HolderIdentity, "")}
 	if l.Spec.AcquireTime != nil {
 		v.Acquired = l.Spec.AcquireTime.Time
 	}
@@ -204,13 +204,53 @@ func (r *recorder) lastRenew(n int32) time.Time {
 	return time.Time{}
 }
 
-// tenures returns every shard's tenures so far.
-func (r *recorder) tenures() map[int32][]audit.Tenure {
+// leaseVersion is a shard Lease's holder from an acquisition on, as written.
+type leaseVersion struct {
+	// Holder is the holder identity, "<replica>_<incarnation>"; "" for a
+	// released Lease.
+	Holder string
+	// Acquired is the Lease's acquire time on the acquirer's clock; for a
+	// release, when it was released.
+	Acquired time.Time
+}
+
+// tenure is one holder's uninterrupted hold of a shard Lease.
+type tenure struct {
+	// Holder is the holder identity, "<replica>_<incarnation>".
+	Holder string
+	// From is its acquire time; To the next holder's, or the release's;
+	// zero while it lasts.
+	From, To time.Time
+}
+
+// tenuresOf turns a shard Lease's history into its holders' tenures. A
+// holder acquiring again what it holds continues its tenure; a release ends
+// it.
+func tenuresOf(hist []leaseVersion) []tenure {
+	var out []tenure
+	for _, v := range hist {
+		if n := len(out); n > 0 && out[n-1].To.IsZero() {
+			if out[n-1].Holder == v.Holder {
+				continue
+			}
+			out[n-1].To = v.Acquired
+		}
+		if v.Holder != "" {
+			out = append(out, tenure{Holder: v.Holder, From: v.Acquired})
+		}
+	}
+	return out
+}
+
+// tenures returns every shard's tenures so far: which replica held which
+// shard when, for the handover steps (the write check reads the API
+// server's audit log instead).
+func (r *recorder) tenures() map[int32][]tenure {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := map[int32][]audit.Tenure{}
+	out := map[int32][]tenure{}
 	for n, hist := range r.history {
-		out[n] = audit.Tenures(hist)
+		out[n] = tenuresOf(hist)
 	}
 	return out
 }

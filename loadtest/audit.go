@@ -5,26 +5,38 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/sharding"
 )
 
-// Audit logs are how the load tester proves the sharding invariants: every
-// replica process writes a JSON line (sharding.AuditRecord) at the start and
-// the end of each reconcile, and at the end of each write the shard's hold
-// granted (`kshard controller --audit-log`), each process instance to its
-// own file.
+// Two kinds of evidence prove the sharding invariants in a run.
 //
-// The invariant that matters is "no replica writes a shard's objects outside
-// its tenure of the shard's Lease": every write must have reached the API
-// server while its writer held the Lease, by the Lease's own history. The
-// merged reconcile intervals of one object must not intersect across
-// replicas either, except across a pause: a replica stopped (SIGSTOP) past
-// its Lease loses its shards without knowing, so a reconcile it had begun
-// spans its successor's; it may not write, which the write check verifies.
+// The writes: the API server's own audit log (internal/audit's Policy:
+// every write to ConfigMaps, ConfigBindings, ExternalDomains and Leases,
+// with the objects as committed) says which writes it committed, by which
+// process (a replica names its holder identity in its user agent), at which
+// etcd revision. audit.CheckExclusive checks each committed write to a
+// shard's objects against the holder of the shard's Lease at that revision,
+// replica and incarnation: the invariant "no replica writes a shard's
+// objects outside its tenure of the shard's Lease" judged by what the API
+// server did, not by what the replicas say they did. The control plane the
+// load tester starts writes that log into the work folder; for a cluster of
+// --kubeconfig, --apiserver-audit-log names it, and without it the write
+// check has no data and fails.
+//
+// The reconciles: every replica process writes a JSON line
+// (sharding.AuditRecord) at the start and the end of each reconcile
+// (`kshard controller --audit-log`), each process instance to its own file.
+// The merged reconcile intervals of one object must not intersect across
+// replicas, except across a pause: a replica stopped (SIGSTOP) past its
+// Lease loses its shards without knowing, so a reconcile it had begun spans
+// its successor's; it may not write, which the write check verifies.
 
 // auditFile is the audit log of one replica process instance. A restarted
 // replica writes a new file, so a reconcile cut off by SIGKILL is never
@@ -37,9 +49,9 @@ type auditFile struct {
 	Ended time.Time
 }
 
-// readAudit merges audit files into reconcile intervals per object and the
-// writes. A start without an end lasts until its process ended, or until
-// now for a process still running. Lines cut short by SIGKILL are skipped.
+// readAudit merges audit files into reconcile intervals per object. A
+// start without an end lasts until its process ended, or until now for a
+// process still running. Lines cut short by SIGKILL are skipped.
 func readAudit(files []auditFile, now time.Time) (*audit.Log, error) {
 	d := audit.NewLog()
 	for _, af := range files {
@@ -156,29 +168,18 @@ func (t *auditTail) reconciledBy(object, replica string, since time.Time) bool {
 	return ok && e.Replica == replica && !e.At.Before(since)
 }
 
-// The names of the audit logs' checks.
+// The names of the audit checks.
 const (
-	checkWrites     = "no overlapping writes"
+	checkWrites     = "no write outside its writer's tenure (the API server's audit log)"
 	checkReconciles = "no overlapping reconciles, other than across a pause"
 )
 
-// AuditSummary is what the audit logs and the shard Leases' history showed:
-// the numbers behind the overlap checks.
+// AuditSummary is what the replicas' audit logs showed: the numbers behind
+// the reconcile check.
 type AuditSummary struct {
 	// Records counts the audit lines read from Processes replica processes,
 	// Objects the objects they reconciled.
 	Records, Processes, Objects int
-	// Writes counts the "write" records: the writes a shard's hold granted.
-	// LateWrites counts those that returned after their hold ended (a pause
-	// outlasted the hold while they were in flight).
-	Writes, LateWrites int
-	// LeaseChanges counts the holder changes seen on shard Leases
-	// (acquisitions and releases), the tenures' source.
-	LeaseChanges int
-	// OverlappingWrites counts the writes outside their writer's tenure of
-	// the shard's Lease; the first few are in Stray.
-	OverlappingWrites int
-	Stray             []string `json:",omitempty"`
 	// ReconcileOverlaps counts the pairs of one object's reconciles on two
 	// replicas that intersect with no pause between them (a failure);
 	// OverlapsAcrossPause those a pause explains (see acrossPause). The
@@ -190,15 +191,8 @@ type AuditSummary struct {
 // maxExamples bounds the examples a check names.
 const maxExamples = 3
 
-func auditSummary(d *audit.Log, processes int, stray []audit.StrayWrite, changes int, overlaps []audit.Overlap, pauses map[string][]window, grace time.Duration) *AuditSummary {
-	a := &AuditSummary{Records: d.Records, Processes: processes, Objects: len(d.ByObject), Writes: len(d.Writes), LateWrites: audit.LateWrites(d.Writes),
-		LeaseChanges: changes, OverlappingWrites: len(stray)}
-	for i, x := range stray {
-		if i == maxExamples {
-			break
-		}
-		a.Stray = append(a.Stray, x.String())
-	}
+func auditSummary(d *audit.Log, processes int, overlaps []audit.Overlap, pauses map[string][]window, grace time.Duration) *AuditSummary {
+	a := &AuditSummary{Records: d.Records, Processes: processes, Objects: len(d.ByObject)}
 	for _, o := range overlaps {
 		if acrossPause(o, pauses, grace) {
 			a.OverlapsAcrossPause++
@@ -210,25 +204,6 @@ func auditSummary(d *audit.Log, processes int, stray []audit.StrayWrite, changes
 		}
 	}
 	return a
-}
-
-// writeCheck passes when no write fell outside its writer's tenure, and
-// there were writes to check.
-func (a *AuditSummary) writeCheck(notAudited string) Check {
-	c := Check{Name: checkWrites, Passed: a.OverlappingWrites == 0 && a.Writes > 0,
-		Detail: fmt.Sprintf("%d overlapping writes (written when the writer did not hold the shard's Lease, by the Leases' %d holder changes) of %d writes in the audit log; %d of them returned after their hold had ended, and count at its end",
-			a.OverlappingWrites, a.LeaseChanges, a.Writes, a.LateWrites)}
-	if a.Writes == 0 {
-		c.Detail += "; no write recorded, so the check proves nothing"
-	}
-	for _, x := range a.Stray {
-		c.Detail += "; OVERLAPPING WRITE " + x
-	}
-	if n := a.OverlappingWrites - len(a.Stray); n > 0 {
-		c.Detail += fmt.Sprintf("; %d more", n)
-	}
-	c.Detail += notAudited
-	return c
 }
 
 // reconcileCheck passes when every overlap of reconciles is explained by a
@@ -245,4 +220,252 @@ func (a *AuditSummary) reconcileCheck(notAudited string) Check {
 	}
 	c.Detail += notAudited
 	return c
+}
+
+// WriteEvidence is what the API server's audit log says of the replicas'
+// writes to shard resources (audit.CheckExclusive): the numbers behind the
+// write check.
+type WriteEvidence struct {
+	// Log is the audit log read; empty when the run had none (a cluster of
+	// --kubeconfig without --apiserver-audit-log), and then the check has
+	// no data. Error says why it could not be read.
+	Log   string `json:",omitempty"`
+	Error string `json:",omitempty"`
+	// Events counts the audit events read.
+	Events int
+	// Committed counts the replicas' writes to shard resources the API
+	// server committed, by resource ("configmaps", "configbindings/status",
+	// "externaldomains"); LeaseWrites the committed writes of the ring's
+	// shard Leases they were checked against.
+	Committed   map[string]int
+	LeaseWrites int
+	// Refused counts the replicas' writes the fencing admission policy
+	// (deploy/base's kshard-shard-writes) denied; Fencing says whose policy
+	// it was: "bound by the run", "left unbound (--no-fencing)", or "the
+	// cluster's" for a StatefulSet's pods.
+	Refused int
+	Fencing string
+	// Stray counts the committed writes outside their writer's tenure of
+	// the shard's Lease (replica and incarnation), Unattributed those the
+	// check could not place (a replica's write naming no holder, or
+	// returning no object); the first few of each are in Examples.
+	Stray, Unattributed int
+	Examples            []string `json:",omitempty"`
+	// Delays are what the API server received, late, from each victim of
+	// the chaos scenario's delay fault.
+	Delays []DelayEvidence `json:",omitempty"`
+}
+
+// DelayEvidence is what the API server's audit log shows of one delay
+// fault: the requests of its victim (any incarnation) received from the
+// fault's start until its held bytes and what queued behind them were
+// delivered (twice the delay) and answered (a retry period more).
+type DelayEvidence struct {
+	Replica string
+	// At is when the delay began, into the run.
+	At time.Duration
+	// Refused counts its writes to shard resources the fencing policy
+	// denied; Stray those committed outside its tenure; Committed all of
+	// them it committed (in its tenure: a Lease that had not moved yet, or
+	// its own again after the delay).
+	Refused, Stray, Committed int
+	// LeaseConflicts counts its writes of the ring's Leases answered 409
+	// Conflict: renewals of Leases others had written meanwhile.
+	LeaseConflicts int
+}
+
+func (d DelayEvidence) String() string {
+	return fmt.Sprintf("delay of %s at %s: the API server received, late, %d of its shard writes refused by the %s policy and %d committed (%d outside its tenure), and %d of its Lease writes refused with 409 Conflict (renewals of Leases written by others meanwhile)",
+		d.Replica, round(d.At), d.Refused, audit.FencingPolicy, d.Committed, d.Stray, d.LeaseConflicts)
+}
+
+// Writes is the number of committed replica writes to shard resources.
+func (w *WriteEvidence) Writes() int {
+	n := 0
+	for _, c := range w.Committed {
+		n += c
+	}
+	return n
+}
+
+// evidenceFor says what the write evidence reads of a run: the API
+// server's audit log, whose Leases grant the shards, whether the fencing
+// policy was bound, and the delay faults to account for.
+type evidenceFor struct {
+	log     string
+	check   audit.CheckOptions
+	fencing string
+	delays  []delayWindow
+	// delaySpan is how long after a delay fault's start its victim's
+	// requests are counted as the fault's.
+	delaySpan time.Duration
+	begin     time.Time
+}
+
+// writeEvidence reads the API server's audit log and checks every
+// committed replica write in it against the ring's shard Leases.
+func writeEvidence(ev evidenceFor) *WriteEvidence {
+	path, opts := ev.log, ev.check
+	w := &WriteEvidence{Log: path, Fencing: ev.fencing}
+	if path == "" {
+		return w
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		w.Error = fmt.Sprintf("reading the API server's audit log: %v", err)
+		return w
+	}
+	defer f.Close()
+	l, err := audit.ReadAPILog(f)
+	if err != nil {
+		w.Error = err.Error()
+		return w
+	}
+	e := audit.CheckExclusive(l, opts)
+	w.Events, w.Committed, w.LeaseWrites = l.Events, e.Committed, e.LeaseWrites
+	w.Refused, w.Stray, w.Unattributed = len(e.Refused), len(e.Stray), len(e.Unattributed)
+	for i, x := range e.Stray {
+		if i == maxExamples {
+			break
+		}
+		w.Examples = append(w.Examples, "OUTSIDE A TENURE: "+x.String())
+	}
+	for i, x := range e.Unattributed {
+		if i == maxExamples {
+			break
+		}
+		w.Examples = append(w.Examples, "UNATTRIBUTED: "+x.String())
+	}
+	for _, d := range ev.delays {
+		w.Delays = append(w.Delays, delayEvidence(l, e, ev, d))
+	}
+	return w
+}
+
+// delayEvidence counts what the API server received from a delay fault's
+// victim while the fault lasted.
+func delayEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d delayWindow) DelayEvidence {
+	out := DelayEvidence{Replica: d.replica, At: d.from.Sub(ev.begin)}
+	to := d.from.Add(ev.delaySpan)
+	of := func(w audit.Write) bool {
+		return strings.HasPrefix(w.Holder, d.replica+"_") && !w.Received.Before(d.from) && !w.Received.After(to)
+	}
+	shardRes := map[string]bool{}
+	for _, r := range audit.ShardWriteResources {
+		shardRes[r] = true
+	}
+	for _, w := range l.Writes {
+		if !of(w) {
+			continue
+		}
+		switch {
+		case w.Resource == "leases" && w.Namespace == ev.check.LeaseNamespace && w.Code == 409:
+			out.LeaseConflicts++
+		case shardRes[w.Resource] && w.Code >= 200 && w.Code < 300:
+			out.Committed++
+		}
+	}
+	for _, w := range e.Refused {
+		if of(w) {
+			out.Refused++
+		}
+	}
+	for _, w := range e.Stray {
+		if of(w) {
+			out.Stray++
+		}
+	}
+	return out
+}
+
+// check passes when the API server's audit log was read, shows replica
+// writes and shard Lease writes to check them against, and every committed
+// write was inside its writer's tenure. A log that was not read, or shows
+// nothing to check, is "no data": a check that saw nothing proves nothing.
+func (w *WriteEvidence) check(notChecked string) Check {
+	c := Check{Name: checkWrites}
+	switch {
+	case w == nil || w.Log == "":
+		c.Detail = "no data: the run read no API server audit log (a cluster of --kubeconfig needs --apiserver-audit-log), so no write was checked"
+	case w.Error != "":
+		c.Detail = "no data: " + w.Error
+	case w.Writes() == 0 || w.LeaseWrites == 0:
+		c.Detail = fmt.Sprintf("no data: the API server's audit log (%d events) shows %d committed replica writes to shard resources and %d shard Lease writes, so the check would prove nothing",
+			w.Events, w.Writes(), w.LeaseWrites)
+	default:
+		c.Passed = w.Stray == 0 && w.Unattributed == 0
+		c.Detail = fmt.Sprintf("the API server's audit log (%d events): %d committed replica writes to shard resources (%s) checked against %d commits of the shard Leases: %d outside the writer's tenure, %d unattributed; %s",
+			w.Events, w.Writes(), committedText(w.Committed), w.LeaseWrites, w.Stray, w.Unattributed, w.refusedText())
+		for _, x := range w.Examples {
+			c.Detail += "; " + x
+		}
+		if n := w.Stray + w.Unattributed - len(w.Examples); n > 0 {
+			c.Detail += fmt.Sprintf("; %d more", n)
+		}
+	}
+	c.Detail += notChecked
+	return c
+}
+
+// refusedText says what the fencing admission policy refused.
+func (w *WriteEvidence) refusedText() string {
+	return fmt.Sprintf("%d refused by the %s admission policy (%s)", w.Refused, audit.FencingPolicy, w.Fencing)
+}
+
+// How the fencing policy was in force, for WriteEvidence.Fencing.
+const (
+	fencingBound    = "bound by the run"
+	fencingUnbound  = "left unbound (--no-fencing)"
+	fencingClusters = "the cluster's"
+	fencingNone     = "none: the replicas ran on the load tester's credentials"
+)
+
+// committedText lists committed writes by resource: "configmaps 10, configbindings/status 8".
+func committedText(by map[string]int) string {
+	parts := make([]string, 0, len(by))
+	for _, res := range slices.Sorted(maps.Keys(by)) {
+		parts = append(parts, fmt.Sprintf("%s %d", res, by[res]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// evidence says what the write check reads of this run: the API server's
+// audit log, the ring whose Leases grant the shards, the users the
+// replicas authenticate as, whether the fencing policy was bound, and the
+// delay faults.
+func (r *run) evidence() evidenceFor {
+	ev := evidenceFor{log: r.apiAuditLog, begin: r.begin}
+	switch {
+	case r.pods != nil:
+		t := r.pods
+		ev.check = audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
+		ev.fencing = fencingClusters
+	case r.fencing != nil:
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
+		ev.fencing = fencingBound
+		if !r.fencing.enforced {
+			ev.fencing = fencingUnbound
+		}
+	default:
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace}
+		ev.fencing = fencingNone
+	}
+	r.mu.Lock()
+	ev.delays = slices.Clone(r.delays)
+	r.mu.Unlock()
+	ev.delaySpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
+	return ev
+}
+
+// replicaServiceAccount is the ServiceAccount of deploy/base the replicas
+// run as.
+const replicaServiceAccount = "kshard"
+
+// serviceAccountUser is the user name a ServiceAccount's tokens
+// authenticate as.
+func serviceAccountUser(namespace, name string) string {
+	return "system:serviceaccount:" + namespace + ":" + name
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 )
@@ -27,6 +28,16 @@ const (
 	// clock, so nothing may change: no shard taken early from a replica
 	// whose renewals look old, none left waiting on one whose look new.
 	faultClock
+	// faultDelay holds what the victim sends to the API server for longer
+	// than its Leases last (its connection goes through a netfault.Proxy),
+	// then delivers it: a network that heals late, a request already sent
+	// when the process stalled. Its writes passed its own fence
+	// (WriteContext) when they left and arrive after its Leases expired and
+	// other replicas took its shards over: only the API server can refuse
+	// them (deploy/base's kshard-shard-writes policy), and the write check
+	// reads from its audit log whether it committed any. Replica processes
+	// only.
+	faultDelay
 	// faultForceDelete deletes the victim's pod at once (`kubectl delete
 	// pod --grace-period=0 --force`): the pod object goes, the kubelet still
 	// stops the container with SIGTERM and 2 s of grace, and the StatefulSet
@@ -39,16 +50,50 @@ const (
 )
 
 func (k faultKind) String() string {
-	return [...]string{"kill", "pause", "clock offset", "forced pod deletion", "pod deletion"}[k]
+	return [...]string{"kill", "pause", "clock offset", "delay", "forced pod deletion", "pod deletion"}[k]
+}
+
+// faultNames name the fault kinds in Options.Faults.
+var faultNames = map[string]faultKind{
+	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay,
+	"force-delete": faultForceDelete, "delete": faultDelete,
 }
 
 // faultRotation is the order of the chaos scenario's faults, one per
 // interval, on replica processes.
-var faultRotation = []faultKind{faultKill, faultPause, faultClock}
+var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay}
 
 // podFaultRotation is the order on a StatefulSet's pods, which the load
 // tester can delete but not signal.
 var podFaultRotation = []faultKind{faultForceDelete, faultDelete}
+
+// parseFaults reads Options.Faults: the rotation, of the kinds the target
+// allows (pods: only deletions); the target's whole rotation for "".
+func parseFaults(s string, pods bool) ([]faultKind, error) {
+	allowed := faultRotation
+	if pods {
+		allowed = podFaultRotation
+	}
+	if s == "" {
+		return allowed, nil
+	}
+	var out []faultKind
+	for _, name := range strings.Split(s, ",") {
+		k, ok := faultNames[strings.TrimSpace(name)]
+		if !ok || !slices.Contains(allowed, k) {
+			names := make([]string, 0, len(allowed))
+			for n, k := range faultNames {
+				if slices.Contains(allowed, k) {
+					names = append(names, n)
+				}
+			}
+			slices.Sort(names)
+			return nil, fmt.Errorf("fault %q must be one of %s (on %s)", name, strings.Join(names, ", "), map[bool]string{true: "a StatefulSet's pods", false: "replica processes"}[pods])
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
 
 // fault is one fault to inject.
 type fault struct {
@@ -66,6 +111,8 @@ func (f fault) lasts(o Options) time.Duration {
 		return o.RestartDelay
 	case faultPause:
 		return o.PauseFor
+	case faultDelay:
+		return o.DelayFor
 	}
 	return 0
 }
@@ -113,10 +160,7 @@ func runChaos(ctx context.Context, r *run) error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
-	plan := faultPlan{rotation: faultRotation, offset: r.opts.ClockOffset}
-	if r.pods != nil {
-		plan.rotation = podFaultRotation
-	}
+	plan := faultPlan{rotation: r.chaos, offset: r.opts.ClockOffset}
 	var done []injected
 	err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
 		end := time.Now().Add(r.opts.Duration)
@@ -219,6 +263,25 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		}
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
 		return nil
+	case faultDelay:
+		if s.proxy == nil {
+			return fmt.Errorf("delaying %s's requests: it does not reach the API server through a proxy", s.id)
+		}
+		held := s.proxy.Delayed()
+		r.mark("delay what %s sends to the API server by %s", s.id, o.DelayFor)
+		at := time.Now()
+		s.proxy.Delay(o.DelayFor)
+		r.noteDelay(s.id, at)
+		// Until what it sent at the start of the delay arrived and was
+		// answered.
+		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
+			return err
+		}
+		if s.proxy.Delayed() == held {
+			return fmt.Errorf("the delay fault held nothing %s sent in %s: it did not happen", s.id, o.DelayFor)
+		}
+		r.handover(ctx, f, fmt.Sprintf("delay of what %s sends to the API server by %s (then delivered)", s.id, o.DelayFor), at)
+		return nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(ctx, s)
@@ -253,4 +316,30 @@ func faultsFinding(rotation []faultKind, done []injected) string {
 		s += " (" + strings.Join(each, "; ") + ")"
 	}
 	return s
+}
+
+// delayWindow is one delay fault: its victim, and when it began.
+type delayWindow struct {
+	replica string
+	from    time.Time
+}
+
+// noteDelay records a delay fault, for the write evidence.
+func (r *run) noteDelay(replica string, from time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.delays = append(r.delays, delayWindow{replica: replica, from: from})
+}
+
+// closeProxies closes the delay fault's proxies.
+func (r *run) closeProxies() {
+	r.mu.Lock()
+	proxies := r.proxies
+	r.proxies = nil
+	r.mu.Unlock()
+	for _, p := range proxies {
+		if err := p.Close(); err != nil {
+			r.log.Error(err, "Closing a proxy to the API server", "addr", p.Addr())
+		}
+	}
 }

@@ -12,8 +12,11 @@
 // package produces them reproducibly, with the exact command in every
 // report, and fails (for the chaos and rolling-restart scenarios) when an
 // invariant breaks under the faults it injects (kills, pauses past the
-// Lease, Lease clocks off by more than a Lease): a replica writing a shard's
-// objects outside its tenure of the shard's Lease, two replicas reconciling
+// Lease, Lease clocks off by more than a Lease, requests delayed on the wire
+// past the Lease): the API server committing a write to a shard's objects
+// outside its writer's tenure of the shard's Lease (by its own audit log;
+// the sharded replicas run on pod-bound tokens under deploy/base's fencing
+// policy, as on a cluster), two replicas reconciling
 // one object at once with no pause to explain it, a generation never
 // becoming Ready, a shard without an owner for longer than a lease duration
 // plus a retry period, or a replica above its memory limit.

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/netfault"
 )
 
 // Mode is one way of running the controller: a name for the reports and the
@@ -118,6 +119,13 @@ type slot struct {
 	// pprofAddr serves the replica's pprof endpoint with --profile; empty
 	// otherwise.
 	pprofAddr string
+	// kubeconfig is the replica's own (its pod-bound token, fencing.go);
+	// empty for the load tester's, which a replica with sharding off and
+	// the plain controller use.
+	kubeconfig string
+	// proxy carries its requests to the API server where the chaos
+	// scenario delays them (faultDelay); nil otherwise.
+	proxy *netfault.Proxy
 	// clockOffset is the Lease clock offset its next process starts with
 	// (--lease-clock-offset): set by the chaos scenario's clock fault, kept
 	// until another fault restarts the replica.
@@ -250,6 +258,7 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 	}
 	f.mu.Lock()
 	f.noteSize(n)
+	var added []*slot
 	for len(f.slots) < n {
 		ports, err := childproc.FreePorts(3)
 		if err != nil {
@@ -266,9 +275,15 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 			s.pprofAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
 		}
 		f.slots = append(f.slots, s)
+		added = append(added, s)
 	}
 	slots := slices.Clone(f.slots)
 	f.mu.Unlock()
+	for _, s := range added {
+		if err := f.connect(ctx, s); err != nil {
+			return err
+		}
+	}
 	if f.started.IsZero() {
 		f.started = time.Now()
 	}
@@ -355,6 +370,34 @@ func (f *fleet) addContainer(ordinal int, c *container) {
 	f.r.log.V(1).Info("Replica container started", "replica", s.id, "container", c.id)
 }
 
+// connect gives a new slot its way to the API server. A sharded replica
+// runs as deploy/base runs it, on a token of its own pod (r.fencing), and
+// through a proxy of its own where the chaos scenario delays its requests;
+// the others use the load tester's kubeconfig.
+func (f *fleet) connect(ctx context.Context, s *slot) error {
+	r := f.r
+	if r.fencing == nil || !f.mode.Sharded() {
+		return nil
+	}
+	server := ""
+	if slices.Contains(r.chaos, faultDelay) && r.sc.faults {
+		p, err := netfault.Listen(r.apiAddr)
+		if err != nil {
+			return fmt.Errorf("the proxy of %s: %w", s.id, err)
+		}
+		r.mu.Lock()
+		r.proxies = append(r.proxies, p)
+		r.mu.Unlock()
+		s.proxy, server = p, p.Addr()
+	}
+	kubeconfig, err := r.fencing.kubeconfigFor(ctx, s.id, server)
+	if err != nil {
+		return err
+	}
+	s.kubeconfig = kubeconfig
+	return nil
+}
+
 // start starts a new process instance of the slot.
 func (f *fleet) start(s *slot) error {
 	o := f.r.opts
@@ -374,8 +417,12 @@ func (f *fleet) start(s *slot) error {
 	if b, _ := o.memoryLimitBytes(); b > 0 {
 		limit = o.MemoryLimit
 	}
+	kubeconfig := s.kubeconfig
+	if kubeconfig == "" {
+		kubeconfig = f.r.kubeconfig
+	}
 	args := replicaArgs(f.mode, replicaConfig{
-		kubeconfig: f.r.kubeconfig, id: s.id, centerURL: f.r.centerURL,
+		kubeconfig: kubeconfig, id: s.id, centerURL: f.r.centerURL,
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
 		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
 		memoryLimit: limit, clockOffset: in.clockOffset,

@@ -97,6 +97,24 @@ type Options struct {
 	// the victim cannot notice, and fit the chaos interval. Default lease
 	// duration + 2 × retry period.
 	PauseFor time.Duration
+	// DelayFor is how long the chaos scenario's delay fault holds what its
+	// victim sends to the API server before delivering it. It must outlast
+	// the lease duration, so that the victim's Leases expire and move while
+	// its writes are on the wire, and fit the chaos interval. Default lease
+	// duration + 2 × retry period.
+	DelayFor time.Duration
+	// Faults lists the chaos scenario's fault kinds, comma-separated, in
+	// the order of its rotation: kill, pause, clock and delay on replica
+	// processes; force-delete and delete on a StatefulSet's pods. Default:
+	// every kind of the target, in that order.
+	Faults string
+	// NoFencing leaves deploy/base's kshard-shard-writes policy unbound:
+	// the sharded replicas still run on pod-bound tokens and deploy/base's
+	// RBAC, but the API server no longer refuses a write by a pod that does
+	// not hold the shard's Lease. With the delay fault, the late writes then
+	// commit outside their writer's tenure, and the write check must fail:
+	// how to see that the check can fail, and what the policy costs.
+	NoFencing bool
 	// ClockOffset is how far the chaos scenario's clock fault shifts its
 	// victim's Lease clock (`kshard controller --lease-clock-offset`),
 	// ahead and behind in turn. It must exceed the lease duration, so that a
@@ -153,6 +171,14 @@ type Options struct {
 	// Kubeconfig targets an existing cluster instead of starting a control
 	// plane. Its kubeconfig user must be allowed to read /metrics.
 	Kubeconfig string
+	// APIServerAuditLog is the audit log file of the Kubeconfig cluster's
+	// API server, written under internal/audit's policy
+	// (internal/audit/policy.yaml, --audit-log-format=json): the evidence
+	// the write check reads. The node of `make cluster` writes
+	// bin/cluster/log/kube-apiserver-audit.log. Without it, a run against
+	// Kubeconfig has no evidence of the writes, and its write check fails
+	// with "no data". The control plane a run starts writes its own.
+	APIServerAuditLog string
 	// StatefulSet, "namespace/name", makes the pods of that StatefulSet in
 	// the Kubeconfig cluster the replicas, instead of processes the load
 	// tester starts: it scales the StatefulSet, deletes pods for the chaos
@@ -227,6 +253,7 @@ func (o *Options) setDefaults(sc *scenario) error {
 	setDuration(&o.ChaosInterval, 30*time.Second)
 	setDuration(&o.RestartDelay, 5*time.Second)
 	setDuration(&o.PauseFor, o.LeaseDuration+2*o.RetryPeriod)
+	setDuration(&o.DelayFor, o.LeaseDuration+2*o.RetryPeriod)
 	setDuration(&o.ClockOffset, 30*time.Second)
 	if o.MemoryLimit == "" {
 		o.MemoryLimit = DefaultMemoryLimit
@@ -295,6 +322,12 @@ func (o *Options) validate(sc *scenario) error {
 	// none (checkPodTarget).
 	processFaults := sc.faults && o.StatefulSet == ""
 	check(processFaults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
+	check(processFaults && (o.DelayFor <= o.LeaseDuration || o.DelayFor >= o.ChaosInterval), "delay %s must outlast the lease duration %s and fit the chaos interval %s", o.DelayFor, o.LeaseDuration, o.ChaosInterval)
+	if _, err := parseFaults(o.Faults, o.StatefulSet != ""); err != nil {
+		errs = append(errs, err)
+	}
+	check(o.Faults != "" && !sc.faults, "faults %q: scenario %s injects none (chaos does)", o.Faults, sc.name)
+	check(o.NoFencing && o.StatefulSet != "", "the fencing of a StatefulSet's pods is the cluster's: --no-fencing is for replica processes the load tester starts")
 	check(processFaults && o.ClockOffset <= o.LeaseDuration, "clock offset %s must exceed the lease duration %s", o.ClockOffset, o.LeaseDuration)
 	if _, err := o.memoryLimitBytes(); err != nil {
 		errs = append(errs, err)
@@ -302,6 +335,7 @@ func (o *Options) validate(sc *scenario) error {
 	if _, err := parseFleets(o.Fleets); err != nil {
 		errs = append(errs, err)
 	}
+	check(o.APIServerAuditLog != "" && o.Kubeconfig == "", "the API server audit log %s is for a cluster of --kubeconfig: the control plane a run starts writes its own", o.APIServerAuditLog)
 	check(o.Fleets != "" && !sc.fleets, "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
@@ -323,7 +357,7 @@ func (o *Options) checkPodTarget(sc *scenario) error {
 	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
 	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
 	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "", "replica arguments, profiles and a binary folder are for replica processes the load tester starts")
-	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0, "pauses, clock offsets and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once")
+	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || o.DelayFor != 0, "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once")
 	return errors.Join(errs...)
 }
 

@@ -51,8 +51,10 @@ type podTarget struct {
 	// container and image are the kshard container's name and image in
 	// the pod template; selector selects the StatefulSet's pods.
 	container, image, selector string
-	// ring is the replicas' --ring, read from the pod template.
-	ring string
+	// ring is the replicas' --ring, read from the pod template;
+	// serviceAccount the ServiceAccount the pods run as, whose user the
+	// write check expects each replica write from.
+	ring, serviceAccount string
 	// metricsPort is the container port of the replicas' metrics.
 	metricsPort int32
 	// restoreReplicas is the StatefulSet's replica count before the run,
@@ -213,6 +215,10 @@ func (t *podTarget) readTemplate(sts *appsv1.StatefulSet, o *Options) error {
 	}
 	c := cs[i]
 	t.container, t.image = c.Name, c.Image
+	t.serviceAccount = sts.Spec.Template.Spec.ServiceAccountName
+	if t.serviceAccount == "" {
+		t.serviceAccount = "default"
+	}
 	flags := map[string]string{}
 	for j, a := range c.Args {
 		k, v, hasValue := strings.Cut(a, "=")

@@ -30,8 +30,11 @@ type Report struct {
 	// Error is why the run itself failed, if it did.
 	Error  string `json:",omitempty"`
 	Checks []Check
-	// Audit is what the audit logs showed, for a run with a sharded fleet.
-	Audit  *AuditSummary `json:",omitempty"`
+	// Writes is what the API server's audit log showed of the replicas'
+	// writes, and Audit what the replicas' audit logs showed of their
+	// reconciles, for a run with a sharded fleet.
+	Writes *WriteEvidence `json:",omitempty"`
+	Audit  *AuditSummary  `json:",omitempty"`
 	Fleets []*FleetResult
 	Events []EventResult
 	// Updates and Creates are the end-to-end latencies of every measured
@@ -534,9 +537,25 @@ func (r *run) newReport() *Report {
 			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
 	} else {
 		set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
+		if fe := r.fencing; fe != nil {
+			policy := "deploy/base's " + audit.FencingPolicy + " admission policy, which refuses a shard write by a pod not holding the shard's Lease"
+			if !fe.enforced {
+				policy = "the " + audit.FencingPolicy + " admission policy NOT bound (--no-fencing): the API server refuses no late write"
+			}
+			set("replica identity", "sharded replicas: a token of deploy/base's ServiceAccount bound to a Pod object of the replica's name (created, never run), deploy/base's RBAC, "+
+				policy+"; sharding off and the plain controller: the load tester's admin credentials")
+		}
 		set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
 	}
 	set("API server write ceiling (calibration)", ceilingText(r.calibration))
+	switch {
+	case r.apiAuditLog == "":
+		set("API server audit log", "none (a cluster of --kubeconfig without --apiserver-audit-log): the write check has no data")
+	case r.opts.Kubeconfig == "":
+		set("API server audit log", "written by the run's control plane under internal/audit's policy (writes to Leases, ConfigMaps, ConfigBindings, ExternalDomains, with the objects; blocking mode), read by the write check")
+	default:
+		set("API server audit log", r.apiAuditLog+", read by the write check")
+	}
 	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
@@ -546,9 +565,17 @@ func (r *run) newReport() *Report {
 			"(grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go), pod deletion with its grace period; "+
 			"the StatefulSet recreates the pod at once", o.ChaosInterval))
 	} else if r.sc.faults {
-		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: kill (SIGKILL, restarted after %s), "+
-			"pause (SIGSTOP for %s, then SIGCONT), clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)",
-			o.ChaosInterval, o.RestartDelay, o.PauseFor, signed(o.ClockOffset), signed(-o.ClockOffset)))
+		kinds := map[faultKind]string{
+			faultKill:  fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
+			faultPause: fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
+			faultClock: fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
+			faultDelay: fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+		}
+		var rotation []string
+		for _, k := range r.chaos {
+			rotation = append(rotation, kinds[k])
+		}
+		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
 	}
 	if r.pods != nil {
 		set("memory limit", o.MemoryLimit+" per replica, the container's limit")
@@ -632,43 +659,54 @@ func (r *run) finish(runErr error) {
 	creates.Merge(r.tracker.latencies(r.begin, time.Now(), writeCreate))
 	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
 
-	// 1 and 2. Overlapping writes and reconciles, from every replica
-	// process's audit log and the shard Leases' history.
+	// 1. Writes outside a tenure, from the API server's audit log; 2.
+	// overlapping reconciles, from every replica process's audit log.
 	var files []auditFile
-	var plain []string
+	var plain, single []string
 	pauses := map[string][]window{}
 	sharded := false
 	for _, f := range r.fleets {
 		files = append(files, f.auditFiles()...)
 		sharded = sharded || f.mode.Sharded()
-		if f.mode.Plain {
+		switch {
+		case f.mode.Plain:
 			plain = append(plain, f.label())
+		case !f.mode.Sharded():
+			single = append(single, f.label())
 		}
 		for id, ws := range f.pauseWindows() {
 			pauses[id] = append(pauses[id], ws...)
 		}
 	}
-	// A plain fleet has no audit log, so its reconciles are not checked.
-	notAudited := ""
+	// A plain fleet has no audit log, so its reconciles are not checked;
+	// one active replica holds no shard Lease, so its writes are not.
+	notAudited, notChecked := "", ""
 	if len(plain) > 0 {
 		notAudited = fmt.Sprintf("; not checked for %s: no kshard code, no audit log (one active replica)", strings.Join(plain, ", "))
 	}
-	data, err := readAudit(files, time.Now())
-	switch {
-	case err != nil:
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Detail: err.Error()}, Check{Name: checkReconciles, Detail: err.Error()})
-	case !sharded:
-		na := "not applicable: no sharded fleet (one active replica)" + notAudited
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na}, Check{Name: checkReconciles, Passed: true, Detail: na})
-	default:
-		tenures, changes := r.ring.tenures()
-		rep.Audit = auditSummary(data, len(files), audit.StrayWrites(data.Writes, tenures), changes, audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
-		for _, f := range r.fleets {
-			if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
-				f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
-			}
+	if unsharded := append(single, plain...); len(unsharded) > 0 {
+		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
+	}
+	if !sharded {
+		na := "not applicable: no sharded fleet (one active replica)"
+		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na + notChecked}, Check{Name: checkReconciles, Passed: true, Detail: na + notAudited})
+	} else {
+		rep.Writes = writeEvidence(r.evidence())
+		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
+		for _, d := range rep.Writes.Delays {
+			rep.Findings = append(rep.Findings, d.String())
 		}
-		rep.Checks = append(rep.Checks, rep.Audit.writeCheck(notAudited), rep.Audit.reconcileCheck(notAudited))
+		if data, err := readAudit(files, time.Now()); err != nil {
+			rep.Checks = append(rep.Checks, Check{Name: checkReconciles, Detail: err.Error()})
+		} else {
+			rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
+			for _, f := range r.fleets {
+				if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
+					f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
+				}
+			}
+			rep.Checks = append(rep.Checks, rep.Audit.reconcileCheck(notAudited))
+		}
 	}
 
 	// 3. Every object's latest generation Ready after the final settle.

@@ -14,7 +14,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
-	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
@@ -71,9 +70,6 @@ type ringWatch struct {
 	// incarnation: the writer of a version without one, a release (holder
 	// "") or a member Lease kept for the replica's next incarnation.
 	lastHolder map[string]string
-	// leaseHistory is each shard Lease's holders as written, in the order
-	// seen: the tenures against which the audit logs' writes are checked.
-	leaseHistory map[int32][]audit.LeaseVersion
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
@@ -169,7 +165,7 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, proces
 // newRingState is a ring watch with nothing seen yet, not watching.
 func newRingState(ring string, processOf func(string, time.Time) *instance) *ringWatch {
 	return &ringWatch{ring: ring, processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
-		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, leaseHistory: map[int32][]audit.LeaseVersion{}}
+		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}}
 }
 
 // hasIncarnation says whether a holder identity names a process
@@ -240,7 +236,6 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 	st.duration = time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
 	if deleted {
 		st = shardLease{acquire: seen}
-		identity = ""
 	}
 	switch l.Labels[sharding.LabelLeaseKind] {
 	case sharding.LeaseKindMember:
@@ -259,10 +254,6 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 			return
 		}
 		w.shards[n] = st
-		hist := w.leaseHistory[n]
-		if last := len(hist) - 1; last < 0 || hist[last].Holder != identity || !hist[last].Acquired.Equal(st.acquire) {
-			w.leaseHistory[n] = append(hist, audit.LeaseVersion{Holder: identity, Acquired: st.acquire})
-		}
 	}
 }
 
@@ -478,18 +469,4 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 type movedShard struct {
 	holder   string
 	acquired time.Time
-}
-
-// tenures returns every shard Lease's tenures so far, and the number of
-// holder changes (acquisitions and releases) they come from.
-func (w *ringWatch) tenures() (map[int32][]audit.Tenure, int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := map[int32][]audit.Tenure{}
-	changes := 0
-	for n, hist := range w.leaseHistory {
-		out[n] = audit.Tenures(hist)
-		changes += len(hist)
-	}
-	return out, changes
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +29,7 @@ import (
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/netfault"
 	"github.com/kshard/kshard/internal/replica"
 )
 
@@ -56,7 +58,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
 	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
-	r.chosen, _ = parseFleets(opts.Fleets) // validated by setDefaults
+	r.chosen, _ = parseFleets(opts.Fleets)                        // validated by setDefaults
+	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "") // likewise
 	if sc.prepare != nil {
 		if err := sc.prepare(r); err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
@@ -74,6 +77,8 @@ type run struct {
 	chosen []fleetSpec
 	sc     *scenario
 	log    logr.Logger
+	// chaos is the chaos scenario's fault rotation (Options.Faults).
+	chaos []faultKind
 
 	work       string
 	begin      time.Time
@@ -86,14 +91,28 @@ type run struct {
 
 	restConfig    *rest.Config
 	serverVersion string
-	c             client.Client
-	cs            kubernetes.Interface
-	rc            rest.Interface
-	procs         *processes
+	// apiAuditLog is the API server's audit log under internal/audit's
+	// Policy, the evidence of the write check: the one the run's own
+	// control plane writes, or Options.APIServerAuditLog; empty without
+	// one.
+	apiAuditLog string
+	c           client.Client
+	cs          kubernetes.Interface
+	rc          rest.Interface
+	procs       *processes
 	// pods is the StatefulSet whose pods are the replicas
 	// (Options.StatefulSet); nil when the load tester starts them as
 	// processes.
-	pods      *podTarget
+	pods *podTarget
+	// fencing is deploy/base's identity and fencing policy, under which the
+	// sharded replica processes run; nil on a StatefulSet's pods.
+	fencing *fencing
+	// apiAddr is the API server's "host:port", which the proxies of the
+	// delay fault forward to.
+	apiAddr string
+	// delays are the delay faults injected, for the write evidence.
+	delays    []delayWindow
+	proxies   []*netfault.Proxy
 	centerURL string
 	cc        *configcenter.Client
 	faults    configcenter.Faults
@@ -202,6 +221,9 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	// The load tester's own watches end before the API server stops.
 	defer cancel(nil)
 
+	// The delay fault's proxies close after the children stopped (defers
+	// run in reverse), so that a stopping replica reaches the API server.
+	defer r.closeProxies()
 	// Children stop before the cluster (defers run in reverse): replicas
 	// hand over while the API server still answers.
 	r.procs = newProcesses(func(err error) { cancel(err) })
@@ -341,13 +363,15 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		if cfg, err = clientcmd.BuildConfigFromFlags("", r.opts.Kubeconfig); err != nil {
 			return nil, fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
 		}
-		r.kubeconfig = r.opts.Kubeconfig
+		r.kubeconfig, r.apiAuditLog = r.opts.Kubeconfig, r.opts.APIServerAuditLog
 		r.progress.printf("using the cluster of %s", r.kubeconfig)
 	} else {
 		r.kubeconfig = filepath.Join(r.work, "kubeconfig")
 		r.progress.printf("starting the control plane (etcd + kube-apiserver) ...")
 		start := time.Now()
-		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool)})
+		r.apiAuditLog = filepath.Join(r.work, "apiserver-audit.log")
+		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
+			AuditLogPath: r.apiAuditLog})
 		if err != nil {
 			return nil, err
 		}
@@ -360,6 +384,16 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		cfg = cp.Config
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
+	host := cfg.Host
+	if !strings.Contains(host, "://") {
+		host = "https://" + host
+	}
+	u, err := url.Parse(host)
+	if err != nil || u.Host == "" {
+		stop()
+		return nil, fmt.Errorf("the API server's address %q: want https://host:port (%v)", cfg.Host, err)
+	}
+	r.apiAddr = u.Host
 	cfg = rest.CopyConfig(cfg)
 	// The load tester's own writes must measure the API server, not
 	// client-go's default limit of 5 requests per second.
@@ -409,7 +443,12 @@ func (r *run) prepare(ctx context.Context) error {
 	if r.opts.StatefulSet != "" {
 		return r.preparePods(ctx)
 	}
-	return r.ensureStatefulSet(ctx)
+	if err := r.ensureStatefulSet(ctx); err != nil {
+		return err
+	}
+	var err error
+	r.fencing, err = r.installFencing(ctx)
+	return err
 }
 
 // targetsLabel opts a namespace in to kshard's ConfigMap writes where

@@ -187,7 +187,9 @@ start kube-apiserver "$BIN_K8S/kube-apiserver" \
 	--requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
 	--requestheader-extra-headers-prefix X-Remote-Extra- \
 	--proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
-	--enable-aggregator-routing=true
+	--enable-aggregator-routing=true \
+	--audit-policy-file "$repo/internal/audit/policy.yaml" --audit-log-path "$logs/kube-apiserver-audit.log" \
+	--audit-log-format json --audit-log-mode blocking
 
 for ((i = 0; i < 240; i++)); do
 	"${k[@]}" get --raw /readyz >/dev/null 2>&1 && break

@@ -1,0 +1,358 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/sharding"
+)
+
+// The load tester's sharded replicas run as deploy/base runs them on a
+// cluster, so that the API server fences their writes as it would there:
+// each replica process authenticates with a token of deploy/base's
+// ServiceAccount bound to a Pod object of its own name (the pod a
+// StatefulSet would run as that replica; created, never run), with
+// deploy/base's RBAC, and deploy/base's kshard-shard-writes
+// ValidatingAdmissionPolicy refuses a write to a shard's objects by a pod
+// that does not hold the shard's Lease. A write delayed past its writer's
+// tenure (the chaos scenario's delay fault) is then refused by the API
+// server, where the process's own fence (WriteContext) cannot stop it.
+//
+// Replicas with sharding off and the plain controller keep the load
+// tester's own credentials: they hold no shard Lease, and the policy would
+// refuse their every write.
+
+// fieldOwner is the field manager of what the load tester applies.
+const fieldOwner = "kshard-loadtest"
+
+// baseRing is the ring deploy/base's fencing bindings name the Leases of.
+const baseRing = "kshard"
+
+// fencingKinds are the kinds of deploy/base the fencing needs (of the
+// admission policies, only audit.FencingPolicy's).
+var fencingKinds = map[string]bool{
+	"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true,
+	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+}
+
+// fencing is deploy/base's identity and fencing as installed for the run's
+// replica processes, and the pod-bound tokens minted so far.
+type fencing struct {
+	c client.Client
+	// kubeconfig is the load tester's own, whose cluster (server and CA)
+	// the replicas' kubeconfigs name.
+	kubeconfig *clientcmdapi.Config
+	dir        string
+	// enforced says the fencing policy is bound (not Options.NoFencing).
+	enforced bool
+
+	mu sync.Mutex
+	// tokens are the pod-bound tokens by replica identity.
+	tokens map[string]string
+}
+
+// installFencing applies deploy/base's ServiceAccount, RBAC (with the
+// mirror component's, for --external-source=mirror) and fencing policy into
+// LeaseNamespace, renamed as a user's overlay with `namespace:` would
+// rename them (kustomize does not rewrite the user name in the policy's
+// CEL, nor the ring in its binding: this does, as such a user must).
+// Cluster-scoped objects get the namespace as a name suffix, so that they
+// do not clash with a kshard installed on the cluster.
+func (r *run) installFencing(ctx context.Context) (*fencing, error) {
+	objs, err := fencingObjects(LeaseNamespace, Ring)
+	if err != nil {
+		return nil, fmt.Errorf("building deploy/base's fencing: %w", err)
+	}
+	fe := &fencing{c: r.c, dir: filepath.Join(r.work, "kubeconfigs"), tokens: map[string]string{}, enforced: !r.opts.NoFencing}
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" && !fe.enforced {
+			// A previous run's binding on the cluster would still fence.
+			if err := r.c.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+				return nil, fmt.Errorf("deleting %s %s (--no-fencing): %w", o.GetKind(), o.GetName(), err)
+			}
+			continue
+		}
+		if err := r.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return nil, fmt.Errorf("applying %s %s of deploy/base: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	if fe.kubeconfig, err = clientcmd.LoadFromFile(r.kubeconfig); err != nil {
+		return nil, fmt.Errorf("reading kubeconfig %s: %w", r.kubeconfig, err)
+	}
+	if err := os.MkdirAll(fe.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the replicas' kubeconfig folder: %w", err)
+	}
+	if err := fe.rbacInForce(ctx); err != nil {
+		return nil, err
+	}
+	return fe, nil
+}
+
+// fencingObjects builds deploy/base with the mirror component into
+// namespace ns and returns its objects of fencingKinds, renamed for ns and
+// ring.
+func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	src := filepath.Join(root, "deploy")
+	mem := filesys.MakeFsInMemory()
+	err = filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		return mem.WriteFile(filepath.Join("/deploy", rel), b)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", src, err)
+	}
+	overlay := fmt.Sprintf("resources:\n- ../base\nnamespace: %s\ncomponents:\n- ../mirror\n", ns)
+	if err := mem.WriteFile("/deploy/loadtest-overlay/kustomization.yaml", []byte(overlay)); err != nil {
+		return nil, err
+	}
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, "/deploy/loadtest-overlay")
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build: %w", err)
+	}
+	var out []*unstructured.Unstructured
+	for _, rs := range res.Resources() {
+		if !fencingKinds[rs.GetKind()] {
+			continue
+		}
+		m, err := rs.Map()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", rs.CurId(), err)
+		}
+		o := &unstructured.Unstructured{Object: m}
+		policy := o.GetName()
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			policy, _, _ = unstructured.NestedString(o.Object, "spec", "policyName")
+		}
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && policy != audit.FencingPolicy {
+			// The ConfigMap policy limits what a replica may write, not
+			// when: not what the load tester measures.
+			continue
+		}
+		if err := renameFor(o, ns, ring); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// renameFor renames one object of deploy/base for namespace ns and ring:
+// what kustomize's `namespace:` leaves to the user (the user name in the
+// policy's CEL; the bindings' params, which `kshard fencing --ring
+// --lease-namespace` would write).
+func renameFor(o *unstructured.Unstructured, ns, ring string) error {
+	switch o.GetKind() {
+	case "ClusterRole":
+		o.SetName(o.GetName() + "-" + ns)
+	case "ClusterRoleBinding":
+		o.SetName(o.GetName() + "-" + ns)
+		ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+		return unstructured.SetNestedField(o.Object, ref+"-"+ns, "roleRef", "name")
+	case "ValidatingAdmissionPolicy":
+		o.SetName(o.GetName() + "-" + ns)
+		conds, _, err := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
+		if err != nil {
+			return err
+		}
+		for _, c := range conds {
+			m := c.(map[string]any)
+			m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+ns+":")
+		}
+		return unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions")
+	case "ValidatingAdmissionPolicyBinding":
+		// One binding per shard, its param the shard's Lease by name
+		// (deploy/base/shard-writes-bindings.yaml, `kshard fencing`).
+		o.SetName(o.GetName() + "-" + ns)
+		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
+			return err
+		}
+		if err := unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace"); err != nil {
+			return err
+		}
+		lease, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
+		n, ok := sharding.ParseShardLeaseName(baseRing, lease, sharding.DefaultShards)
+		if !ok {
+			return fmt.Errorf("its param %q is no shard Lease of ring %s", lease, baseRing)
+		}
+		return unstructured.SetNestedField(o.Object, sharding.ShardLeaseName(ring, n), "spec", "paramRef", "name")
+	}
+	return nil
+}
+
+// kubeconfigFor writes a kubeconfig for replica id: the load tester's cluster,
+// reached at server ("host:port" of a proxy; "" for the cluster's own
+// address), authenticated only with a token of deploy/base's ServiceAccount
+// bound to the replica's Pod object, which it creates if missing.
+func (fe *fencing) kubeconfigFor(ctx context.Context, id, server string) (string, error) {
+	token, err := fe.token(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	cfg := fe.kubeconfig.DeepCopy()
+	kctx := cfg.Contexts[cfg.CurrentContext]
+	if kctx == nil {
+		return "", fmt.Errorf("the load tester's kubeconfig has no current context")
+	}
+	cluster := cfg.Clusters[kctx.Cluster]
+	if cluster == nil {
+		return "", fmt.Errorf("the load tester's kubeconfig has no cluster %q", kctx.Cluster)
+	}
+	if server != "" {
+		// The proxy forwards TLS unchanged: the server's certificate
+		// names the cluster's host, not the proxy's.
+		if cluster.TLSServerName == "" {
+			if host, err := serverHost(cluster.Server); err == nil {
+				cluster.TLSServerName = host
+			}
+		}
+		cluster.Server = "https://" + server
+	}
+	cfg.AuthInfos = map[string]*clientcmdapi.AuthInfo{id: {Token: token}}
+	cfg.Contexts = map[string]*clientcmdapi.Context{id: {Cluster: kctx.Cluster, AuthInfo: id}}
+	cfg.Clusters = map[string]*clientcmdapi.Cluster{kctx.Cluster: cluster}
+	cfg.CurrentContext = id
+	path := filepath.Join(fe.dir, id+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return "", fmt.Errorf("writing the kubeconfig of %s: %w", id, err)
+	}
+	return path, nil
+}
+
+// serverHost is the host of a kubeconfig's server URL.
+func serverHost(server string) (string, error) {
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", err
+	}
+	return u.Hostname(), nil
+}
+
+// token returns replica id's pod-bound token, minting one on first use:
+// the Pod object the StatefulSet would run as that replica (deploy/base's
+// ServiceAccount; a node selector no node has, so that a cluster with a
+// scheduler leaves it pending), and a TokenRequest bound to it, as the
+// kubelet mounts one. The API server then names the pod in the token's
+// user extras, which the fencing policy checks against the Lease holders.
+func (fe *fencing) token(ctx context.Context, id string) (string, error) {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	if t, ok := fe.tokens[id]; ok {
+		return t, nil
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: id, Labels: map[string]string{"app.kubernetes.io/name": "kshard-loadtest"}},
+		Spec: corev1.PodSpec{
+			ServiceAccountName:           replicaServiceAccount,
+			AutomountServiceAccountToken: ptr.To(false),
+			NodeSelector:                 map[string]string{"kshard.dev/loadtest": "replica-processes-not-pods"},
+			Containers:                   []corev1.Container{{Name: "kshard", Image: "kshard:loadtest-processes-not-pods"}},
+		},
+	}
+	if err := fe.c.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
+		err = fe.c.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+		if err == nil && pod.Spec.ServiceAccountName != replicaServiceAccount {
+			err = fmt.Errorf("it runs as ServiceAccount %q, not %s", pod.Spec.ServiceAccountName, replicaServiceAccount)
+		}
+		if err != nil {
+			return "", fmt.Errorf("pod %s/%s exists: %w", LeaseNamespace, id, err)
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("creating pod %s/%s: %w", LeaseNamespace, id, err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replicaServiceAccount}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		// Longer than any run; a pod-bound token ends with its pod anyway.
+		ExpirationSeconds: ptr.To(int64((48 * time.Hour).Seconds())),
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}
+	if err := fe.c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return "", fmt.Errorf("requesting a token bound to pod %s/%s: %w", LeaseNamespace, id, err)
+	}
+	token := tr.Status.Token
+	fe.tokens[id] = token
+	return token, nil
+}
+
+// rbacInForce waits up to a minute until deploy/base's RBAC grants its
+// ServiceAccount what a replica does first (list ConfigBindings, write the
+// ring's Leases): RBAC reaches the authorizer through informers. It asks
+// with SelfSubjectAccessReviews on a token of the ServiceAccount, so that
+// the API server's counts of ConfigBinding syncs and Lease writes, which
+// the reports read, see nothing of it.
+func (fe *fencing) rbacInForce(ctx context.Context) error {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replicaServiceAccount}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600))}}
+	if err := fe.c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", LeaseNamespace, replicaServiceAccount, err)
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*fe.kubeconfig, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("the load tester's kubeconfig: %w", err)
+	}
+	cfg = rest.AnonymousClientConfig(cfg)
+	cfg.BearerToken = tr.Status.Token
+	c, err := client.New(cfg, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		return fmt.Errorf("a client of deploy/base's ServiceAccount: %w", err)
+	}
+	asks := []authorizationv1.ResourceAttributes{
+		{Group: configv1alpha1.GroupVersion.Group, Resource: "configbindings", Verb: "list"},
+		{Group: coordinationv1.GroupName, Resource: "leases", Verb: "update", Namespace: LeaseNamespace},
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, attrs := range asks {
+		for {
+			review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &attrs}}
+			err := c.Create(ctx, review)
+			if err == nil && review.Status.Allowed {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("deploy/base's RBAC does not let ServiceAccount %s/%s %s %s within a minute: %v %s",
+					LeaseNamespace, replicaServiceAccount, attrs.Verb, attrs.Resource, err, review.Status.Reason)
+			}
+			if err := sleep(ctx, 200*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+package loadtest
+
+import (
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/sharding"
+)
+
+// TestFencingObjects: deploy/base builds into the load tester's namespace
+// with its fencing policy fencing the load tester's ring: the policy
+// matches the renamed ServiceAccount's user, one binding per shard takes
+// that shard's Lease of ring "loadtest" in namespace kshard-loadtest, and
+// the RBAC binds the renamed ServiceAccount.
+func TestFencingObjects(t *testing.T) {
+	if _, err := controlplane.RepoRoot(); err != nil {
+		t.Skip(err)
+	}
+	objs, err := fencingObjects(LeaseNamespace, Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	params := map[string]bool{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace {
+				t.Errorf("policy %s", o.GetName())
+			}
+			conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
+			if len(conds) == 0 || !strings.Contains(conds[0].(map[string]any)["expression"].(string), "'"+serviceAccountUser(LeaseNamespace, replicaServiceAccount)+"'") {
+				t.Errorf("policy's match conditions %v: want the load tester's ServiceAccount", conds)
+			}
+		case "ValidatingAdmissionPolicyBinding":
+			policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+			name, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
+			ns, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace")
+			if policy != audit.FencingPolicy+"-"+LeaseNamespace || ns != LeaseNamespace {
+				t.Errorf("binding %s: policy %s, params in %s", o.GetName(), policy, ns)
+			}
+			params[name] = true
+		case "ClusterRoleBinding", "RoleBinding":
+			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+			for _, s := range subjects {
+				if m := s.(map[string]any); m["namespace"] != LeaseNamespace {
+					t.Errorf("%s %s binds %v", o.GetKind(), o.GetName(), m)
+				}
+			}
+		}
+	}
+	for n := range sharding.DefaultShards {
+		if !params[sharding.ShardLeaseName(Ring, n)] {
+			t.Errorf("no binding takes Lease %s", sharding.ShardLeaseName(Ring, n))
+		}
+	}
+	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
+		t.Errorf("objects by kind %v", kinds)
+	}
+}
