@@ -100,7 +100,7 @@ func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, e
 			a.rec.Generation = obj.GetGeneration()
 		}
 	}
-	a.record("start", nil)
-	defer a.record("end", nil)
-	return g.inner.Reconcile(context.WithValue(ctx, auditKey{}, a), req)
+	a.record("start")
+	defer a.record("end")
+	return g.inner.Reconcile(ctx, req)
 }

@@ -430,9 +430,6 @@ func (r *Replica) Holds(n int32) bool {
 // frozen VM) delays past it is cancelled rather than sent; a write already
 // sent reaches the API server LeaseDuration − RenewDeadline before anyone
 // else may take the shard. Call cancel when the write returned.
-//
-// Asked from a reconcile of the sharded controller with an audit log, the
-// write is recorded ("write", at cancel).
 func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, context.CancelFunc, bool) {
 	s := r.shard(n)
 	if s == nil {
@@ -443,11 +440,7 @@ func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, c
 		return ctx, func() {}, false
 	}
 	wctx, cancel := context.WithDeadline(ctx, until)
-	audit, _ := ctx.Value(auditKey{}).(*auditedReconcile)
-	if audit == nil {
-		return wctx, cancel, true
-	}
-	return wctx, func() { cancel(); audit.wrote(until) }, true
+	return wctx, cancel, true
 }
 
 // Reader reads a held shard's objects from its informer cache.
