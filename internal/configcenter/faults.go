@@ -41,6 +41,9 @@ type Faults struct {
 	// asked for, as a proxy between client and server that cannot hold long polls open and
 	// answers them empty: the client sees nothing change, whatever changes.
 	ShortPolls bool `json:"shortPolls"`
+	// FailPolls answers every change-feed poll 504, as a proxy whose timeout is shorter than a
+	// long poll; key reads are answered as usual.
+	FailPolls bool `json:"failPolls"`
 	// AlternateEpochs answers every other change-feed poll of a domain with another epoch, as
 	// two config centers with their own histories behind a round-robin load balancer: a
 	// client sees the source lose its history at every poll.

@@ -430,6 +430,10 @@ func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := s.faults.get()
+	if f.FailPolls {
+		writeError(w, http.StatusGatewayTimeout, "injected: the proxy timed the poll out")
+		return
+	}
 	if f.ShortPolls {
 		writeJSON(w, http.StatusOK, ChangeSet{Revision: since, Changes: []Change{}, Epoch: s.store.epoch})
 		return

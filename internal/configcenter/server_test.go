@@ -370,8 +370,8 @@ func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
 }
 
 // TestFeedFaultsBreakTheChangeFeed: ShortPolls answers a poll at once with nothing changed
-// although a change waits, and AlternateEpochs answers every other poll of a domain from another
-// history, with the same changes.
+// although a change waits, FailPolls fails polls only, and AlternateEpochs answers every other
+// poll of a domain from another history, with the same changes.
 func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
 	c := newClient(t, srv, nil)
@@ -391,6 +391,17 @@ func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 	cs, err := c.Changes(ctx, "domain-0", first.Revision)
 	if err != nil || len(cs.Changes) != 0 || cs.Revision != first.Revision || cs.Epoch != first.Epoch {
 		t.Errorf("poll with ShortPolls: %+v, %v; want no changes at revision %d of epoch %s", cs, err, first.Revision, first.Epoch)
+	}
+
+	var se *StatusError
+	if err := c.SetFaults(ctx, Faults{FailPolls: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Changes(ctx, "domain-0", first.Revision); !errors.As(err, &se) || se.Code != http.StatusGatewayTimeout {
+		t.Errorf("poll with FailPolls: %v, want 504", err)
+	}
+	if _, err := c.Get(ctx, "domain-0", "key-0"); err != nil {
+		t.Errorf("Get with FailPolls: %v, want the value", err)
 	}
 
 	if err := c.SetFaults(ctx, Faults{AlternateEpochs: true}); err != nil {
