@@ -46,9 +46,10 @@ type feedHealth struct {
 	minInterval time.Duration
 	now         func() time.Time
 
-	failures int
-	lastErr  error
-	shorts   int
+	failures     int
+	failingSince time.Time
+	lastErr      error
+	shorts       int
 	// epochs are the distinct epochs seen, oldest first.
 	epochs []string
 	// applied says an answer was applied since the last loss of history.
@@ -62,6 +63,9 @@ func newFeedHealth(o Options) *feedHealth {
 
 // failed records a poll that failed.
 func (h *feedHealth) failed(err error) {
+	if h.failures == 0 {
+		h.failingSince = h.now()
+	}
 	h.failures++
 	h.lastErr = err
 }
@@ -109,8 +113,9 @@ func (h *feedHealth) remember(epoch string) {
 // verdict is the feed's trouble now, if any, with the error its Lookups carry.
 func (h *feedHealth) verdict() (trouble, error) {
 	switch {
-	case h.failures >= h.opts.FailedPolls:
-		return troubleFailing, fmt.Errorf("%w: %d polls in a row failed, the last with: %v", ErrFeedUnhealthy, h.failures, h.lastErr)
+	case h.failures > 0 && h.now().Sub(h.failingSince) >= h.opts.FailingFor:
+		return troubleFailing, fmt.Errorf("%w: its polls have failed since %s, the last with: %v",
+			ErrFeedUnhealthy, h.failingSince.UTC().Format(time.RFC3339), h.lastErr)
 	case h.shorts >= h.opts.ShortPolls:
 		return troubleShortPolls, fmt.Errorf("%w: %d polls in a row came back at once with no changes: long polls are not held open "+
 			"(a proxy between the replica and the config center that does not support them, or answers from its cache)", ErrFeedUnhealthy, h.shorts)

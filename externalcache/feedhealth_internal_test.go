@@ -28,13 +28,19 @@ func TestFeedHealthRule(t *testing.T) {
 	t.Run("failing", func(t *testing.T) {
 		h := newHealth()
 		h.answered("a", 3, short)
+		for range 5 {
+			h.failed(errors.New("504"))
+		}
+		now = now.Add(h.opts.FailingFor - time.Second)
 		h.failed(errors.New("504"))
+		want(t, h, "polls failing for less than FailingFor", troubleNone)
+		now = now.Add(time.Second)
 		h.failed(errors.New("504"))
-		want(t, h, "two failed polls", troubleNone)
-		h.failed(errors.New("504"))
-		want(t, h, "three failed polls", troubleFailing)
+		want(t, h, "polls failing for FailingFor", troubleFailing)
 		h.answered("a", 0, short)
 		want(t, h, "an answer", troubleNone)
+		h.failed(errors.New("504"))
+		want(t, h, "one more failed poll", troubleNone)
 	})
 	t.Run("short polls", func(t *testing.T) {
 		h := newHealth()

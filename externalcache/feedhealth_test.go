@@ -78,7 +78,7 @@ func TestUnhealthyFeedFallsBackToTTL(t *testing.T) {
 				o.OnFeedHealth = health.record
 				// An answer without changes sooner than this was not held open.
 				o.FeedRetry.MinInterval = 300 * time.Millisecond
-				o.FeedHealth.EpochStableFor = time.Second
+				o.FeedHealth.EpochStableFor, o.FeedHealth.FailingFor = time.Second, time.Second
 			}})
 			k := externalcache.Key{Domain: "health", Name: "k"}
 			h.put(k.Domain, k.Name, "v1")

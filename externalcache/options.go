@@ -153,8 +153,9 @@ type FeedRetryOptions struct {
 // report every change of the domain. A feed is unhealthy while one of these holds, the first
 // that does naming the reason:
 //
-//   - failing: its last FailedPolls polls failed (errors; a Retry-After hold is no poll). The next
-//     answer heals it, as it brings every change since the last one.
+//   - failing: its polls have failed for FailingFor, with no answer between (errors; a Retry-After
+//     hold is no poll). The next answer heals it, as it brings every change since the last one:
+//     a shorter failure (a restart of the source) only delays changes, and is not worth saying.
 //   - short_polls: its last ShortPolls answers without changes each came back sooner than
 //     FeedRetry.MinInterval, so its long polls are not held open (a proxy that does not support
 //     them, or answers from its cache) and "nothing changed" means nothing. An answer without
@@ -172,8 +173,8 @@ type FeedRetryOptions struct {
 // the domain; OnFeedHealth is told; kshard_externalcache_unhealthy_feeds counts the domain by
 // reason. When it heals, the timers stop and the feed drives refreshes again.
 type FeedHealthOptions struct {
-	// FailedPolls is how many polls failing in a row make the feed unhealthy. Default 3.
-	FailedPolls int
+	// FailingFor is how long polls failing in a row make the feed unhealthy. Default 1m.
+	FailingFor time.Duration
 	// ShortPolls is how many answers without changes in a row, each sooner than
 	// FeedRetry.MinInterval, make the feed unhealthy. Default 3.
 	ShortPolls int
@@ -218,7 +219,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.FeedRetry.BaseDelay, time.Second)
 	setDefault(&o.FeedRetry.MaxDelay, time.Minute)
 	setDefault(&o.FeedRetry.MinInterval, time.Second)
-	setDefault(&o.FeedHealth.FailedPolls, 3)
+	setDefault(&o.FeedHealth.FailingFor, time.Minute)
 	setDefault(&o.FeedHealth.ShortPolls, 3)
 	setDefault(&o.FeedHealth.EpochStableFor, 2*time.Minute)
 	setDefault(&o.NotifyQueueSize, 65536)
