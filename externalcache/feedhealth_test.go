@@ -120,7 +120,9 @@ func TestUnhealthyFeedFallsBackToTTL(t *testing.T) {
 			if l := h.cache.Get(0, k); l.FeedErr != nil {
 				t.Errorf("Get after the feed healed = %+v, want no FeedErr", l)
 			}
-			// Back to feed-driven refresh: nothing is refreshed on the TTL any more.
+			// Back to feed-driven refresh: nothing is refreshed on the TTL any more (once
+			// a refresh that started before the heal is done).
+			eventually(t, "no fetch under way", func() bool { return h.cache.Stats().Flights == 0 })
 			refreshes := counter(t, "kshard_externalcache_feed_fallback_refreshes_total")
 			calls := h.calls(k.Domain, k.Name)
 			time.Sleep(4 * softTTL)
