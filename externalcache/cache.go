@@ -63,6 +63,10 @@ type Lookup struct {
 	// Err is the last fetch error for the key, so a caller can report the service unavailable
 	// while serving a stale value.
 	Err error
+	// FeedErr is set while the change feed of the key's domain is unhealthy; it wraps
+	// ErrFeedUnhealthy and says why. A change of the key then reaches the cache only when the
+	// value is refreshed on its soft TTL, so even a fresh value is not known to be current.
+	FeedErr error
 }
 
 // Cache is a sharded, off-heap cache of an external service's keys with asynchronous,
@@ -103,6 +107,11 @@ type Cache struct {
 	feeds     map[string]*feedLoop
 	running   bool
 	feedLoops atomic.Int32
+	// troubled holds the domains whose feed is unhealthy, replaced whole under feedsMu, so that
+	// Get reads it without a lock.
+	troubled atomic.Pointer[map[string]feedTrouble]
+	// ttl refreshes keys of troubled domains on their soft TTL. Guarded by mu.
+	ttl map[flightKey]*ttlTimer
 
 	group   singleflight.Group
 	limiter *rate.Limiter
@@ -126,6 +135,7 @@ func New(opts Options) (*Cache, error) {
 		opts:    opts,
 		log:     opts.Log,
 		flights: map[flightKey]*flight{},
+		ttl:     map[flightKey]*ttlTimer{},
 		wake:    make(chan struct{}, opts.Workers),
 		feeds:   map[string]*feedLoop{},
 		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst),
@@ -141,8 +151,9 @@ func New(opts Options) (*Cache, error) {
 	}
 	c.bc = bc
 	c.breaker = newBreaker(opts.Breaker, func() context.Context { return c.ctx }, c.log, &c.halfOpens)
-	c.notifier = newNotifier(opts.OnUpdate, opts.NotifyQueueSize, c.log)
+	c.notifier = newNotifier(opts.OnUpdate, opts.OnFeedHealth, opts.NotifyQueueSize, c.log)
 	c.shards.Store(&map[int32]*shard{})
+	c.troubled.Store(&map[string]feedTrouble{})
 	return c, nil
 }
 
@@ -188,6 +199,7 @@ func (c *Cache) Start(ctx context.Context) error {
 		c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, ErrStopped)})
 	}
 	c.ready = nil
+	c.disarmLocked(func(flightKey, *ttlTimer) bool { return true })
 	c.mu.Unlock()
 	c.log.Info("Stopped external cache")
 	return nil
@@ -208,6 +220,11 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	}
 	ck := key.cacheKey()
 	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) {
+		if l.FeedErr = c.feedErr(key.Domain); l.FeedErr != nil {
+			c.mu.Lock()
+			c.armLocked(sh, key, ck)
+			c.mu.Unlock()
+		}
 		countLookup(l)
 		return l
 	}
@@ -215,6 +232,7 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	c.mu.Lock()
 	l, _, full := c.admitLocked(sh, key, ck)
 	c.mu.Unlock()
+	l.FeedErr = c.feedErr(key.Domain)
 	if full {
 		queueRejected.Inc()
 		l.Err = fmt.Errorf("fetching %s: %w", key, ErrQueueFull)
@@ -273,7 +291,9 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 			}
 		}
 		if l.State != StatePending || f == nil || f.state == stateFailed {
+			c.armLocked(sh, key, ck)
 			c.mu.Unlock()
+			l.FeedErr = c.feedErr(key.Domain)
 			return l, waitErr(l)
 		}
 		r := f.resolution()
@@ -282,6 +302,7 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 		case <-r.done:
 			l = r.lookup
 			l.Value = bytes.Clone(l.Value)
+			l.FeedErr = c.feedErr(key.Domain)
 			return l, waitErr(l)
 		case <-ctx.Done():
 			return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
@@ -379,6 +400,7 @@ func (c *Cache) DropShard(shard int32) {
 		}
 	}
 	c.ready = slices.DeleteFunc(c.ready, func(f *flight) bool { return f.sh == sh })
+	c.disarmLocked(func(_ flightKey, tt *ttlTimer) bool { return tt.sh == sh })
 	c.roomMadeLocked()
 	c.mu.Unlock()
 
@@ -453,6 +475,8 @@ type Stats struct {
 	Flights int
 	// FeedLoops counts running change-feed loops.
 	FeedLoops int
+	// UnhealthyFeeds counts the domains whose change feed is unhealthy (see FeedHealthOptions).
+	UnhealthyFeeds int
 	// Breaker is the circuit breaker's state: closed, half-open or open.
 	Breaker string
 }
@@ -460,7 +484,7 @@ type Stats struct {
 // Stats summarises the cache.
 func (c *Cache) Stats() Stats {
 	s := Stats{Breaker: c.breaker.State().String(), FeedLoops: int(c.feedLoops.Load()),
-		Shards: len(*c.shards.Load()), Entries: c.bc.Len(), Bytes: c.bc.Capacity()}
+		Shards: len(*c.shards.Load()), Entries: c.bc.Len(), Bytes: c.bc.Capacity(), UnhealthyFeeds: len(*c.troubled.Load())}
 	c.mu.Lock()
 	s.QueueDepth = len(c.ready)
 	s.Flights = len(c.flights)

@@ -6,8 +6,9 @@
 // a missing one is fetched by a bounded pool of workers while the object waits with a condition
 // instead of blocking a worker goroutine. The cache tells the controller (OnUpdate) when a key it
 // waited for arrives or changes, so the controller requeues exactly the objects that use it. The
-// source's change feed invalidates keys as soon as they change, so TTLs only bound staleness when
-// the feed is down.
+// source's change feed invalidates keys as soon as they change, so TTLs only bound staleness while
+// the feed is unhealthy (it fails, its long polls come back at once, or its history flaps): the
+// keys read then are refreshed on their soft TTL, and their Lookups say so (FeedErr).
 //
 // Entries live in bigcache, off the Go heap: bigcache stores them in a few large byte slices and
 // pointer-free maps, so the garbage collector does not scan a million entries on every cycle and

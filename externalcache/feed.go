@@ -47,6 +47,7 @@ func (c *Cache) releaseDomain(domain string) {
 		return
 	}
 	delete(c.feeds, domain)
+	c.forgetTroubleLocked(domain)
 	if fl.cancel != nil {
 		fl.cancel()
 	}
@@ -65,7 +66,9 @@ func (c *Cache) startFeedLocked(domain string, fl *feedLoop) {
 // first answer lists every key of the domain with its revision and any key cached before the
 // feed started is checked; it backs off on errors (never earlier than a Retry-After), polls not
 // while the cache's Retry-After hold lasts (a fetch's or a poll's: the source asked every caller
-// to wait), and resynchronises from 0 when the source restarted and lost its history.
+// to wait), and resynchronises from 0 when the source restarted and lost its history. It judges
+// the feed's health after every poll (FeedHealthOptions), and backs off when the source's
+// history flaps, as after errors.
 func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	c.feedLoops.Add(1)
 	defer c.feedLoops.Add(-1)
@@ -74,7 +77,8 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	defer log.V(1).Info("Change feed stopped")
 	var since int64
 	var epoch string
-	failures := 0
+	failures, flaps := 0, 0
+	health := newFeedHealth(c.opts)
 	for {
 		// The source's Retry-After holds every call, polls included, whoever was told.
 		if d := c.hold.remaining(); d > 0 {
@@ -90,6 +94,8 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 		}
 		if err != nil {
 			failures++
+			health.failed(err)
+			c.judgeFeed(domain, fl, health)
 			hint := retryAfterHint(err, c.opts.MaxRetryAfter)
 			if hint > 0 {
 				c.hold.extend(hint)
@@ -110,20 +116,39 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 			failures = 0
 		}
 		if cs.Revision < since || (epoch != "" && cs.Epoch != epoch) {
-			log.Info("Change feed source lost its history (restarted?); resynchronising",
-				"hadRevision", since, "revision", cs.Revision, "hadEpoch", epoch, "epoch", cs.Epoch)
+			flap := health.historyLost(epoch, cs.Epoch)
+			c.judgeFeed(domain, fl, health)
+			if !flap {
+				log.Info("Change feed source lost its history (restarted?); resynchronising",
+					"hadRevision", since, "revision", cs.Revision, "hadEpoch", epoch, "epoch", cs.Epoch)
+			}
 			since, epoch = 0, cs.Epoch
 			c.feedsMu.Lock()
 			fl.names, fl.synced = nil, false
 			c.feedsMu.Unlock()
+			if !flap {
+				flaps = 0
+				continue
+			}
+			// Relisting at once would list the domain at every poll while the histories
+			// alternate.
+			flaps++
+			d := feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, flaps-1)
+			log.V(1).Info("Change feed source's history flaps; resynchronising after a backoff", "epoch", cs.Epoch, "flaps", flaps, "retryIn", d)
+			if !sleep(ctx, d) {
+				return
+			}
 			continue
 		}
+		flaps = 0
 		epoch = cs.Epoch
 		for _, ch := range cs.Changes {
 			c.applyChange(domain, ch)
 		}
 		c.recordNames(fl, cs.Changes)
 		since = cs.Revision
+		health.answered(cs.Epoch, len(cs.Changes), time.Since(start))
+		c.judgeFeed(domain, fl, health)
 		if len(cs.Changes) == 0 {
 			if el := time.Since(start); el < c.opts.FeedRetry.MinInterval && !sleep(ctx, c.opts.FeedRetry.MinInterval-el) {
 				return
@@ -203,13 +228,14 @@ func (c *Cache) recordNames(fl *feedLoop, changes []Change) {
 }
 
 // KeyExists answers from the change feed alone whether a key exists: known is false unless a
-// feed of the key's domain runs (a held shard uses the domain) and has listed the domain. It
-// never calls the service, so an admission check can use it on the request path.
+// feed of the key's domain runs (a held shard uses the domain), has listed the domain and is
+// healthy (an unhealthy feed's list may lack keys or keep deleted ones). It never calls the
+// service, so an admission check can use it on the request path.
 func (c *Cache) KeyExists(key Key) (exists, known bool) {
 	c.feedsMu.Lock()
 	defer c.feedsMu.Unlock()
 	fl := c.feeds[key.Domain]
-	if fl == nil || !fl.synced {
+	if fl == nil || !fl.synced || c.feedErr(key.Domain) != nil {
 		return false, false
 	}
 	_, exists = fl.names[key.Name]

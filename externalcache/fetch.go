@@ -339,6 +339,7 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	delete(c.flights, f.fk)
 	l, _ := e.lookup(now)
 	c.releaseLocked(f, l)
+	c.armLocked(f.sh, f.key, f.ck)
 	// A fetch that only brings back what was evicted for room changes nothing for the objects
 	// that use the key: notifying would requeue them, and their reads would refetch and evict
 	// each other's values in a loop when they do not fit together.

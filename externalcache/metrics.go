@@ -37,6 +37,10 @@ var (
 		Name: "kshard_externalcache_evictions_total",
 		Help: "Servable entries evicted to make room for others: the values the replica reads do not fit in MaxBytes (--cache-max-bytes) together.",
 	})
+	fallbackRefreshes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kshard_externalcache_feed_fallback_refreshes_total",
+		Help: "Values refreshed on their soft TTL because the change feed of their domain was unhealthy (see kshard_externalcache_unhealthy_feeds).",
+	})
 	retryAfterCapped = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kshard_externalcache_retry_after_capped_total",
 		Help: "Retry-After answers longer than MaxRetryAfter (--cache-max-retry-after), honoured only up to it.",
@@ -71,7 +75,7 @@ func sum(acc, v float64) float64 { return acc + v }
 func maxOf(acc, v float64) float64 { return max(acc, v) }
 
 func init() {
-	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected, retryAfterCapped, evictionsTotal,
+	metrics.Registry.MustRegister(requestsTotal, callsTotal, callDuration, notificationsDropped, queueRejected, retryAfterCapped, evictionsTotal, fallbackRefreshes,
 		gaugeOverLive("kshard_externalcache_retry_after_hold_seconds", "How long no call is made to the source yet, because it answered with a Retry-After (capped at MaxRetryAfter).",
 			func(c *Cache) float64 { return max(0, c.hold.remaining().Seconds()) }, maxOf),
 		gaugeOverLive("kshard_externalcache_entries", "Entries held by the cache, all shards.",
@@ -83,6 +87,22 @@ func init() {
 		gaugeOverLive("kshard_external_fetch_queue_depth", "Fetches waiting for a worker.",
 			func(c *Cache) float64 { return float64(c.queueDepth()) }, sum),
 	)
+	for why := troubleFailing; why <= troubleEpochFlapping; why++ {
+		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kshard_externalcache_unhealthy_feeds",
+			Help: "Domains whose change feed is unhealthy, by reason: failing (polls fail), short_polls (long polls come back at once with no changes), " +
+				"epoch_flapping (answers from more than one history). Their values are refreshed on their soft TTL instead.",
+			ConstLabels: prometheus.Labels{"reason": why.String()},
+		}, func() float64 {
+			live.Lock()
+			defer live.Unlock()
+			var n int
+			for c := range live.caches {
+				n += c.unhealthyFeeds(why)
+			}
+			return float64(n)
+		}))
+	}
 	for state := range stateFailed + 1 {
 		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kshard_external_fetches_in_flight",

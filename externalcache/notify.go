@@ -13,9 +13,12 @@ import (
 // The set is bounded by NotifyQueueSize distinct keys; beyond it notifications are dropped,
 // counted in kshard_externalcache_notifications_dropped_total and logged, never silently.
 type notifier struct {
-	fn  func(shard int32, key Key)
-	max int
-	log logr.Logger
+	fn func(shard int32, key Key)
+	// domainFn is told of a domain's feed health: its pending entries have a key without a name,
+	// which no valid key has.
+	domainFn func(shard int32, domain string)
+	max      int
+	log      logr.Logger
 
 	mu      sync.Mutex
 	pending map[flightKey]struct{}
@@ -24,12 +27,17 @@ type notifier struct {
 	wake    chan struct{}
 }
 
-func newNotifier(fn func(int32, Key), maxPending int, log logr.Logger) *notifier {
-	return &notifier{fn: fn, max: maxPending, log: log, pending: map[flightKey]struct{}{}, wake: make(chan struct{}, 1)}
+func newNotifier(fn func(int32, Key), domainFn func(int32, string), maxPending int, log logr.Logger) *notifier {
+	return &notifier{fn: fn, domainFn: domainFn, max: maxPending, log: log, pending: map[flightKey]struct{}{}, wake: make(chan struct{}, 1)}
+}
+
+// addDomain tells domainFn that the health of domain's feed changed, for shard.
+func (n *notifier) addDomain(shard int32, domain string) {
+	n.add(flightKey{shard: shard, key: Key{Domain: domain}})
 }
 
 func (n *notifier) add(fk flightKey) {
-	if n.fn == nil {
+	if (fk.key.Name != "" && n.fn == nil) || (fk.key.Name == "" && n.domainFn == nil) {
 		return
 	}
 	n.mu.Lock()
@@ -68,7 +76,11 @@ func (n *notifier) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			n.fn(fk.shard, fk.key)
+			if fk.key.Name == "" {
+				n.domainFn(fk.shard, fk.key.Domain)
+			} else {
+				n.fn(fk.shard, fk.key)
+			}
 		}
 	}
 }

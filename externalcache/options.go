@@ -24,6 +24,12 @@ type Options struct {
 	// key, from a single dispatcher goroutine, never from a fetch worker. It must be quick (enqueue
 	// events); while it runs, further notifications are coalesced per key. See NotifyQueueSize.
 	OnUpdate func(shard int32, key Key)
+	// OnFeedHealth is called, like OnUpdate and from the same goroutine, for every held shard that
+	// uses a domain when the domain's change feed becomes unhealthy, changes its reason, or heals
+	// (see FeedHealthOptions). The caller reads the domain's keys again: while the feed is
+	// unhealthy their Lookups carry FeedErr, and a key read (or fetched) then is refreshed on its
+	// soft TTL, which a key the cache no longer holds cannot be without a read. Optional.
+	OnFeedHealth func(shard int32, domain string)
 	// Log receives the cache's logs. Default: discard.
 	Log logr.Logger
 	// Now is the clock for TTLs. Default time.Now. Tests inject a clock to expire entries
@@ -93,6 +99,9 @@ type Options struct {
 	Retry RetryOptions
 	// FeedRetry configures the change feed's backoff after errors.
 	FeedRetry FeedRetryOptions
+	// FeedHealth decides when a domain's change feed is unhealthy, and so when its values are
+	// refreshed on their soft TTL instead of when the feed reports a change.
+	FeedHealth FeedHealthOptions
 	// NotifyQueueSize bounds the keys waiting for OnUpdate (notifications are coalesced per key).
 	// Beyond it notifications are dropped, counted in
 	// kshard_externalcache_notifications_dropped_total and logged. Default 65536.
@@ -140,6 +149,40 @@ type FeedRetryOptions struct {
 	MinInterval time.Duration
 }
 
+// FeedHealthOptions decides when a domain's change feed is unhealthy: when it cannot be trusted to
+// report every change of the domain. A feed is unhealthy while one of these holds, the first
+// that does naming the reason:
+//
+//   - failing: its polls have failed for FailingFor, with no answer between (errors; a Retry-After
+//     hold is no poll). The next answer heals it, as it brings every change since the last one:
+//     a shorter failure (a restart of the source) only delays changes, and is not worth saying.
+//   - short_polls: its last ShortPolls answers without changes each came back sooner than
+//     FeedRetry.MinInterval, so its long polls are not held open (a proxy that does not support
+//     them, or answers from its cache) and "nothing changed" means nothing. An answer without
+//     changes that was held open heals it; answers with changes count neither way.
+//   - epoch_flapping: the source's epoch changed back to one this feed saw before, or changed
+//     again before an answer of the new epoch was applied: its answers come from more than one
+//     history (several sources behind a load balancer), each missing the others' changes. One
+//     change of epoch is a restart, which only resynchronises. It heals once an answer was
+//     applied and the epoch has not flapped for EpochStableFor. A flapping feed backs off as
+//     after errors (FeedRetry) instead of relisting the domain at every poll.
+//
+// While a domain's feed is unhealthy, every key of the domain that a held shard reads or fetches
+// is refreshed at its soft expiry (a not-found answer at its NegativeTTL), and a change found so
+// is notified through OnUpdate as usual; Lookups carry FeedErr; KeyExists does not answer for
+// the domain; OnFeedHealth is told; kshard_externalcache_unhealthy_feeds counts the domain by
+// reason. When it heals, the timers stop and the feed drives refreshes again.
+type FeedHealthOptions struct {
+	// FailingFor is how long polls failing in a row make the feed unhealthy. Default 1m.
+	FailingFor time.Duration
+	// ShortPolls is how many answers without changes in a row, each sooner than
+	// FeedRetry.MinInterval, make the feed unhealthy. Default 3.
+	ShortPolls int
+	// EpochStableFor is how long a feed whose epoch flapped stays unhealthy after the last flap.
+	// Default 2m: several long polls without a flap.
+	EpochStableFor time.Duration
+}
+
 func (o *Options) setDefaults() {
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()
@@ -176,6 +219,9 @@ func (o *Options) setDefaults() {
 	setDefault(&o.FeedRetry.BaseDelay, time.Second)
 	setDefault(&o.FeedRetry.MaxDelay, time.Minute)
 	setDefault(&o.FeedRetry.MinInterval, time.Second)
+	setDefault(&o.FeedHealth.FailingFor, time.Minute)
+	setDefault(&o.FeedHealth.ShortPolls, 3)
+	setDefault(&o.FeedHealth.EpochStableFor, 2*time.Minute)
 	setDefault(&o.NotifyQueueSize, 65536)
 }
 

@@ -122,6 +122,9 @@ var (
 	// Options.MaxBytes together. The key is fetched again; that arrival is not notified (the
 	// value did not change), so a caller that waits for it looks again later.
 	ErrEvicted = errors.New("value evicted for room")
+	// ErrFeedUnhealthy is wrapped by Lookup.FeedErr while the change feed of the key's domain is
+	// unhealthy (see FeedHealthOptions); the error says why.
+	ErrFeedUnhealthy = errors.New("change feed unhealthy")
 	// ErrStopped releases waiters when the cache stops.
 	ErrStopped = errors.New("cache stopped")
 )

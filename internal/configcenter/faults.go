@@ -37,6 +37,17 @@ type Faults struct {
 	RetryAfter Duration `json:"retryAfter"`
 	// Outage answers 503 to every data request.
 	Outage bool `json:"outage"`
+	// ShortPolls answers every change-feed poll at once with no changes and the revision it
+	// asked for, as a proxy between client and server that cannot hold long polls open and
+	// answers them empty: the client sees nothing change, whatever changes.
+	ShortPolls bool `json:"shortPolls"`
+	// FailPolls answers every change-feed poll 504, as a proxy whose timeout is shorter than a
+	// long poll; key reads are answered as usual.
+	FailPolls bool `json:"failPolls"`
+	// AlternateEpochs answers every other change-feed poll of a domain with another epoch, as
+	// two config centers with their own histories behind a round-robin load balancer: a
+	// client sees the source lose its history at every poll.
+	AlternateEpochs bool `json:"alternateEpochs"`
 }
 
 // Validate rejects settings that make no sense rather than clamping them silently.
@@ -68,6 +79,21 @@ type injector struct {
 	mu      sync.Mutex
 	faults  Faults
 	limiter *rate.Limiter
+	// polls counts each domain's change-feed polls while AlternateEpochs is on.
+	polls map[string]uint64
+}
+
+// secondHistory reports whether this poll of domain is answered by the other history of
+// AlternateEpochs: every other poll of each domain, so that one client's poller sees the
+// epochs alternate whoever else polls.
+func (in *injector) secondHistory(domain string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.polls == nil {
+		in.polls = map[string]uint64{}
+	}
+	in.polls[domain]++
+	return in.polls[domain]%2 == 0
 }
 
 func (in *injector) set(f Faults) error {
@@ -78,6 +104,7 @@ func (in *injector) set(f Faults) error {
 	defer in.mu.Unlock()
 	in.faults = f
 	in.limiter = nil
+	in.polls = nil
 	if f.RateLimit > 0 {
 		burst := f.RateBurst
 		if burst == 0 {

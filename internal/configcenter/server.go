@@ -429,6 +429,24 @@ func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 	if !s.injectFaults(w, r) {
 		return
 	}
+	f := s.faults.get()
+	if f.FailPolls {
+		writeError(w, http.StatusGatewayTimeout, "injected: the proxy timed the poll out")
+		return
+	}
+	if f.ShortPolls {
+		writeJSON(w, http.StatusOK, ChangeSet{Revision: since, Changes: []Change{}, Epoch: s.store.epoch})
+		return
+	}
+	answer := func(cs ChangeSet) { writeJSON(w, http.StatusOK, cs) }
+	if f.AlternateEpochs && s.faults.secondHistory(domain) {
+		// The other history's answer: its own epoch with the same changes (a twin with the
+		// same data, numbered alike, is the kindest case).
+		answer = func(cs ChangeSet) {
+			cs.Epoch += "-twin"
+			writeJSON(w, http.StatusOK, cs)
+		}
+	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	s.waiting.Add(1)
@@ -436,14 +454,14 @@ func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 	for {
 		cs, changed := s.store.changes(domain, since, s.opts.MaxChanges)
 		if changed == nil || cs.Revision < since || timeout == 0 {
-			writeJSON(w, http.StatusOK, cs)
+			answer(cs)
 			return
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
 			cs, _ = s.store.changes(domain, since, s.opts.MaxChanges)
-			writeJSON(w, http.StatusOK, cs)
+			answer(cs)
 			return
 		case <-r.Context().Done():
 			// The client left or the server is shutting down; 499-style accounting only.

@@ -369,6 +369,57 @@ func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
 	}
 }
 
+// TestFeedFaultsBreakTheChangeFeed: ShortPolls answers a poll at once with nothing changed
+// although a change waits, FailPolls fails polls only, and AlternateEpochs answers every other
+// poll of a domain from another history, with the same changes.
+func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
+	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
+	c := newClient(t, srv, nil)
+	ctx := context.Background()
+	first, err := c.Changes(ctx, "domain-0", 0)
+	if err != nil || len(first.Changes) != 1 {
+		t.Fatalf("first poll: %+v, %v; want the seeded key", first, err)
+	}
+	v, err := srv.Put("domain-0", "key-0", "changed")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := c.SetFaults(ctx, Faults{ShortPolls: true}); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := c.Changes(ctx, "domain-0", first.Revision)
+	if err != nil || len(cs.Changes) != 0 || cs.Revision != first.Revision || cs.Epoch != first.Epoch {
+		t.Errorf("poll with ShortPolls: %+v, %v; want no changes at revision %d of epoch %s", cs, err, first.Revision, first.Epoch)
+	}
+
+	var se *StatusError
+	if err := c.SetFaults(ctx, Faults{FailPolls: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Changes(ctx, "domain-0", first.Revision); !errors.As(err, &se) || se.Code != http.StatusGatewayTimeout {
+		t.Errorf("poll with FailPolls: %v, want 504", err)
+	}
+	if _, err := c.Get(ctx, "domain-0", "key-0"); err != nil {
+		t.Errorf("Get with FailPolls: %v, want the value", err)
+	}
+
+	if err := c.SetFaults(ctx, Faults{AlternateEpochs: true}); err != nil {
+		t.Fatal(err)
+	}
+	var epochs []string
+	for range 4 {
+		cs, err := c.Changes(ctx, "domain-0", first.Revision)
+		if err != nil || len(cs.Changes) != 1 || cs.Changes[0].Revision != v.Revision {
+			t.Fatalf("poll with AlternateEpochs: %+v, %v; want the change at revision %d", cs, err, v.Revision)
+		}
+		epochs = append(epochs, cs.Epoch)
+	}
+	if epochs[0] != first.Epoch || epochs[1] == first.Epoch || epochs[2] != first.Epoch || epochs[3] != epochs[1] {
+		t.Errorf("epochs of four polls with AlternateEpochs: %v; want %s alternating with another", epochs, first.Epoch)
+	}
+}
+
 func TestTokenIsRequiredExceptForMetricsAndHealth(t *testing.T) {
 	srv := startServer(t, Options{Token: "s3cret", Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
 	ctx := context.Background()

@@ -125,7 +125,7 @@ type Options struct {
 	Sharding bool
 	AuditLog io.Writer
 	// Cache tunes the external cache (TTLs, breaker, retries); its Source,
-	// Feed, MaxShards, Log and OnUpdate are set by the replica.
+	// Feed, MaxShards, Log, OnUpdate and OnFeedHealth are set by the replica.
 	Cache externalcache.Options
 	// MemoryLimit is the container's memory limit in bytes (the downward
 	// API's limits.memory); 0 when unknown. When set, the Go runtime's soft

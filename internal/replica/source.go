@@ -46,7 +46,7 @@ func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Re
 	case opts.ExternalMode == ExternalCache:
 		s := &cacheSource{rec: rec, log: log.WithName("externalcache"), shards: opts.Shards}
 		co := opts.Cache
-		co.Source, co.Feed, co.MaxShards, co.Log, co.OnUpdate = cc, cc, int(opts.Shards), s.log, s.changed
+		co.Source, co.Feed, co.MaxShards, co.Log, co.OnUpdate, co.OnFeedHealth = cc, cc, int(opts.Shards), s.log, s.changed, s.feedHealthChanged
 		c, err := externalcache.New(co)
 		if err != nil {
 			return nil, fmt.Errorf("creating external cache: %w", err)
@@ -95,6 +95,14 @@ func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
 func (s *cacheSource) changed(shard int32, key externalcache.Key) {
 	if err := s.rec.KeyChanged(context.Background(), s.enqueuer, shard, key); err != nil {
 		s.log.Error(err, "Requeueing objects of a changed key", "key", key)
+	}
+}
+
+// feedHealthChanged requeues the bindings of a domain whose change feed
+// became unhealthy or healed.
+func (s *cacheSource) feedHealthChanged(shard int32, domain string) {
+	if err := s.rec.DomainChanged(context.Background(), s.enqueuer, shard, domain); err != nil {
+		s.log.Error(err, "Requeueing objects of a domain whose change feed's health changed", "domain", domain)
 	}
 }
 

@@ -19,7 +19,8 @@ import (
 const KeyIndex = "kshard.dev/external-key"
 
 // DomainIndex indexes ConfigBindings by domain, so a mirror whose condition
-// changed finds the bindings of its domain without listing the shard.
+// changed, or a domain whose change feed became unhealthy or healed, finds
+// the bindings of its domain without listing the shard.
 const DomainIndex = "kshard.dev/domain"
 
 // Indexes are the shard-cache indexes the reconciler's mappings need.
@@ -65,6 +66,25 @@ func (r *Reconciler) KeyChanged(ctx context.Context, q Enqueuer, shard int32, ke
 	var list configv1alpha1.ConfigBindingList
 	if err := reader.List(ctx, &list, client.MatchingFields{KeyIndex: key.String()}); err != nil {
 		return fmt.Errorf("finding ConfigBindings of key %s: %w", key, err)
+	}
+	for i := range list.Items {
+		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return nil
+}
+
+// DomainChanged requeues every ConfigBinding of a shard that binds keys of
+// a domain: the external cache calls it when the domain's change feed
+// becomes unhealthy or heals, so that the bindings say so and read their
+// keys again (which has the cache refresh them on their TTL meanwhile).
+func (r *Reconciler) DomainChanged(ctx context.Context, q Enqueuer, shard int32, domain string) error {
+	reader, ok := r.Shards.Reader(shard)
+	if !ok {
+		return nil
+	}
+	var list configv1alpha1.ConfigBindingList
+	if err := reader.List(ctx, &list, client.MatchingFields{DomainIndex: domain}); err != nil {
+		return fmt.Errorf("finding ConfigBindings of domain %s: %w", domain, err)
 	}
 	for i := range list.Items {
 		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})

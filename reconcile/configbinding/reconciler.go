@@ -81,6 +81,16 @@ const (
 	// raise the cache's size or split the binding. It looks again every
 	// RetryAfter.
 	ReasonValuesDoNotFit = "ValuesDoNotFit"
+	// ReasonChangeFeedUnhealthy: the config center's change feed of the
+	// binding's domain is unhealthy on this replica (its polls fail, come
+	// back at once with nothing changed, or alternate between histories;
+	// the message says which), so a change may reach the ConfigMap only
+	// when the cached values are refreshed on their soft TTL: the ConfigMap
+	// holds the values last read, not known to be current. Fix the path to
+	// the config center (a proxy that does not hold long polls open, a load
+	// balancer over config centers with separate histories); it heals by
+	// itself, and the binding looks again every RetryAfter meanwhile.
+	ReasonChangeFeedUnhealthy = "ChangeFeedUnhealthy"
 )
 
 // FieldManager owns what kshard writes with server-side apply.
@@ -370,6 +380,8 @@ type resolution struct {
 	missing     []string
 	unavailable error
 	staleSince  time.Time
+	// feed is the unhealthy change feed of the domain, if any.
+	feed error
 }
 
 func (r *Reconciler) resolve(ctx context.Context, shard int32, cb *configv1alpha1.ConfigBinding) resolution {
@@ -390,6 +402,9 @@ func (r *Reconciler) resolve(ctx context.Context, shard int32, cb *configv1alpha
 		}
 		if l.Err != nil && res.unavailable == nil {
 			res.unavailable = l.Err
+		}
+		if l.FeedErr != nil && res.feed == nil {
+			res.feed = l.FeedErr
 		}
 	}
 	return res
@@ -422,6 +437,10 @@ func (res resolution) condition() metav1.Condition {
 	case res.unavailable != nil:
 		c.Reason = ReasonExternalUnavailable
 		c.Message = fmt.Sprintf("config center unavailable (%v); the ConfigMap holds values fetched at %s", res.unavailable, res.staleSince.UTC().Format(time.RFC3339))
+	case res.feed != nil:
+		c.Reason = ReasonChangeFeedUnhealthy
+		c.Message = fmt.Sprintf("%v; a change reaches the ConfigMap only when the values are refreshed on their soft TTL, "+
+			"so it may be behind; it holds revision %d", res.feed, res.revision)
 	default:
 		c.Status = metav1.ConditionTrue
 		c.Reason = ReasonSynced

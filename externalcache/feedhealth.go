@@ -1,0 +1,267 @@
+package externalcache
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// trouble says why a domain's change feed is unhealthy; its String is the reason label of
+// kshard_externalcache_unhealthy_feeds.
+type trouble uint8
+
+const (
+	troubleNone trouble = iota
+	troubleFailing
+	troubleShortPolls
+	troubleEpochFlapping
+)
+
+// String names the reason for metrics and logs.
+func (t trouble) String() string {
+	switch t {
+	case troubleNone:
+		return "none"
+	case troubleFailing:
+		return "failing"
+	case troubleShortPolls:
+		return "short_polls"
+	case troubleEpochFlapping:
+		return "epoch_flapping"
+	}
+	return fmt.Sprintf("trouble(%d)", uint8(t))
+}
+
+// rememberedEpochs bounds the epochs a feed remembers to tell a flap from a restart.
+const rememberedEpochs = 8
+
+// feedHealth judges one domain's change feed by the outcome of its polls, with the rule of
+// FeedHealthOptions. It belongs to the feed's loop and is not guarded.
+type feedHealth struct {
+	opts FeedHealthOptions
+	// minInterval is FeedRetry.MinInterval: an answer without changes sooner than it was not
+	// held open.
+	minInterval time.Duration
+	now         func() time.Time
+
+	failures     int
+	failingSince time.Time
+	lastErr      error
+	shorts       int
+	// epochs are the distinct epochs seen, oldest first.
+	epochs []string
+	// applied says an answer was applied since the last loss of history.
+	applied   bool
+	flappedAt time.Time
+}
+
+func newFeedHealth(o Options) *feedHealth {
+	return &feedHealth{opts: o.FeedHealth, minInterval: o.FeedRetry.MinInterval, now: time.Now}
+}
+
+// failed records a poll that failed.
+func (h *feedHealth) failed(err error) {
+	if h.failures == 0 {
+		h.failingSince = h.now()
+	}
+	h.failures++
+	h.lastErr = err
+}
+
+// answered records an answer the loop applied: of the current epoch, with changes changes,
+// that took took.
+func (h *feedHealth) answered(epoch string, changes int, took time.Duration) {
+	h.failures = 0
+	h.applied = true
+	h.remember(epoch)
+	if changes == 0 {
+		if took < h.minInterval {
+			h.shorts++
+		} else {
+			h.shorts = 0
+		}
+	}
+}
+
+// historyLost records an answer that says the source lost its history (another epoch, or a
+// revision lower than the one polled), and reports whether it is a flap rather than a restart:
+// an epoch seen before, or a second loss before any answer was applied.
+func (h *feedHealth) historyLost(from, to string) bool {
+	h.failures = 0
+	flap := !h.applied || (to != "" && slices.Contains(h.epochs, to))
+	h.remember(from)
+	h.remember(to)
+	h.applied = false
+	if flap {
+		h.flappedAt = h.now()
+	}
+	return flap
+}
+
+func (h *feedHealth) remember(epoch string) {
+	if epoch == "" || slices.Contains(h.epochs, epoch) {
+		return
+	}
+	if len(h.epochs) == rememberedEpochs {
+		h.epochs = slices.Delete(h.epochs, 0, 1)
+	}
+	h.epochs = append(h.epochs, epoch)
+}
+
+// verdict is the feed's trouble now, if any, with the error its Lookups carry.
+func (h *feedHealth) verdict() (trouble, error) {
+	switch {
+	case h.failures > 0 && h.now().Sub(h.failingSince) >= h.opts.FailingFor:
+		return troubleFailing, fmt.Errorf("%w: its polls have failed since %s, the last with: %v",
+			ErrFeedUnhealthy, h.failingSince.UTC().Format(time.RFC3339), h.lastErr)
+	case h.shorts >= h.opts.ShortPolls:
+		return troubleShortPolls, fmt.Errorf("%w: %d polls in a row came back at once with no changes: long polls are not held open "+
+			"(a proxy between the replica and the config center that does not support them, or answers from its cache)", ErrFeedUnhealthy, h.shorts)
+	case !h.flappedAt.IsZero() && (!h.applied || h.now().Sub(h.flappedAt) < h.opts.EpochStableFor):
+		return troubleEpochFlapping, fmt.Errorf("%w: its answers alternate between histories (epochs %s), as from several config centers "+
+			"behind a load balancer", ErrFeedUnhealthy, strings.Join(h.epochs, ", "))
+	}
+	return troubleNone, nil
+}
+
+// feedTrouble is an unhealthy feed's reason and the error its domain's Lookups carry.
+type feedTrouble struct {
+	why trouble
+	err error
+}
+
+// feedErr is the error of key's domain's unhealthy feed, nil while it is healthy. It is cheap:
+// Get asks it for every key.
+func (c *Cache) feedErr(domain string) error {
+	if m := *c.troubled.Load(); len(m) > 0 {
+		return m[domain].err
+	}
+	return nil
+}
+
+// judgeFeed acts on the verdict of fl's health: a domain whose feed becomes unhealthy, changes
+// its reason or heals is logged, told to OnFeedHealth in every held shard that uses it, and,
+// when it heals, its TTL timers stop. Errors of one reason are not told again: the first says it.
+func (c *Cache) judgeFeed(domain string, fl *feedLoop, h *feedHealth) {
+	why, err := h.verdict()
+	c.feedsMu.Lock()
+	was := (*c.troubled.Load())[domain].why
+	if c.feeds[domain] != fl || was == why {
+		// Released (a later loop judges itself), or nothing new.
+		c.feedsMu.Unlock()
+		return
+	}
+	next := maps.Clone(*c.troubled.Load())
+	if why == troubleNone {
+		delete(next, domain)
+	} else {
+		next[domain] = feedTrouble{why: why, err: err}
+	}
+	c.troubled.Store(&next)
+	c.feedsMu.Unlock()
+
+	log := c.log.WithValues("domain", domain)
+	if why == troubleNone {
+		log.Info("Change feed healthy again; values are refreshed when it reports a change", "was", was.String())
+		c.mu.Lock()
+		c.disarmLocked(func(fk flightKey, _ *ttlTimer) bool { return fk.key.Domain == domain })
+		c.mu.Unlock()
+	} else {
+		log.Info("Change feed unhealthy; values are refreshed on their soft TTL until it heals", "reason", why.String(), "error", err.Error())
+	}
+	for _, sh := range *c.shards.Load() {
+		if sh.usesDomain(domain) {
+			c.notifier.addDomain(sh.id, domain)
+		}
+	}
+}
+
+// forgetTrouble drops the verdict of a domain whose feed stopped. Called with feedsMu held.
+func (c *Cache) forgetTroubleLocked(domain string) {
+	if _, ok := (*c.troubled.Load())[domain]; !ok {
+		return
+	}
+	next := maps.Clone(*c.troubled.Load())
+	delete(next, domain)
+	c.troubled.Store(&next)
+}
+
+// unhealthyFeeds counts the domains whose feed is unhealthy for why.
+func (c *Cache) unhealthyFeeds(why trouble) int {
+	n := 0
+	for _, t := range *c.troubled.Load() {
+		if t.why == why {
+			n++
+		}
+	}
+	return n
+}
+
+// ttlTimer refreshes one key of one shard's tenure at its soft expiry while the key's domain's
+// feed is unhealthy.
+type ttlTimer struct {
+	sh *shard
+	t  *time.Timer
+}
+
+// armLocked has a cached key refreshed at its soft expiry (a not-found answer at its expiry)
+// while its domain's change feed is unhealthy: the feed cannot be trusted to report its change.
+// A key being fetched is armed when its fetch stores it, and a key not cached when a read has it
+// fetched; a timer that finds its entry refreshed meanwhile arms itself again.
+func (c *Cache) armLocked(sh *shard, key Key, ck string) {
+	if c.feedErr(key.Domain) == nil || c.endedLocked(sh) != nil {
+		return
+	}
+	fk := flightKey{shard: sh.id, key: key}
+	if c.flights[fk] != nil {
+		return
+	}
+	if tt := c.ttl[fk]; tt != nil {
+		if tt.sh == sh {
+			return
+		}
+		tt.t.Stop() // an earlier tenure's
+	}
+	e, ok := sh.envelope(ck)
+	if !ok {
+		delete(c.ttl, fk)
+		return
+	}
+	tt := &ttlTimer{sh: sh}
+	tt.t = time.AfterFunc(max(0, time.Duration(e.softExpiry-c.opts.Now().UnixNano())), func() { c.ttlExpired(tt, key) })
+	c.ttl[fk] = tt
+}
+
+// ttlExpired refreshes a key whose soft TTL passed while its domain's feed is unhealthy; the
+// fetch's arrival notifies OnUpdate if the value changed, and arms the next refresh.
+func (c *Cache) ttlExpired(tt *ttlTimer, key Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fk := flightKey{shard: tt.sh.id, key: key}
+	if c.ttl[fk] != tt {
+		return
+	}
+	delete(c.ttl, fk)
+	if c.feedErr(key.Domain) == nil || c.endedLocked(tt.sh) != nil {
+		return
+	}
+	ck := key.cacheKey()
+	if e, ok := tt.sh.envelope(ck); ok && e.softExpiry > c.opts.Now().UnixNano() {
+		c.armLocked(tt.sh, key, ck)
+		return
+	}
+	fallbackRefreshes.Inc()
+	c.refreshLocked(tt.sh, key, ck)
+}
+
+// disarmLocked stops the TTL timers that match.
+func (c *Cache) disarmLocked(match func(flightKey, *ttlTimer) bool) {
+	for fk, tt := range c.ttl {
+		if match(fk, tt) {
+			tt.t.Stop()
+			delete(c.ttl, fk)
+		}
+	}
+}
