@@ -114,7 +114,10 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	settled("every binding Ready, both replicas holding shards")
 
 	probe := probeFence(ctx, t, c, ns, app)
-	checkOpts := audit.CheckOptions{Ring: "kshard", LeaseNamespace: ns, ReplicaUsers: []string{"system:serviceaccount:" + ns + ":kshard"}}
+	// The package's other tests run rings too, on the same API server:
+	// only this test's objects are checked against this test's Leases.
+	checkOpts := audit.CheckOptions{Ring: "kshard", LeaseNamespace: ns, Namespaces: []string{app},
+		ReplicaUsers: []string{"system:serviceaccount:" + ns + ":kshard"}}
 
 	// Fenced by the API server.
 	controlplane.Eventually(t, time.Minute, "the shard-writes policy refusing a pod that holds no Lease", func() error { return probe(true) })

@@ -102,10 +102,11 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// runReplica created it (its token is bound to it).
 	var sts appsv1.StatefulSet
 	fromUnstructured(t, byKind(buildInNamespace(t, "base", ns), "StatefulSet")[0], &sts)
-	pod := podFrom(ns, "kshard", sts.Spec.Template) // kshard-0
-	if err := c.Create(ctx, pod); err != nil {
+	pod := &corev1.Pod{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kshard-0"}, pod); err != nil {
 		t.Fatal(err)
 	}
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: host, PodIPs: []corev1.PodIP{{IP: host}}}

@@ -376,6 +376,7 @@ func podToken(ctx context.Context, t testing.TB, ns, id string) string {
 	if err != nil {
 		t.Fatalf("creating pod %s/%s: %v", ns, id, err)
 	}
+	t.Cleanup(func() { _ = cs.CoreV1().Pods(ns).Delete(context.Background(), id, metav1.DeleteOptions{}) })
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: ptr.To[int64](3600),

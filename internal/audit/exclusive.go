@@ -26,8 +26,9 @@ type CheckOptions struct {
 	Ring string
 	// LeaseNamespace holds the ring's Leases. Required.
 	LeaseNamespace string
-	// Namespaces, when set, limit the check to objects in them (and to
-	// cluster-scoped ones): for a control plane that other rings share.
+	// Namespaces, when set, limit the check to objects in them: for a
+	// control plane that other rings share. Cluster-scoped objects
+	// (ExternalDomains) are checked only if "" is among them.
 	Namespaces []string
 	// ReplicaUsers are the users the replicas authenticate as. A write to a
 	// shard resource by one of them whose user agent names no holder is
@@ -118,7 +119,7 @@ func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
 	for _, r := range ShardWriteResources {
 		shardRes[r] = true
 	}
-	inScope := map[string]bool{"": true}
+	inScope := map[string]bool{}
 	for _, ns := range opts.Namespaces {
 		inScope[ns] = true
 	}
