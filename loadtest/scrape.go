@@ -246,8 +246,10 @@ func ready(ctx context.Context, hc *http.Client, addr string) bool {
 // sync is either.
 type apiServerSample struct {
 	At time.Time
-	// Syncs counts initial syncs of ConfigBindings: LIST requests (every
-	// code) plus completed watch-lists.
+	// Syncs counts initial syncs of ConfigBindings: LIST requests answered
+	// 200 plus completed watch-lists. A LIST refused or failed (429 under
+	// load, 410 for a resourceVersion too old) synced nothing, and its
+	// retry is counted when it succeeds.
 	Syncs float64
 	// Scanned counts the ConfigBindings the API server went through to
 	// serve them: objects fetched for LISTs plus initial events processed
@@ -296,9 +298,10 @@ func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, e
 func apiSampleOf(f families) apiServerSample {
 	res := map[string]string{"resource": resourceBindings}
 	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
+	listed := map[string]string{"verb": "LIST", "resource": resourceBindings, "code": "200"}
 	var s apiServerSample
 	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
-	s.Syncs = f.sum(metricAPIRequests, list) + watchLists
+	s.Syncs = f.sum(metricAPIRequests, listed) + watchLists
 	s.Scanned = f.sum(metricAPIListFetched, res) + f.sum(metricAPIInitEvents, res)
 	_, listBytes := f.histogramSum(metricAPIRespSizes, list)
 	_, watchBytes := f.histogramSum(metricAPIWatchSizes, res)
