@@ -829,6 +829,10 @@ func TestRetryAfterHoldsFeedPolls(t *testing.T) {
 		}
 		return len(recs) > 0
 	})
+	// The server sent the 429; wait until the cache received it (the fetch extends the hold
+	// before it records the error the lookup shows): a feed poll sent between the two would be
+	// no fault of the hold's.
+	eventually(t, "the cache received the 429", func() bool { return h.cache.Get(0, throttled).Err != nil })
 	// Wake the waiting poll during the hold.
 	h.put(watched.Domain, watched.Name, "v2")
 	var polls []configcenter.RequestRecord
