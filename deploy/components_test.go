@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -156,7 +157,9 @@ func generateCert(t *testing.T, args ...string) map[string][]byte {
 
 // TestMirrorRBACSufficient runs the real binary with the mirror component's
 // RBAC and flag, as the ServiceAccount only: a binding becomes Ready from
-// its domain's ExternalDomain, and nothing it did was forbidden.
+// its domain's ExternalDomain, the mirror is deleted with the domain's last
+// binding (the delete verb, under the fencing policy), and nothing it did was
+// forbidden.
 func TestMirrorRBACSufficient(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
@@ -198,6 +201,17 @@ func TestMirrorRBACSufficient(t *testing.T) {
 		}
 		if !meta.IsStatusConditionTrue(ed.Status.Conditions, externaldomain.ConditionSynced) || ed.Status.KeyCount != 2 {
 			return fmt.Errorf("mirror status %+v", ed.Status)
+		}
+		return nil
+	})
+	// The domain's last binding goes: the replica deletes its mirror.
+	if err := c.Delete(ctx, cb); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, 2*time.Minute, "the mirror of a domain without bindings deleted", func() error {
+		err := c.Get(ctx, client.ObjectKey{Name: domain}, &configv1alpha1.ExternalDomain{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("ExternalDomain %s: %v", domain, err)
 		}
 		return nil
 	})

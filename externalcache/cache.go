@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,7 +220,9 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
 	}
 	ck := key.cacheKey()
-	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) {
+	// An entry of a domain the shard does not use (released, and not yet swept) is not trusted:
+	// the read notes the domain, whose change feed then checks it.
+	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
 		if l.FeedErr = c.feedErr(key.Domain); l.FeedErr != nil {
 			c.mu.Lock()
 			c.armLocked(sh, key, ck)
@@ -300,6 +303,11 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 		c.mu.Unlock()
 		select {
 		case <-r.done:
+			if errors.Is(r.lookup.Err, errDomainReleased) {
+				// Released under the wait: reading the key uses the domain again.
+				sh.noteDomain(c, key.Domain)
+				continue
+			}
 			l = r.lookup
 			l.Value = bytes.Clone(l.Value)
 			l.FeedErr = c.feedErr(key.Domain)
@@ -337,7 +345,7 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 			continue
 		}
 		ck := key.cacheKey()
-		if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) {
+		if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
 			continue
 		}
 		sh.noteDomain(c, key.Domain)
@@ -406,7 +414,11 @@ func (c *Cache) DropShard(shard int32) {
 
 	var domains []string
 	sh.domains.Range(func(d, _ any) bool {
-		domains = append(domains, d.(string))
+		// LoadAndDelete: a ReleaseDomain racing with the drop releases a domain it takes, and
+		// the drop the others, so that each is released once.
+		if _, ok := sh.domains.LoadAndDelete(d); ok {
+			domains = append(domains, d.(string))
+		}
 		return true
 	})
 	for _, d := range domains {
@@ -425,7 +437,86 @@ func (c *Cache) DropShard(shard int32) {
 		"discardedFetches", discarded, "domains", len(domains))
 }
 
-// sweeper deletes the entries of dropped tenures, one pass over the store per batch of drops.
+// ReleaseDomain forgets domain in shard: the shard no longer uses it, so the domain's change
+// feed stops unless another held shard uses it, the shard's queued and in-flight fetches and TTL
+// refreshes of the domain end (a Wait on one reads the key again), and the sweeper deletes the
+// shard's entries of the domain. A controller calls it when the last object of the shard that
+// reads the domain is gone, so that what the cache keeps per domain (a long poll to the source,
+// above all) follows the domains in use rather than every domain the shard ever read. A later
+// read of the domain in the shard starts afresh: it notes the domain, whose feed lists it again
+// and checks any entry not yet swept. Releasing a domain the shard does not use, or in a shard not
+// held, does nothing.
+func (c *Cache) ReleaseDomain(shard int32, domain string) {
+	sh := (*c.shards.Load())[shard]
+	if sh == nil {
+		return
+	}
+	// Under sh.mu: a noteDomain that stored the domain has subscribed its feed before this takes
+	// it, so subscriptions and releases stay paired.
+	sh.mu.Lock()
+	_, used := sh.domains.LoadAndDelete(domain)
+	sh.mu.Unlock()
+	if !used {
+		return
+	}
+	c.mu.Lock()
+	discarded := 0
+	for fk, f := range c.flights {
+		if f.sh == sh && fk.key.Domain == domain {
+			delete(c.flights, fk)
+			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, errDomainReleased)})
+			discarded++
+		}
+	}
+	if discarded > 0 {
+		c.ready = slices.DeleteFunc(c.ready, func(f *flight) bool { return f.sh == sh && f.key.Domain == domain })
+		c.roomMadeLocked()
+	}
+	c.disarmLocked(func(fk flightKey, tt *ttlTimer) bool { return tt.sh == sh && fk.key.Domain == domain })
+	c.mu.Unlock()
+	c.releaseDomain(domain)
+	c.deadMu.Lock()
+	c.dead[sh.domainPrefix(domain)] = struct{}{}
+	c.deadMu.Unlock()
+	select {
+	case c.sweep <- struct{}{}:
+	default:
+	}
+	c.log.V(1).Info("Released domain in the external cache", "shard", shard, "tenure", sh.tenure, "domain", domain,
+		"discardedFetches", discarded)
+}
+
+// Domains lists the domains shard uses, sorted: those read since the shard was added or since
+// the domain was released. They are what the cache keeps per domain for the shard, and what a
+// controller checks for objects left when one of the shard's objects goes (ReleaseDomain).
+func (c *Cache) Domains(shard int32) []string {
+	sh := (*c.shards.Load())[shard]
+	if sh == nil {
+		return nil
+	}
+	var out []string
+	sh.domains.Range(func(d, _ any) bool {
+		out = append(out, d.(string))
+		return true
+	})
+	slices.Sort(out)
+	return out
+}
+
+// usedDomains counts the distinct domains the held shards use.
+func (c *Cache) usedDomains() int {
+	seen := map[string]struct{}{}
+	for _, sh := range *c.shards.Load() {
+		sh.domains.Range(func(d, _ any) bool {
+			seen[d.(string)] = struct{}{}
+			return true
+		})
+	}
+	return len(seen)
+}
+
+// sweeper deletes the entries of dropped tenures and released domains, one pass over the store
+// per batch of them.
 func (c *Cache) sweeper() {
 	for {
 		select {
@@ -443,15 +534,15 @@ func (c *Cache) sweeper() {
 		removed := 0
 		for it := c.bc.Iterator(); it.SetNext() && c.ctx.Err() == nil; {
 			e, err := it.Value()
-			if err != nil || len(e.Key()) < tenurePrefixLen {
+			if err != nil {
 				continue
 			}
-			if _, ok := dead[e.Key()[:tenurePrefixLen]]; ok && c.bc.Delete(e.Key()) == nil {
+			if isDead(dead, e.Key()) && c.bc.Delete(e.Key()) == nil {
 				removed++
 			}
 		}
 		c.evictions.forget(dead)
-		c.log.V(1).Info("Deleted the entries of dropped shards", "tenures", len(dead), "entries", removed)
+		c.log.V(1).Info("Deleted the entries of dropped shards and released domains", "prefixes", len(dead), "entries", removed)
 	}
 }
 
@@ -517,7 +608,7 @@ type shard struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// mu orders noteDomain against DropShard's reading of domains.
+	// mu orders noteDomain against DropShard's reading of domains and ReleaseDomain.
 	mu sync.RWMutex
 	// dropped is set by DropShard before it removes the shard's fetches; read under Cache.mu
 	// it means no fetch may be created for the shard any more.
@@ -564,6 +655,26 @@ func (c *Cache) shardFor(id int32) (*shard, error) {
 // tenurePrefixLen is the length of a shard's prefix in the store's keys.
 const tenurePrefixLen = 8
 
+// domainPrefix is the prefix of the store keys of domain in the shard's tenure.
+func (s *shard) domainPrefix(domain string) string { return s.prefix + domain + "\x00" }
+
+// isDead reports whether a store key is of a dropped tenure or of a released domain of a tenure:
+// dead holds tenure prefixes and domain prefixes (domainPrefix).
+func isDead(dead map[string]struct{}, storeKey string) bool {
+	if len(storeKey) < tenurePrefixLen {
+		return false
+	}
+	if _, ok := dead[storeKey[:tenurePrefixLen]]; ok {
+		return true
+	}
+	i := strings.IndexByte(storeKey[tenurePrefixLen:], 0)
+	if i < 0 {
+		return false
+	}
+	_, ok := dead[storeKey[:tenurePrefixLen+i+1]]
+	return ok
+}
+
 // storeKey is the key of ck in the store.
 func (s *shard) storeKey(ck string) string { return s.prefix + ck }
 
@@ -603,6 +714,10 @@ func (s *shard) noteDomain(c *Cache, domain string) {
 		return
 	}
 	if _, loaded := s.domains.LoadOrStore(domain, struct{}{}); !loaded {
+		// Used again after a release: a sweep not yet begun must not delete its new entries.
+		c.deadMu.Lock()
+		delete(c.dead, s.domainPrefix(domain))
+		c.deadMu.Unlock()
 		c.acquireDomain(domain)
 	}
 }

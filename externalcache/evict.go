@@ -74,12 +74,12 @@ func (e *evictions) take(key string) (evicted, bool) {
 	return ev, ok
 }
 
-// forget drops the evictions of dropped tenures.
-func (e *evictions) forget(prefixes map[string]struct{}) {
+// forget drops the evictions of dropped tenures and released domains (isDead).
+func (e *evictions) forget(dead map[string]struct{}) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for k := range e.byKey {
-		if _, ok := prefixes[k[:min(len(k), tenurePrefixLen)]]; ok {
+		if isDead(dead, k) {
 			delete(e.byKey, k)
 		}
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -21,7 +23,7 @@ import (
 const seedEnv = "KSHARD_CACHE_SEED"
 
 // TestShardLifecycleKeysResolve drives the cache through random interleavings of AddShard,
-// DropShard, Warm, Get, Wait and changes of the config center (through the change feed), with a
+// DropShard, ReleaseDomain, Warm, Get, Wait and changes of the config center (through the change feed), with a
 // queue small enough that Warm and Wait wait for room while shards are dropped under them. After
 // each round every shard is added again, and then every key read in any shard must resolve: no
 // fetch of an earlier tenure of a shard may block its keys in a later one. The operations are
@@ -111,6 +113,9 @@ func TestShardLifecycleKeysResolve(t *testing.T) {
 						fail("Wait(%d, %s): %v", s, k, err)
 					}
 				})
+			case op < 50:
+				ops["release"]++
+				h.cache.ReleaseDomain(s, pick().Domain)
 			case op < 56:
 				ops["change"]++
 				k := pick()
@@ -138,6 +143,17 @@ func TestShardLifecycleKeysResolve(t *testing.T) {
 		}
 		if n := h.cache.FlightsOfDroppedShards(); n > 0 {
 			t.Errorf("seed %d, round %d: %d fetches of dropped shards are still kept", seed, round, n)
+		}
+		// A feed runs for exactly the domains some held shard uses: releases and drops racing
+		// with reads neither leak a feed nor stop one in use.
+		used := map[string]bool{}
+		for s := range int32(shards) {
+			for _, d := range h.cache.Domains(s) {
+				used[d] = true
+			}
+		}
+		if feeds := h.cache.FeedDomains(); !slices.Equal(feeds, slices.Sorted(maps.Keys(used))) {
+			t.Errorf("seed %d, round %d: feeds of %v, domains used %v", seed, round, feeds, slices.Sorted(maps.Keys(used)))
 		}
 		for s := range int32(shards) {
 			for _, k := range keys {

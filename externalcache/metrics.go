@@ -86,6 +86,9 @@ func init() {
 			func(c *Cache) float64 { return float64(c.breaker.State()) }, maxOf),
 		gaugeOverLive("kshard_external_fetch_queue_depth", "Fetches waiting for a worker.",
 			func(c *Cache) float64 { return float64(c.queueDepth()) }, sum),
+		gaugeOverLive("kshard_externalcache_domains", "Domains the held shards use: each has one change-feed long poll. "+
+			"A domain is released when the last object of its shard that reads it goes, so this follows the domains in use.",
+			func(c *Cache) float64 { return float64(c.usedDomains()) }, sum),
 	)
 	for why := troubleFailing; why <= troubleEpochFlapping; why++ {
 		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -128,3 +128,7 @@ var (
 	// ErrStopped releases waiters when the cache stops.
 	ErrStopped = errors.New("cache stopped")
 )
+
+// errDomainReleased ends the fetches of a domain that ReleaseDomain released; a Wait on one
+// reads the key again.
+var errDomainReleased = errors.New("domain released")

@@ -352,7 +352,7 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarna
 	if err := src.bind(mgr, rep, rep); err != nil {
 		return err
 	}
-	rec.Shards, rec.Values = rep, src.values()
+	rec.Shards, rec.Values, rec.Domains = rep, src.values(), src.domains()
 	if opts.WebhookPort != 0 {
 		if err := registerWebhook(mgr, src.knowledge()); err != nil {
 			return err
@@ -374,7 +374,7 @@ func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *con
 	if err := src.bind(mgr, nil, single); err != nil {
 		return err
 	}
-	rec.Shards, rec.Values = single, src.values()
+	rec.Shards, rec.Values, rec.Domains = single, src.values(), src.domains()
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}

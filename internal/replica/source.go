@@ -32,6 +32,9 @@ type externalSource interface {
 	values() configbinding.Values
 	// knowledge answers the admission pre-check.
 	knowledge() configbinding.KeyKnowledge
+	// domains is the per-domain state values keep, which the reconciler
+	// releases with a domain's last binding; nil when there is none.
+	domains() configbinding.Domains
 	// acquired and released bracket one tenure of a shard on this replica
 	// (sharding's OnAcquire and OnRelease); acquired must not block.
 	acquired(ctx context.Context, shard int32)
@@ -89,6 +92,10 @@ func (s *cacheSource) values() configbinding.Values {
 
 func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
 	return configbinding.CacheKnowledge{Cache: s.cache}
+}
+
+func (s *cacheSource) domains() configbinding.Domains {
+	return configbinding.CachedDomains{Cache: s.cache}
 }
 
 // changed requeues the bindings of a key whose value arrived or changed.
@@ -168,6 +175,8 @@ func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
 	return configbinding.MirrorKnowledge{Shards: s.rep, APIReader: s.apiReader, ShardCount: s.opts.Shards}
 }
 
+func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }
+
 // acquired keeps the mirrors of the shard's domains current once its
 // informers know which domains its bindings use.
 func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
@@ -209,6 +218,9 @@ func (s directSource) values() configbinding.Values {
 // knowledge: the direct baseline knows nothing without calling the config
 // center, which the pre-check never does; every key is unknown.
 func (directSource) knowledge() configbinding.KeyKnowledge { return unknownKeys{} }
+
+// domains: the direct baseline keeps nothing per domain.
+func (directSource) domains() configbinding.Domains { return nil }
 
 // unknownKeys knows no key: the pre-check allows every binding, with a
 // warning.

@@ -97,12 +97,14 @@ const (
 const FieldManager = "kshard"
 
 // Shards is what Reconcile needs from the sharding runtime: the shard's
-// cache, and leave to write while the shard is held.
+// cache, leave to write while the shard is held, and its queue (to requeue
+// the bindings of a domain released under them).
 type Shards interface {
 	Reader(shard int32) (client.Reader, bool)
 	// WriteContext grants one write of the shard's objects: ok is false
 	// when the shard is not held now, and the context ends with the hold.
 	WriteContext(ctx context.Context, shard int32) (context.Context, context.CancelFunc, bool)
+	Enqueuer
 }
 
 // Reconciler reconciles one ConfigBinding per request.
@@ -114,6 +116,10 @@ type Reconciler struct {
 	APIReader client.Reader
 	Shards    Shards
 	Values    Values
+	// Domains is the per-domain state of Values, released when a shard's
+	// last binding of a domain is deleted; nil keeps none (the direct
+	// baseline).
+	Domains Domains
 	// Events records changes of the Ready condition's reason, and a first
 	// condition that is not Ready; nil records none.
 	Events events.EventRecorder
@@ -138,12 +144,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 	}
 	var cb configv1alpha1.ConfigBinding
 	if err := reader.Get(ctx, req.NamespacedName, &cb); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.writes.forget(req.NamespacedName)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
 		}
-		// NotFound may only mean the object left this shard: nothing to
-		// clean up here; the owner reference deletes the ConfigMap.
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		r.writes.forget(req.NamespacedName)
+		// NotFound may only mean the object left this shard: nothing of
+		// the binding to clean up here (the owner reference deletes the
+		// ConfigMap), but its domain may have lost its last binding here.
+		return reconcile.Result{}, r.releaseUnusedDomains(ctx, reader, req.Shard)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil

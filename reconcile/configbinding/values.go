@@ -33,6 +33,19 @@ func (v CachedValues) Get(_ context.Context, shard int32, key externalcache.Key)
 	return v.Cache.Get(shard, key)
 }
 
+// CachedDomains releases the cache's per-domain state (Domains).
+type CachedDomains struct{ Cache *externalcache.Cache }
+
+// Domains implements Domains.
+func (d CachedDomains) Domains(shard int32) []string { return d.Cache.Domains(shard) }
+
+// ReleaseDomain implements Domains; the cache writes nothing to the API
+// server, so the write context only says the shard is held.
+func (d CachedDomains) ReleaseDomain(_ context.Context, shard int32, domain string) error {
+	d.Cache.ReleaseDomain(shard, domain)
+	return nil
+}
+
 // ErrDomainTooLarge is carried by lookups of a domain whose mirror cannot
 // hold it; the ConfigBinding says DomainTooLarge instead of waiting.
 var ErrDomainTooLarge = errors.New("domain too large for its mirror")

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
 )
 
@@ -124,6 +128,14 @@ type Mirror struct {
 	mu    sync.Mutex
 	ctx   context.Context // set by Start; loops ensured before it start then
 	loops map[loopKey]*loop
+	// releasing are the domains whose loop ReleaseDomain is stopping and whose mirror it is
+	// deleting; an Ensure meanwhile marks again, and the domain is mirrored afresh after.
+	releasing map[loopKey]*release
+}
+
+// release is one ReleaseDomain under way.
+type release struct {
+	again bool
 }
 
 type loopKey struct {
@@ -141,7 +153,7 @@ func New(opts Options) (*Mirror, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, fmt.Errorf("mirror options: %w", err)
 	}
-	return &Mirror{opts: opts, loops: map[loopKey]*loop{}}, nil
+	return &Mirror{opts: opts, loops: map[loopKey]*loop{}, releasing: map[loopKey]*release{}}, nil
 }
 
 // Start runs until ctx is done, then stops every loop. It implements
@@ -176,6 +188,16 @@ func (m *Mirror) Ensure(shard int32, domain string) {
 	k := loopKey{shard, domain}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if rel := m.releasing[k]; rel != nil {
+		// Its mirror is being deleted: a loop started now could write it before the delete.
+		rel.again = true
+		return
+	}
+	m.ensureLocked(k)
+}
+
+// ensureLocked starts a loop for k unless one runs or the mirror stopped.
+func (m *Mirror) ensureLocked(k loopKey) {
 	if _, ok := m.loops[k]; ok || (m.ctx != nil && m.ctx.Err() != nil) {
 		return
 	}
@@ -224,6 +246,66 @@ func (m *Mirror) DropShard(shard int32) {
 	stop(stopping)
 }
 
+// ReleaseDomain stops mirroring domain for shard and deletes its ExternalDomain, through the
+// shard's WriteContext like every write of the shard's objects. A controller calls it when the
+// last object of the shard that reads the domain is gone, so that the loops and mirrors follow
+// the domains in use instead of every domain the shard ever had. An Ensure while it runs
+// mirrors the domain afresh once the old mirror is deleted (a new loop creates a new mirror).
+// Releasing a domain that is being released, or whose mirror is already gone, does nothing.
+func (m *Mirror) ReleaseDomain(ctx context.Context, shard int32, domain string) error {
+	k := loopKey{shard, domain}
+	m.mu.Lock()
+	if m.releasing[k] != nil {
+		m.mu.Unlock()
+		return nil
+	}
+	rel := &release{}
+	m.releasing[k] = rel
+	l := m.loops[k]
+	if l != nil {
+		delete(m.loops, k)
+		mirrorDomains.Dec()
+	}
+	m.mu.Unlock()
+
+	if l != nil {
+		// Its last write ends before the delete: a write after it would create the mirror again.
+		stop(map[loopKey]*loop{k: l})
+	}
+	err := m.deleteMirror(ctx, shard, domain)
+
+	m.mu.Lock()
+	delete(m.releasing, k)
+	if rel.again && m.opts.Shards.Holds(shard) {
+		m.ensureLocked(k)
+	}
+	m.mu.Unlock()
+	return err
+}
+
+// deleteMirror deletes the domain's ExternalDomain while the shard is held. The fencing policy
+// of deploy/base admits the delete only from the holder of the shard's Lease, by the mirror's
+// shard label.
+func (m *Mirror) deleteMirror(ctx context.Context, shard int32, domain string) error {
+	wctx, done, ok := m.opts.Shards.WriteContext(ctx, shard)
+	if !ok {
+		// No longer held: the next holder collects the mirror.
+		return nil
+	}
+	defer done()
+	err := m.opts.Client.Delete(wctx, &configv1alpha1.ExternalDomain{ObjectMeta: metav1.ObjectMeta{Name: domain}})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		mirrorWrites.WithLabelValues("error").Inc()
+		return fmt.Errorf("deleting ExternalDomain %s: %w", domain, err)
+	}
+	mirrorWrites.WithLabelValues("ok").Inc()
+	m.opts.Log.V(1).Info("Deleted the mirror of a domain no binding of the shard uses", "shard", shard, "domain", domain)
+	return nil
+}
+
 // stop cancels loops and waits for the started ones to end.
 func stop(loops map[loopKey]*loop) {
 	for _, l := range loops {
@@ -238,7 +320,8 @@ func stop(loops map[loopKey]*loop) {
 	}
 }
 
-// Domains lists the domains mirrored for a shard, for tests and status.
+// Domains lists the domains mirrored for a shard, sorted: a controller checks them for objects
+// left when one of the shard's objects goes (ReleaseDomain).
 func (m *Mirror) Domains(shard int32) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -248,5 +331,6 @@ func (m *Mirror) Domains(shard int32) []string {
 			out = append(out, k.domain)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
