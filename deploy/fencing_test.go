@@ -37,7 +37,7 @@ const (
 	fenceRetry   = time.Second
 	fenceDelay   = 20 * time.Second
 	fenceShards  = 8
-	fenceUpdates = 3 * time.Second // how long updates flow at the start of the delay
+	fenceUpdates = 5 * time.Second // how long updates flow at the start of the delay, less than fenceRenew
 )
 
 // TestAdmissionFencesDelayedWrites holds a write on the wire while its
@@ -123,7 +123,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	controlplane.Eventually(t, time.Minute, "the shard-writes policy refusing a pod that holds no Lease", func() error { return probe(true) })
 	denials := policyDenials(ctx, t)
 	fenced := time.Now()
-	delayWrites(ctx, t, c, proxy, ns, bindings)
+	delayWrites(ctx, t, c, proxy, ns, bindings, []string{"key-0", "key-1", "key-2"})
 	settled("settled after the delayed writes (fenced)")
 	e := audit.CheckExclusive(readAPIAudit(t), checkOpts)
 	t.Logf("fenced: %s", e)
@@ -143,7 +143,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	unbindFencing(ctx, t, c, ns)
 	controlplane.Eventually(t, time.Minute, "the shard-writes policy no longer in force", func() error { return probe(false) })
 	unfenced := time.Now()
-	delayWrites(ctx, t, c, proxy, ns, bindings)
+	delayWrites(ctx, t, c, proxy, ns, bindings, []string{"key-1", "key-2"})
 	settled("settled after the delayed writes (not fenced)")
 	e = audit.CheckExclusive(readAPIAudit(t), checkOpts)
 	t.Logf("not fenced: %s", e)
@@ -156,11 +156,16 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 }
 
 // delayWrites delays what kshard-1 sends by fenceDelay and, while the delay
-// starts, changes the keys of its bindings a few times, so that it sends
-// writes that arrive after its shards moved. Each change gives a ConfigMap
-// other contents, so a late write commits a change (or is refused), never
-// a no-op. It returns once the delay is over and the held bytes delivered.
-func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netfault.Proxy, ns string, bindings []client.ObjectKey) {
+// starts, changes the keys of its bindings back and forth between two sets,
+// so that it sends writes that arrive after its shards moved; then it sets
+// the keys to final, a set that is neither of the two nor the keys before.
+// kshard-0 writes final once it took the shards over, and the writes
+// kshard-1 sent carry one of the other two: a late write commits a change
+// (or is refused), never a no-op the checker rightly excuses. (When the
+// last change happened to repeat the first, the held writes matched what
+// kshard-0 wrote, and the check could not see them.) It returns once the
+// delay is over and the held bytes delivered.
+func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netfault.Proxy, ns string, bindings []client.ObjectKey, final []string) {
 	t.Helper()
 	held := shardsHeld(ctx, t, c, ns)["kshard-1"]
 	var victims []client.ObjectKey
@@ -176,11 +181,7 @@ func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netf
 	if len(victims) == 0 {
 		t.Fatalf("kshard-1 holds shards %v but none of the bindings", held)
 	}
-	keySets := [][]string{{"key-0"}, {"key-1", "key-2"}, {"key-2"}, {"key-0", "key-1", "key-2"}}
-	start := time.Now()
-	proxy.Delay(fenceDelay)
-	for i := 0; time.Since(start) < fenceUpdates; i++ {
-		keys := keySets[i%len(keySets)]
+	setKeys := func(keys []string) {
 		patch := fmt.Sprintf(`{"spec":{"keys":["%s"]}}`, strings.Join(keys, `","`))
 		for _, k := range victims {
 			cb := &configv1alpha1.ConfigBinding{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
@@ -188,8 +189,15 @@ func delayWrites(ctx context.Context, t *testing.T, c client.Client, proxy *netf
 				t.Fatal(err)
 			}
 		}
+	}
+	passing := [][]string{{"key-0"}, {"key-2"}}
+	start := time.Now()
+	proxy.Delay(fenceDelay)
+	for i := 0; time.Since(start) < fenceUpdates; i++ {
+		setKeys(passing[i%len(passing)])
 		time.Sleep(300 * time.Millisecond)
 	}
+	setKeys(final)
 	if rest := fenceDelay - time.Since(start); rest > 0 {
 		time.Sleep(rest + 2*time.Second)
 	}
