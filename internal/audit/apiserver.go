@@ -133,6 +133,9 @@ type APILog struct {
 	// Writes are the write requests it answered (stage ResponseComplete),
 	// in the order of the log.
 	Writes []Write
+	// Syncs are the informers' initial syncs it served, in the order of
+	// the log: what a relist costs the API server.
+	Syncs []Sync
 	// Events counts the audit events read, of every stage.
 	Events int
 }
@@ -161,6 +164,10 @@ func ReadAPILog(r io.Reader) (*APILog, error) {
 			return nil, fmt.Errorf("audit log line %d: %w", line, err)
 		}
 		l.Events++
+		if sy, ok := syncOf(&ev); ok {
+			l.Syncs = append(l.Syncs, sy)
+			continue
+		}
 		if ev.Stage != "ResponseComplete" || ev.ObjectRef == nil || ev.ResponseStatus == nil {
 			continue
 		}
