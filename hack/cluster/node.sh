@@ -94,7 +94,7 @@ start() { # name command...
 	shift
 	"$@" >>"$logs/$name.log" 2>&1 &
 	pid[$name]=$!
-	order+=("$name")
+	[[ " ${order[*]} " == *" $name "* ]] || order+=("$name")
 	log "started $name (pid ${pid[$name]})"
 }
 
@@ -162,34 +162,53 @@ ctr --address "$run/containerd.sock" version >/dev/null 2>&1 || fail "containerd
 "$repo/hack/cluster/images.sh" >>"$logs/images.log" 2>&1 || fail "importing the images of $IMAGES failed (log: $logs/images.log)"
 log "imported the images of $IMAGES"
 
-start etcd "$BIN_K8S/etcd" --name "$NODE_NAME" --data-dir "$state/etcd" \
-	--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-	--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-	--initial-cluster "$NODE_NAME=http://127.0.0.1:2380" --listen-metrics-urls http://127.0.0.1:2381 \
-	--log-level warn
+start_etcd() {
+	start etcd "$BIN_K8S/etcd" --name "$NODE_NAME" --data-dir "$state/etcd" \
+		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+		--initial-cluster "$NODE_NAME=http://127.0.0.1:2380" --listen-metrics-urls http://127.0.0.1:2381 \
+		--log-level warn
+}
 
-start kube-apiserver "$BIN_K8S/kube-apiserver" \
-	--etcd-servers http://127.0.0.1:2379 \
-	--advertise-address "$NODE_IP" --bind-address 0.0.0.0 --secure-port 6443 \
-	--tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-	--client-ca-file "$pki/ca.crt" \
-	--service-account-issuer https://kubernetes.default.svc.cluster.local \
-	--service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-	--service-cluster-ip-range "$SERVICE_CIDR" \
-	--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-	--allow-privileged=true \
-	--kubelet-preferred-address-types InternalIP,Hostname \
-	--kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
-	--kubelet-client-key "$pki/apiserver-kubelet-client.key" \
-	--kubelet-certificate-authority "$pki/ca.crt" \
-	--requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
-	--requestheader-allowed-names front-proxy-client \
-	--requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
-	--requestheader-extra-headers-prefix X-Remote-Extra- \
-	--proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
-	--enable-aggregator-routing=true \
-	--audit-policy-file "$repo/internal/audit/policy.yaml" --audit-log-path "$logs/kube-apiserver-audit.log" \
-	--audit-log-format json --audit-log-mode blocking
+start_kube_apiserver() {
+	start kube-apiserver "$BIN_K8S/kube-apiserver" \
+		--etcd-servers http://127.0.0.1:2379 \
+		--advertise-address "$NODE_IP" --bind-address 0.0.0.0 --secure-port 6443 \
+		--tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+		--client-ca-file "$pki/ca.crt" \
+		--service-account-issuer https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+		--allow-privileged=true \
+		--kubelet-preferred-address-types InternalIP,Hostname \
+		--kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+		--kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+		--kubelet-certificate-authority "$pki/ca.crt" \
+		--requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+		--requestheader-allowed-names front-proxy-client \
+		--requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+		--requestheader-extra-headers-prefix X-Remote-Extra- \
+		--proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
+		--enable-aggregator-routing=true \
+		--audit-policy-file "$repo/internal/audit/policy.yaml" --audit-log-path "$logs/kube-apiserver-audit.log" \
+		--audit-log-format json --audit-log-mode blocking
+}
+
+# restart stops a component as an operator would (SIGTERM, then SIGKILL
+# after $2 seconds) and starts it again with the same flags: the faults of
+# make e2e (hack/cluster/fault.sh) send SIGUSR1 for the API server and
+# SIGUSR2 for etcd. The node's state (etcd's data, the audit log) stays.
+restart() { # name seconds
+	log "restarting $1"
+	stop "$1" "$2"
+	"start_${1//-/_}"
+}
+trap 'restart kube-apiserver 20' USR1
+trap 'restart etcd 10' USR2
+
+start_etcd
+start_kube_apiserver
 
 for ((i = 0; i < 240; i++)); do
 	"${k[@]}" get --raw /readyz >/dev/null 2>&1 && break
