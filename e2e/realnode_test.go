@@ -40,6 +40,7 @@ func TestRealNode(t *testing.T) {
 		{"scale", testScale},
 		{"rollout-restart", testRolloutRestart},
 		{"sigkill", testSIGKILL},
+		{"faults", testFaults},
 		{"hpa", testHPA},
 	}
 	var rec *recorder

@@ -77,7 +77,8 @@ type event struct {
 			Labels          map[string]string `json:"labels"`
 		} `json:"metadata"`
 		Spec struct {
-			HolderIdentity *string `json:"holderIdentity"`
+			HolderIdentity *string           `json:"holderIdentity"`
+			AcquireTime    *metav1.MicroTime `json:"acquireTime"`
 		} `json:"spec"`
 	} `json:"responseObject"`
 	Received metav1.MicroTime `json:"requestReceivedTimestamp"`
@@ -109,8 +110,11 @@ type Write struct {
 	Version uint64
 	// Shard is the object's shard label as returned; -1 without one.
 	Shard int32
-	// LeaseHolder is, for a Lease, the holder identity it was written with.
-	LeaseHolder string
+	// LeaseHolder is, for a Lease, the holder identity it was written with,
+	// and LeaseAcquired its acquire time: a new one marks an acquisition,
+	// also by the holder it already named.
+	LeaseHolder   string
+	LeaseAcquired time.Time
 	// Received and Done are the API server's own timestamps: when it
 	// received the request and when it finished the response.
 	Received, Done time.Time
@@ -213,6 +217,9 @@ func ReadAPILog(r io.Reader) (*APILog, error) {
 			}
 			if o.Spec.HolderIdentity != nil {
 				w.LeaseHolder = *o.Spec.HolderIdentity
+			}
+			if o.Spec.AcquireTime != nil {
+				w.LeaseAcquired = o.Spec.AcquireTime.Time
 			}
 		}
 		l.Writes = append(l.Writes, w)

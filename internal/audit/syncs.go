@@ -191,17 +191,24 @@ func (r *Relists) String() string {
 func CheckRelists(l *APILog, opts RelistOptions) *Relists {
 	in := func(t time.Time) bool { return !t.Before(opts.From) && !t.After(opts.To) }
 	// acquired[holder] are the shards each holder acquired in the window;
-	// any[holder] whether it acquired any Lease of the ring.
+	// anyLease[holder] whether it acquired any Lease of the ring. An
+	// acquisition writes a new holder or a new acquire time: a replica that
+	// lost a Lease while the API server was away takes it again under its
+	// own name, and starts its caches again.
 	acquired := map[string]map[int32]bool{}
 	anyLease := map[string]bool{}
-	last := map[string]string{}
+	type lease struct {
+		holder   string
+		acquired time.Time
+	}
+	last := map[string]lease{}
 	for _, w := range l.Writes {
 		if w.Resource != "leases" || w.Namespace != opts.LeaseNamespace || !w.committed() || !strings.HasPrefix(w.Name, opts.Ring+"-") {
 			continue
 		}
 		prev := last[w.Name]
-		last[w.Name] = w.LeaseHolder
-		if w.LeaseHolder == "" || w.LeaseHolder == prev || !in(w.Received) {
+		last[w.Name] = lease{w.LeaseHolder, w.LeaseAcquired}
+		if w.LeaseHolder == "" || (w.LeaseHolder == prev.holder && w.LeaseAcquired.Equal(prev.acquired)) || !in(w.Received) {
 			continue
 		}
 		anyLease[w.LeaseHolder] = true

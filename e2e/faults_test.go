@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kshard/kshard/internal/audit"
+)
+
+// envFault is hack/cluster/fault.sh, through which the suite restarts the
+// node's kube-apiserver and etcd and cuts a pod's network; make e2e sets it.
+const envFault = "KSHARD_E2E_FAULT"
+
+// testFaults: faults of the infrastructure while updates flow. A replica's
+// network is cut (its pod's veth down) for longer than a lease and then
+// restored; the kube-apiserver is restarted; etcd is restarted. After each,
+// by the node's kube-apiserver audit log: no write committed outside its
+// writer's tenure (the cut replica's held writes arrive late: the
+// shard-writes policy refuses them), every latest generation Ready, and each
+// replica process's informers relisted at most once (once more for a cache
+// started after an acquisition).
+func testFaults(t *testing.T, s *suite, rec *recorder) {
+	script, auditPath := os.Getenv(envFault), os.Getenv(envAPIServerAudit)
+	if script == "" || auditPath == "" {
+		t.Skipf("%s or %s is not set: the faults cannot be injected or checked (make e2e sets both)", envFault, envAPIServerAudit)
+	}
+	ctx := stepContext(t, 30*time.Minute)
+	fault := func(t *testing.T, args ...string) {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, script, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", script, strings.Join(args, " "), err, out)
+		}
+	}
+	t.Run("partition", func(t *testing.T) {
+		const victim = statefulSet + "-1"
+		id := rec.container(victim)
+		if id == "" {
+			t.Fatalf("%s runs no container", victim)
+		}
+		s.underFault(ctx, t, auditPath, func() {
+			fault(t, "veth", "down", id)
+			// Longer than a lease: the others take its shards over, and
+			// what it sent meanwhile arrives after they did.
+			time.Sleep(leaseDuration + 2*retryPeriod)
+			fault(t, "veth", "up", id)
+		})
+	})
+	t.Run("kube-apiserver-restart", func(t *testing.T) {
+		s.underFault(ctx, t, auditPath, func() {
+			fault(t, "restart", "kube-apiserver")
+			s.waitAPIServer(ctx, t)
+		})
+	})
+	t.Run("etcd-restart", func(t *testing.T) {
+		s.underFault(ctx, t, auditPath, func() {
+			fault(t, "restart", "etcd")
+			s.waitAPIServer(ctx, t)
+		})
+	})
+}
+
+// underFault injects a fault while objects change, waits until the ring
+// and every object settled again, and checks the API server's audit log:
+// exclusive writes over the whole run, and the relists since the fault.
+func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, inject func()) {
+	t.Helper()
+	ch := s.startChurn(ctx, 10)
+	from := time.Now()
+	inject()
+	injected := time.Since(from)
+	updates := ch.stop()
+	s.scaleTo(ctx, t, 3)
+	s.settle(ctx, t, 3)
+	to := time.Now()
+	t.Logf("fault over %s after it began; ring and every object's latest generation settled %s after it; %d updates meanwhile",
+		injected.Round(100*time.Millisecond), to.Sub(from).Round(100*time.Millisecond), updates)
+
+	f, err := os.Open(auditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l, err := audit.ReadAPILog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace,
+		ReplicaUsers: []string{"system:serviceaccount:" + systemNamespace + ":" + serviceAccount}})
+	t.Logf("the API server's audit log: %s", e)
+	if !e.OK() {
+		t.Errorf("writes committed outside their writer's tenure, or unattributed:\n%s", e)
+	}
+	if e.Writes() == 0 || e.LeaseWrites == 0 {
+		t.Errorf("no API-server evidence: %d replica writes, %d shard Lease writes in %s", e.Writes(), e.LeaseWrites, auditPath)
+	}
+	before := 0
+	for _, sy := range l.Syncs {
+		if sy.Holder != "" && sy.Received.Before(from) {
+			before++
+		}
+	}
+	if before == 0 {
+		t.Fatalf("the audit log %s shows no replica's initial sync before the fault: relists cannot be counted (a cluster started before its audit policy logged LISTs and watches? restart it)", auditPath)
+	}
+	r := audit.CheckRelists(l, audit.RelistOptions{Ring: ring, LeaseNamespace: systemNamespace, From: from, To: to})
+	t.Logf("relists: %s", r)
+	if !r.OK() {
+		t.Errorf("informers relisted more than once:\n%s", r)
+	}
+}
+
+// waitAPIServer waits until the API server answers /readyz again.
+func (s *suite) waitAPIServer(ctx context.Context, t *testing.T) {
+	t.Helper()
+	// The restart is node.sh's: let it begin before asking.
+	time.Sleep(2 * time.Second)
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		body, err := s.cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+	if err != nil {
+		t.Fatalf("the API server did not answer /readyz again: %v", err)
+	}
+}
