@@ -147,8 +147,9 @@ type offsetClock struct{ by time.Duration }
 func (c offsetClock) Now() time.Time                  { return time.Now().Add(c.by) }
 func (c offsetClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
-// minCacheBytes is the smallest external cache a memory limit sizes: one
-// MiB for each of 64 shards.
+// minCacheBytes is the smallest external cache a memory limit sizes: 4 MiB
+// in each of the store's 16 internal shards (externalcache's default), room
+// for a binding's largest values (64 KiB each) to live together.
 const minCacheBytes = 64 << 20
 
 // applyMemoryLimit sets the Go runtime's soft memory limit and the external
