@@ -37,6 +37,7 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 		if err != nil {
 			t.Fatalf("%s %s: %v\n%s", script, strings.Join(args, " "), err, out)
 		}
+		t.Logf("fault.sh %s: %s", strings.Join(args, " "), strings.TrimSpace(string(out)))
 	}
 	t.Run("partition", func(t *testing.T) {
 		const victim = statefulSet + "-1"
@@ -44,12 +45,36 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 		if id == "" {
 			t.Fatalf("%s runs no container", victim)
 		}
+		var theirs []int32
+		for n, h := range rec.holders(time.Now()) {
+			if h == victim {
+				theirs = append(theirs, n)
+			}
+		}
+		if len(theirs) == 0 {
+			t.Fatalf("%s holds no shard", victim)
+		}
 		s.underFault(ctx, t, auditPath, func() {
+			cut := time.Now()
 			fault(t, "veth", "down", id)
 			// Longer than a lease: the others take its shards over, and
 			// what it sent meanwhile arrives after they did.
 			time.Sleep(leaseDuration + 2*retryPeriod)
+			taken := 0
+			for _, n := range theirs {
+				for _, x := range rec.tenures()[n] {
+					if x.From.After(cut) && !strings.HasPrefix(x.Holder, victim+"_") {
+						taken++
+						break
+					}
+				}
+			}
 			fault(t, "veth", "up", id)
+			// The cut is real only if the others noticed it.
+			t.Logf("while %s was cut off, the others took %d of its %d shards", victim, taken, len(theirs))
+			if taken == 0 {
+				t.Errorf("no shard of %s was taken over while its network was cut: the cut did not happen", victim)
+			}
 		})
 	})
 	t.Run("kube-apiserver-restart", func(t *testing.T) {
@@ -75,6 +100,8 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	from := time.Now()
 	inject()
 	injected := time.Since(from)
+	// Updates go on while the replicas recover.
+	time.Sleep(2 * retryPeriod)
 	updates := ch.stop()
 	s.scaleTo(ctx, t, 3)
 	s.settle(ctx, t, 3)

@@ -10,8 +10,9 @@
 #                                     its connections stay open); up again
 #
 # CONTAINER is a container ID of the pod (containerd://… as the pod's status
-# says, or bare). A restart returns at once; node.sh does it (its log says
-# when), and the caller waits for the API server to answer again.
+# says, or bare). node.sh does a restart (SIGUSR1, SIGUSR2): this script
+# returns once the component runs as a new process, and the caller waits
+# for the API server to answer again.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=env.sh
@@ -33,9 +34,23 @@ node_veth() { # container
 	ip netns exec "$NETNS" ip -o link show | awk -F': ' -v i="$peer" '$1 == i { sub(/@.*/, "", $2); print $2 }'
 }
 
+# restart has node.sh restart a component and waits until its pid file
+# names a new process.
+restart() { # name signal
+	local old new
+	old=$(cat "$run/$1.pid")
+	kill "-$2" "$(cat "$run/node.pid")"
+	for ((i = 0; i < 120; i++)); do
+		new=$(cat "$run/$1.pid")
+		[[ $new != "$old" ]] && kill -0 "$new" 2>/dev/null && { echo "$1 restarted: pid $old, now $new"; return; }
+		sleep 0.5
+	done
+	die "$1 (pid $old) was not restarted within 60s (log: $logs/node.log)"
+}
+
 case ${1:-}/${2:-} in
-restart/kube-apiserver) kill -USR1 "$(cat "$run/node.pid")" ;;
-restart/etcd) kill -USR2 "$(cat "$run/node.pid")" ;;
+restart/kube-apiserver) restart kube-apiserver USR1 ;;
+restart/etcd) restart etcd USR2 ;;
 veth/down | veth/up)
 	[[ -n ${3:-} ]] || die "veth $2: which container?"
 	dev=$(node_veth "$3")

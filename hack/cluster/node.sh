@@ -94,6 +94,7 @@ start() { # name command...
 	shift
 	"$@" >>"$logs/$name.log" 2>&1 &
 	pid[$name]=$!
+	echo "${pid[$name]}" >"$run/$name.pid"
 	[[ " ${order[*]} " == *" $name "* ]] || order+=("$name")
 	log "started $name (pid ${pid[$name]})"
 }
