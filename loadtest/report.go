@@ -276,9 +276,9 @@ func renderMarkdown(rep *Report) string {
 		where = fmt.Sprintf("kube-apiserver %s of the --kubeconfig cluster, the replicas %s", orUnknown(m.KubeAPIServer), m.Pods)
 	}
 	p("Machine: %d CPUs (%s), %s, %s; %s. "+
-		"Run on %s, wall time %s. The machine is shared: its 1-minute load average was %.1f on average and %.1f at most during the run "+
+		"Run on %s, %s, wall time %s. The machine is shared: its 1-minute load average was %.1f on average and %.1f at most during the run "+
 		"(the load tester, the control plane, the replicas and whatever else ran), so compare numbers within a report, not across machines.\n\n",
-		m.CPUs, m.CPUModel, m.GoVersion, m.OS, where, rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Wall.Round(time.Second), m.LoadMean, m.LoadMax)
+		m.CPUs, m.CPUModel, m.GoVersion, m.OS, where, rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Source, rep.Wall.Round(time.Second), m.LoadMean, m.LoadMax)
 	p("| setting | value |\n| --- | --- |\n")
 	for _, s := range rep.Settings {
 		p("| %s | %s |\n", s[0], mdEscape(s[1]))

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -23,6 +24,8 @@ type Report struct {
 	Started     time.Time
 	Wall        time.Duration
 	Settings    [][2]string
+	// Source is the commit of the source tree the run measured.
+	Source Source
 	// Gated says the checks decide the exit code (chaos, rolling-restart);
 	// elsewhere they are reported only.
 	Gated  bool
@@ -505,9 +508,14 @@ func (r *run) offeredBetween(from, to time.Time) float64 {
 	return float64(r.tracker.writesBetween(from, to, writeUpdate)) / to.Sub(from).Seconds()
 }
 
-func (r *run) newReport() *Report {
+func (r *run) newReport(ctx context.Context) *Report {
 	o := r.opts
+	src, err := readSource(ctx)
+	if err != nil {
+		r.log.Error(err, "Reading the commit of the source tree; the report says commit: unknown")
+	}
 	rep := &Report{
+		Source:      src,
 		Scenario:    o.Scenario,
 		Description: r.sc.doc,
 		Command:     o.Command,
