@@ -285,11 +285,7 @@ func renderMarkdown(rep *Report) string {
 	}
 	p("\n## Checks\n\n| check | result | detail |\n| --- | --- | --- |\n")
 	for _, c := range rep.Checks {
-		res := "pass"
-		if !c.Passed {
-			res = "**FAIL**"
-		}
-		p("| %s | %s | %s |\n", mdEscape(c.Name), res, mdEscape(c.Detail))
+		p("| %s | %s | %s |\n", mdEscape(c.Name), c.result(), mdEscape(c.Detail))
 	}
 	if len(rep.Findings) > 0 {
 		p("\n## Findings\n\n")
@@ -375,6 +371,20 @@ func renderMarkdown(rep *Report) string {
 	}
 	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
 	return b.String()
+}
+
+// result is a check's result cell: a check without data fails as such,
+// and one that did not apply is not a pass.
+func (c Check) result() string {
+	switch {
+	case c.NoData:
+		return "**FAIL** (no data)"
+	case !c.Passed:
+		return "**FAIL**"
+	case c.NotApplicable:
+		return "n/a"
+	}
+	return "pass"
 }
 
 // renderFleets writes the fleets side by side: one column per fleet.

@@ -73,11 +73,28 @@ type Machine struct {
 	Pods string `json:",omitempty"`
 }
 
-// Check is one invariant the run verified.
+// Check is one invariant the run verified. A check passes on data only: one
+// with nothing to decide on (no audit record, no object, no sample) fails
+// with NoData set, as a check that saw nothing proves nothing. One about
+// something the run did not have (no sharded fleet, no memory limit)
+// passes with NotApplicable set. Detail says which, and why.
 type Check struct {
-	Name   string
-	Passed bool
-	Detail string
+	Name          string
+	Passed        bool
+	NoData        bool `json:",omitempty"`
+	NotApplicable bool `json:",omitempty"`
+	Detail        string
+}
+
+// noDataCheck is a check that had nothing to decide on: it fails.
+func noDataCheck(name, why string) Check {
+	return Check{Name: name, NoData: true, Detail: "no data: " + why}
+}
+
+// notApplicableCheck is a check about something the run did not have: it
+// passes.
+func notApplicableCheck(name, why string) Check {
+	return Check{Name: name, Passed: true, NotApplicable: true, Detail: "not applicable: " + why}
 }
 
 // Chart is one chart file of the report.
@@ -696,8 +713,8 @@ func (r *run) finish(runErr error) {
 		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
 	}
 	if !sharded {
-		na := "not applicable: no sharded fleet (one active replica)"
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na + notChecked}, Check{Name: checkReconciles, Passed: true, Detail: na + notAudited})
+		na := "no sharded fleet (one active replica)"
+		rep.Checks = append(rep.Checks, notApplicableCheck(checkWrites, na+notChecked), notApplicableCheck(checkReconciles, na+notAudited))
 	} else {
 		rep.Writes = writeEvidence(r.evidence())
 		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
@@ -705,7 +722,7 @@ func (r *run) finish(runErr error) {
 			rep.Findings = append(rep.Findings, d.String())
 		}
 		if data, err := readAudit(files, time.Now()); err != nil {
-			rep.Checks = append(rep.Checks, Check{Name: checkReconciles, Detail: err.Error()})
+			rep.Checks = append(rep.Checks, noDataCheck(checkReconciles, err.Error()+notAudited))
 		} else {
 			rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
 			for _, f := range r.fleets {
@@ -718,50 +735,18 @@ func (r *run) finish(runErr error) {
 	}
 
 	// 3. Every object's latest generation Ready after the final settle.
-	n, total, ex := r.tracker.notReady()
-	c := Check{Name: "every latest generation became Ready", Passed: n == 0 && total > 0,
-		Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
-	if n > 0 {
-		c.Detail += "; e.g. " + strings.Join(ex, "; ")
-	}
-	rep.Checks = append(rep.Checks, c)
+	rep.Checks = append(rep.Checks, readyCheck(r.tracker.notReady()))
 
 	// 4. No shard unowned beyond lease duration + retry period.
 	bound := r.opts.LeaseDuration + r.opts.RetryPeriod
 	if !sharded {
-		rep.Checks = append(rep.Checks, Check{Name: "no shard unowned beyond " + bound.String(), Passed: true, Detail: "not applicable: no sharded fleet"})
+		rep.Checks = append(rep.Checks, notApplicableCheck("no shard unowned beyond "+bound.String(), "no sharded fleet"))
 	} else {
-		iv := r.ring.unownedIntervals()
-		c := Check{Name: fmt.Sprintf("no shard unowned beyond lease duration + retry period (%s)", bound), Passed: true}
-		if len(iv) == 0 {
-			c.Detail = "no shard was ever without a running holder while the fleets ran"
-		} else {
-			longest := iv[0]
-			over := 0
-			for _, x := range iv {
-				if x.To.Sub(x.From) > bound {
-					over++
-				}
-			}
-			c.Passed = over == 0
-			c.Detail = fmt.Sprintf("%d unowned intervals; the longest: shard %d for %s (from %s into the run)",
-				len(iv), longest.Shard, round(longest.To.Sub(longest.From)), round(longest.From.Sub(r.begin)))
-			if over > 0 {
-				c.Detail += fmt.Sprintf("; %d beyond the bound", over)
-			}
-		}
-		rep.Checks = append(rep.Checks, c)
+		rep.Checks = append(rep.Checks, unownedCheck(r.ring.unownedIntervals(), r.ring.guardedTicks(), bound, r.begin))
 	}
 
 	// 5. Every event settled.
-	var unsettled []string
-	for _, ev := range rep.Events {
-		if ev.Error != "" {
-			unsettled = append(unsettled, ev.Name+": "+ev.Error)
-		}
-	}
-	rep.Checks = append(rep.Checks, Check{Name: "every event settled within " + r.opts.SettleTimeout.String(), Passed: len(unsettled) == 0,
-		Detail: fmt.Sprintf("%d events", len(rep.Events)) + strings.Join(append([]string{""}, unsettled...), "; ")})
+	rep.Checks = append(rep.Checks, eventsCheck(rep.Events, r.opts.SettleTimeout))
 
 	// 6. No replica's resident memory beyond its memory limit.
 	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets))
@@ -781,27 +766,100 @@ func (r *run) finish(runErr error) {
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }
 
+// readyCheck passes when every object tracked is Ready at its latest
+// generation (n of total are not; ex are examples); without objects it has
+// no data.
+func readyCheck(n, total int, ex []string) Check {
+	const name = "every latest generation became Ready"
+	if total == 0 {
+		return noDataCheck(name, "the run tracked no object")
+	}
+	c := Check{Name: name, Passed: n == 0, Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
+	if n > 0 {
+		c.Detail += "; e.g. " + strings.Join(ex, "; ")
+	}
+	return c
+}
+
+// unownedCheck passes when no unowned interval of a shard (iv, longest
+// first) lasted beyond bound. ticks counts the ring watch's checks of
+// ownership while a sharded fleet ran: without any, "no interval" would
+// say nothing, so the check has no data.
+func unownedCheck(iv []unownedInterval, ticks int, bound time.Duration, begin time.Time) Check {
+	name := fmt.Sprintf("no shard unowned beyond lease duration + retry period (%s)", bound)
+	switch {
+	case ticks == 0:
+		return noDataCheck(name, "the ring watch never checked the shards' ownership while a sharded fleet ran")
+	case len(iv) == 0:
+		return Check{Name: name, Passed: true, Detail: fmt.Sprintf("no shard was ever without a running holder while the fleets ran (%d checks of every shard)", ticks)}
+	}
+	longest := iv[0]
+	over := 0
+	for _, x := range iv {
+		if x.To.Sub(x.From) > bound {
+			over++
+		}
+	}
+	c := Check{Name: name, Passed: over == 0, Detail: fmt.Sprintf("%d unowned intervals; the longest: shard %d for %s (from %s into the run)",
+		len(iv), longest.Shard, round(longest.To.Sub(longest.From)), round(longest.From.Sub(begin)))}
+	if over > 0 {
+		c.Detail += fmt.Sprintf("; %d beyond the bound", over)
+	}
+	return c
+}
+
+// eventsCheck passes when every event settled within the settle timeout.
+// Every fleet's start is an event, so a run without events has no data.
+func eventsCheck(events []EventResult, timeout time.Duration) Check {
+	name := "every event settled within " + timeout.String()
+	if len(events) == 0 {
+		return noDataCheck(name, "no event was recorded, not even a fleet's start")
+	}
+	var unsettled []string
+	for _, ev := range events {
+		if ev.Error != "" {
+			unsettled = append(unsettled, ev.Name+": "+ev.Error)
+		}
+	}
+	return Check{Name: name, Passed: len(unsettled) == 0, Detail: fmt.Sprintf("%d events", len(events)) + strings.Join(append([]string{""}, unsettled...), "; ")}
+}
+
 // memoryCheck passes when no replica's peak resident memory reached the
 // memory limit it ran with: in a container with that limit (deploy/base's),
-// the kernel would have killed it.
+// the kernel would have killed it. A fleet with a limit but no resident
+// memory measured has no data, which fails it.
 func memoryCheck(fleets []*FleetResult) Check {
-	c := Check{Name: "peak resident memory below the memory limit", Passed: true}
+	const name = "peak resident memory below the memory limit"
 	var worst *FleetResult
+	var unmeasured []string
+	passed := true
 	for _, f := range fleets {
-		if f.MemoryLimit <= 0 {
+		switch {
+		case f.MemoryLimit <= 0:
+			continue
+		case f.RSSPeakMax <= 0:
+			unmeasured = append(unmeasured, f.Fleet)
 			continue
 		}
 		if worst == nil || f.RSSPeakMax/f.MemoryLimit > worst.RSSPeakMax/worst.MemoryLimit {
 			worst = f
 		}
-		c.Passed = c.Passed && f.RSSPeakMax < f.MemoryLimit
+		passed = passed && f.RSSPeakMax < f.MemoryLimit
 	}
-	if worst == nil {
-		c.Detail = "not applicable: no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
-		return c
+	if worst == nil && len(unmeasured) == 0 {
+		return notApplicableCheck(name, "no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)")
 	}
-	c.Detail = fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
-		perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit))
+	c := Check{Name: name, Passed: passed}
+	if len(unmeasured) > 0 {
+		c = noDataCheck(name, "no resident memory measured of "+strings.Join(unmeasured, ", "))
+	}
+	if worst != nil {
+		if c.Detail != "" {
+			c.Detail += "; "
+		}
+		c.Detail += fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
+			perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit))
+	}
 	return c
 }
 
