@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +58,73 @@ func TestChecksWithoutDataFail(t *testing.T) {
 	na := memoryCheck([]*FleetResult{{Fleet: "plain controller-runtime ×1", Plain: true}})
 	if !na.Passed || !na.NotApplicable || na.result() != "n/a" {
 		t.Errorf("no memory limit: %+v (%s), want n/a", na, na.result())
+	}
+}
+
+// TestEmptyResultsSayNoData: a fleet whose replicas were never scraped,
+// with no update measured, no config-center or load sample and no API
+// server reading at its end, computed as a run computes it, renders every
+// figure it has no data for as "no data": never a p99 of 0, a 0 ms, a 100 %
+// or a 0 B read as a measurement.
+func TestEmptyResultsSayNoData(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{objects: map[string]*objectState{}}}
+	f := &fleet{mode: ModeSharded, sizes: []int{2}, started: t0, stopped: t0.Add(time.Minute), loadFrom: t0.Add(10 * time.Second), loadTo: t0.Add(50 * time.Second),
+		apiStart: apiServerSample{At: t0}, startEvent: EventResult{Name: "start of sharded ×2"},
+		slots: []*slot{
+			{id: "kshard-0", instances: []*instance{{proc: &container{done: make(chan struct{})}}}},
+			{id: "kshard-1", instances: []*instance{{proc: &container{done: make(chan struct{})}}}},
+		}}
+	res := r.fleetResult(f)
+	base := *res
+	base.Fleet, base.Mode, base.Args = "sharding off ×1", ModeSingleton.Name, ModeSingleton.Args
+	empty := summarize(&histogram{})
+	rep := &Report{Scenario: "basic", Machine: Machine{LoadMean: -1, LoadMax: -1}, Updates: empty, Creates: empty, Labeled: empty,
+		Fleets: []*FleetResult{res, &base}}
+	md := renderMarkdown(rep)
+
+	for _, want := range []string{
+		"its 1-minute load average was no data (not sampled) during the run",
+		"| spec updates | 0 | no data | no data | no data | no data | no data | no data |",
+		"| creates | 0 | no data | no data | no data | no data | no data | no data |",
+		"| 25 ms | 0 | no data |",
+		"| machine load average in the phase, mean / peak (0 CPUs) | no data | no data |",
+		"| heap in use per replica, peak (largest) | no data | no data |",
+		"| largest peak heap ÷ sharded ×2's | no data | no data |",
+		"| RSS per replica, peak (largest) | no data | no data |",
+		"| peak resident memory ÷ memory limit (largest replica) | no data ÷ 512.0 MiB | no data ÷ 512.0 MiB |",
+		"| ConfigBindings held per replica, peak (largest) | no data | all (one cache of every object) |",
+		"| initial syncs of ConfigBindings: LISTs + watch-lists (API server) | no data | no data |",
+		"| informer caches the replicas started (kshard_caches_started_total): for acquisitions, of shards acquired | no data | — |",
+		"| ConfigBindings scanned for initial syncs ÷ singleton's | no data | no data |",
+		"| end-to-end p99 | no data | no data |",
+		"| updates Ready within 1 s / 5 s | no data | no data |",
+		"| updates offered per second | 0.0 | 0.0 |", // the load tester's own count: it sent none
+		"| throughput: generations Ready per second | no data | no data |",
+		"| reconciles per second | no data | no data |",
+		"| replicas' CPU in the phase, all replicas (cores) | no data | no data |",
+		"| reconcile p99 (controller-runtime histogram) | no data | no data |",
+		"| config-center key reads in the phase | no data | no data |",
+		"| … per spec update | no data | no data |",
+		"| external-cache hit ratio (fresh or stale) | no data (no lookups) | no data (no lookups) |",
+		"| Lease writes per second (API server) | no data | no data |",
+		"| controller API writes per spec update | no data | no data |",
+		"| sharded ×2 | kshard-0 | 1 | no data | no data | no data | no data | no data | no data | no data |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"p99 0", " 0 ms", "100.0 %", "0.0 %", "0 B", "| 0.00 |", "0.0 / 0.0"} {
+		if strings.Contains(md, bad) {
+			t.Errorf("the report says %q for a figure without data:\n%s", bad, md)
+		}
+	}
+	js, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"WithinSLO":-1`) {
+		t.Errorf("an empty latency summary's shares must be -1 in the JSON, not 1: %s", js)
 	}
 }

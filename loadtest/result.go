@@ -62,7 +62,8 @@ type Machine struct {
 	OS            string
 	KubeAPIServer string
 	// LoadMean and LoadMax are the 1-minute load average during the run
-	// (sampled): how busy the machine was, with everything else on it.
+	// (sampled): how busy the machine was, with everything else on it; -1
+	// without a sample (not Linux).
 	LoadMean, LoadMax float64
 	// Calibration is the API server's write ceiling measured before the
 	// first fleet; nil when turned off (--calibrate-for 0).
@@ -103,11 +104,14 @@ type Chart struct {
 }
 
 // LatencySummary summarises end-to-end latencies: from the write of a
-// generation to the watch showing status Ready at it.
+// generation to the watch showing status Ready at it. With Count 0 there is
+// no data: the percentiles are 0 and the shares -1, and the report says "no
+// data" for all of them.
 type LatencySummary struct {
 	Count              int
 	P50, P90, P99, Max time.Duration
-	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s.
+	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s; -1
+	// without samples.
 	WithinFast, WithinSLO float64
 	// Buckets count the samples per LatencyBuckets bound, the last above
 	// every bound.
@@ -115,10 +119,15 @@ type LatencySummary struct {
 }
 
 func summarize(h *histogram) LatencySummary {
-	return LatencySummary{
+	s := LatencySummary{
 		Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Max: h.Max(),
 		WithinFast: h.Within(SLOFast), WithinSLO: h.Within(SLO), Buckets: h.Buckets(),
 	}
+	if s.Count == 0 {
+		// The histogram's "nothing missed" is no share of anything.
+		s.WithinFast, s.WithinSLO = -1, -1
+	}
+	return s
 }
 
 // FleetResult is what one fleet did: its measured phase (load) and its whole
@@ -136,6 +145,10 @@ type FleetResult struct {
 	Lifetime  time.Duration
 	// Window is the measured phase.
 	Window time.Duration
+	// Samples counts the scrapes of the fleet's replicas over its life:
+	// without any, every figure from their metrics (memory, CPU,
+	// reconciles, objects held) has no data.
+	Samples int
 	// StartSettled is the fleet's start event's settle time: from its first
 	// process until every replica was ready, every object reconciled by the
 	// fleet (audit logs when sharded; the reconcile counters reaching the
@@ -188,7 +201,8 @@ type FleetResult struct {
 	MemoryLimit    float64
 	RSSPeakReplica string
 	// HeapEndMax and HeapEndMean are the same at the end of the measured
-	// phase: the steady state, without the warm-up's garbage.
+	// phase: the steady state, without the warm-up's garbage. Memory
+	// figures are 0 without a sample (a running process has some).
 	HeapEndMax, HeapEndMean float64
 	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
 	// summed), -1 with sharding off, which does not export it.
@@ -196,7 +210,10 @@ type FleetResult struct {
 	// The API server's own counts for ConfigBindings over the fleet's life
 	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
 	// subtracted), objects scanned for them, bytes sent, and the watches
-	// open at the end (the load tester's own one subtracted).
+	// open at the end (the load tester's own one subtracted). APICounted
+	// says the API server was read at both ends of the fleet's life; without
+	// it these, ScannedPerProcess and the write rates have no data.
+	APICounted                         bool
 	Syncs, Scanned, Bytes, OpenWatches float64
 	OwnSyncs                           int64
 	// CachesStarted are the informer caches the fleet's replicas report
@@ -227,7 +244,8 @@ type FleetResult struct {
 	ControllerWritesPerUpdate float64
 
 	// Config-center key reads by the replicas in the window and during the
-	// rest of the fleet's life (warm-up, settle); change-feed polls.
+	// rest of the fleet's life (warm-up, settle); change-feed polls. -1
+	// without config-center samples in the window or the life.
 	CenterGets, CenterGetsOutside, CenterPolls float64
 	// CacheHitRatio is (hit+stale)/lookups in the window; -1 without lookups.
 	CacheHitRatio float64
@@ -235,7 +253,7 @@ type FleetResult struct {
 	// an unchanged generation during the fleet's life.
 	ReadyFlaps int
 	// LoadMean and LoadMax are the machine's 1-minute load average in the
-	// window: how much else competed for the CPUs.
+	// window: how much else competed for the CPUs; -1 without a sample.
 	LoadMean, LoadMax float64
 	// Propagation is how fast config-center changes reached the
 	// ConfigMaps (with --value-change-interval).
@@ -263,10 +281,12 @@ type FleetResult struct {
 	PerReplica []ReplicaResult
 }
 
-// ReplicaResult is one replica identity over the fleet's life.
+// ReplicaResult is one replica identity over the fleet's life. Samples
+// counts its scrapes: without any, its figures have no data.
 type ReplicaResult struct {
 	Replica           string
 	Processes         int
+	Samples           int
 	HeapPeak, HeapEnd float64
 	RSSPeak, RSSEnd   float64
 	ShardsEnd         float64
@@ -318,6 +338,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		var slotHits, slotLookups float64
 		for _, in := range s.instances {
 			res.Processes++
+			rr.Samples += len(in.samples)
 			for _, x := range in.samples {
 				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
 				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
@@ -364,11 +385,18 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		if rr.HasShardMetrics {
 			res.HeldMax = math.Max(res.HeldMax, rr.HeldPeak)
 		}
-		heapPeaks = append(heapPeaks, rr.HeapPeak)
+		// A replica never scraped has no memory figure: a 0 in the mean
+		// would be one.
+		res.Samples += rr.Samples
+		if rr.Samples > 0 {
+			heapPeaks = append(heapPeaks, rr.HeapPeak)
+		}
 		if rr.HeapEnd > 0 {
 			heapEnds = append(heapEnds, rr.HeapEnd)
 		}
-		rssPeaks = append(rssPeaks, rr.RSSPeak)
+		if rr.RSSPeak > 0 {
+			rssPeaks = append(rssPeaks, rr.RSSPeak)
+		}
 		if rr.RSSPeak > res.RSSPeakMax {
 			res.RSSPeakMax, res.RSSPeakReplica = rr.RSSPeak, rr.Replica
 		}
@@ -402,16 +430,21 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
 	res.Propagation = f.propagation
 
-	api := f.apiEnd.minus(f.apiStart)
-	res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
-	res.Syncs = api.Syncs - float64(res.OwnSyncs)
-	res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
-	if res.Processes > 0 {
-		res.ScannedPerProcess = res.Scanned / float64(res.Processes)
-	}
-	if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
-		res.LeaseWritesPerSec = api.LeaseWrites / s
-		res.WritesPerSec = api.Writes / s
+	// A scrape that failed at either end leaves nothing to subtract from
+	// or to: its difference would be every count since the server started,
+	// or a negative one.
+	if res.APICounted = !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero(); res.APICounted {
+		api := f.apiEnd.minus(f.apiStart)
+		res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
+		res.Syncs = api.Syncs - float64(res.OwnSyncs)
+		res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
+		if res.Processes > 0 {
+			res.ScannedPerProcess = res.Scanned / float64(res.Processes)
+		}
+		if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
+			res.LeaseWritesPerSec = api.LeaseWrites / s
+			res.WritesPerSec = api.Writes / s
+		}
 	}
 	if f.loadWritesFrom.valid() && f.loadWritesTo.valid() {
 		h := f.loadWritesTo.api.StatusPatches.minus(f.loadWritesFrom.api.StatusPatches)
@@ -423,10 +456,15 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.WritesCounted, res.ControllerWrites, res.OwnWrites = counted, writes, own
 	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
 	res.ControllerWritesPerUpdate = perCause(writes, counted, res.SpecUpdates)
-	inWindow := r.centerDelta(from, to)
-	life := r.centerDelta(f.started, f.stopped)
-	res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
-	res.CenterGetsOutside = life.Gets - inWindow.Gets
+	res.CenterGets, res.CenterPolls, res.CenterGetsOutside = -1, -1, -1
+	inWindow, okWindow := r.centerDelta(from, to)
+	life, okLife := r.centerDelta(f.started, f.stopped)
+	if okWindow {
+		res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
+		if okLife {
+			res.CenterGetsOutside = life.Gets - inWindow.Gets
+		}
+	}
 	return res
 }
 
@@ -464,6 +502,7 @@ func (h cumulative) add(o cumulative) cumulative {
 	return h
 }
 
+// maxMean is the largest and the mean of v; 0 and 0 for none.
 func maxMean(v []float64) (mx, mean float64) {
 	if len(v) == 0 {
 		return 0, 0
@@ -476,7 +515,7 @@ func maxMean(v []float64) (mx, mean float64) {
 }
 
 // loadBetween is the mean and the largest 1-minute load average sampled
-// within [from, to].
+// within [from, to]; -1 and -1 without a sample.
 func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -489,15 +528,15 @@ func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
 		mean += l.Load
 		peak = math.Max(peak, l.Load)
 	}
-	if n > 0 {
-		mean /= float64(n)
+	if n == 0 {
+		return -1, -1
 	}
-	return mean, peak
+	return mean / float64(n), peak
 }
 
 // centerDelta is the config center's growth in [from, to], from the
-// samples nearest inside the interval.
-func (r *run) centerDelta(from, to time.Time) centerSample {
+// samples nearest inside the interval; false without a sample there.
+func (r *run) centerDelta(from, to time.Time) (centerSample, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var first, last *centerSample
@@ -512,9 +551,9 @@ func (r *run) centerDelta(from, to time.Time) centerSample {
 		last = s
 	}
 	if first == nil {
-		return centerSample{}
+		return centerSample{}, false
 	}
-	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}
+	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}, true
 }
 
 // offeredBetween is the update rate the generator aimed at in a window.
