@@ -18,7 +18,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 		"events":     eventsCheck(nil, 5*time.Minute),
 		"reconciles": (&AuditSummary{Processes: 3}).reconcileCheck(""),
 		"writes":     (*WriteEvidence)(nil).check(""),
-		"memory":     memoryCheck([]*FleetResult{{Fleet: "sharded ×3", MemoryLimit: 512 << 20}}),
+		"memory":     memoryCheck([]*FleetResult{{Fleet: "sharded ×3", MemoryLimit: 512 << 20}}, nil),
 	}
 	rep := &Report{Scenario: "basic"}
 	for name, c := range noData {
@@ -55,7 +55,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 		t.Errorf("one object not Ready: %+v, want a failure on data", c)
 	}
 
-	na := memoryCheck([]*FleetResult{{Fleet: "plain controller-runtime ×1", Plain: true}})
+	na := memoryCheck([]*FleetResult{{Fleet: "plain controller-runtime ×1", Plain: true}}, nil)
 	if !na.Passed || !na.NotApplicable || na.result() != "n/a" {
 		t.Errorf("no memory limit: %+v (%s), want n/a", na, na.result())
 	}

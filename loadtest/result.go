@@ -787,8 +787,14 @@ func (r *run) finish(runErr error) {
 	// 5. Every event settled.
 	rep.Checks = append(rep.Checks, eventsCheck(rep.Events, r.opts.SettleTimeout))
 
-	// 6. No replica's resident memory beyond its memory limit.
-	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets))
+	// 6. No replica's resident memory beyond its memory limit; on pods, no
+	// container restarted or OOM-killed.
+	var restarts *containerRestarts
+	if r.pods != nil {
+		n, rs := r.pods.restarts(r.begin)
+		restarts = &containerRestarts{pods: n, restarts: rs}
+	}
+	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets, restarts))
 
 	rep.Passed = runErr == nil
 	for _, c := range rep.Checks {
@@ -863,12 +869,26 @@ func eventsCheck(events []EventResult, timeout time.Duration) Check {
 	return Check{Name: name, Passed: len(unsettled) == 0, Detail: fmt.Sprintf("%d events", len(events)) + strings.Join(append([]string{""}, unsettled...), "; ")}
 }
 
+// containerRestarts is what the pod watch saw of the replicas' containers
+// on a StatefulSet's pods: how many pods, and which of their containers
+// restarted or were OOM-killed during the run.
+type containerRestarts struct {
+	pods     int
+	restarts []podRestart
+}
+
 // memoryCheck passes when no replica's peak resident memory reached the
 // memory limit it ran with: in a container with that limit (deploy/base's),
 // the kernel would have killed it. A fleet with a limit but no resident
-// memory measured has no data, which fails it.
-func memoryCheck(fleets []*FleetResult) Check {
-	const name = "peak resident memory below the memory limit"
+// memory measured has no data, which fails it. On pods (pods not nil) the
+// kernel's kill is seen as it happens: a container that restarted or was
+// OOM-killed fails it too, named, since between two scrapes a peak can
+// pass unseen and the restarted process reports only its own memory.
+func memoryCheck(fleets []*FleetResult, pods *containerRestarts) Check {
+	name := "peak resident memory below the memory limit"
+	if pods != nil {
+		name += ", no replica container restarted or OOM-killed"
+	}
 	var worst *FleetResult
 	var unmeasured []string
 	passed := true
@@ -885,20 +905,42 @@ func memoryCheck(fleets []*FleetResult) Check {
 		}
 		passed = passed && f.RSSPeakMax < f.MemoryLimit
 	}
-	if worst == nil && len(unmeasured) == 0 {
-		return notApplicableCheck(name, "no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)")
-	}
-	c := Check{Name: name, Passed: passed}
-	if len(unmeasured) > 0 {
+	noLimit := "no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
+	var c Check
+	switch {
+	case len(unmeasured) > 0:
 		c = noDataCheck(name, "no resident memory measured of "+strings.Join(unmeasured, ", "))
+	case worst == nil && pods == nil:
+		return notApplicableCheck(name, noLimit)
+	case worst == nil:
+		c = Check{Name: name, Passed: true, Detail: noLimit}
+	default:
+		c = Check{Name: name, Passed: passed}
+	}
+	var parts []string
+	if c.Detail != "" {
+		parts = append(parts, c.Detail)
 	}
 	if worst != nil {
-		if c.Detail != "" {
-			c.Detail += "; "
-		}
-		c.Detail += fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
-			perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit))
+		parts = append(parts, fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
+			perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit)))
 	}
+	switch {
+	case pods == nil:
+	case len(pods.restarts) > 0:
+		c.Passed = false
+		var rs []string
+		for _, r := range pods.restarts {
+			rs = append(rs, r.String())
+		}
+		parts = append(parts, "RESTARTED: "+strings.Join(rs, "; "))
+	case pods.pods == 0:
+		c.Passed, c.NoData = false, true
+		parts = append(parts, "no data: the pod watch saw no replica pod, so no restart or OOM kill was checked")
+	default:
+		parts = append(parts, fmt.Sprintf("no container of the %d replica pods seen restarted or was OOM-killed", pods.pods))
+	}
+	c.Detail = strings.Join(parts, "; ")
 	return c
 }
 
