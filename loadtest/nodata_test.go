@@ -128,3 +128,67 @@ func TestEmptyResultsSayNoData(t *testing.T) {
 		t.Errorf("an empty latency summary's shares must be -1 in the JSON, not 1: %s", js)
 	}
 }
+
+// TestMissingFamiliesAreNoData: a metric family no scrape had is told from
+// one at 0 — -1 in a sample, no figure in the fleet's result, "no data" in
+// the report — so neither the report nor a test comparing the counts reads
+// 0 for a metric the replicas never exported; and an API server scrape
+// without apiserver_request_total is an error rather than 0 writes.
+func TestMissingFamiliesAreNoData(t *testing.T) {
+	parse := func(text string) families {
+		t.Helper()
+		f, err := parseFamilies(strings.NewReader(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	const process = "# TYPE go_memstats_heap_inuse_bytes gauge\ngo_memstats_heap_inuse_bytes 1e+07\n" +
+		"# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 3e+07\n"
+	const kshard = "# TYPE kshard_shards_owned gauge\nkshard_shards_owned{ring=\"r\"} 0\n" +
+		"# TYPE kshard_unlabeled_objects gauge\nkshard_unlabeled_objects{ring=\"r\"} 0\n" +
+		"# TYPE kshard_shard_objects gauge\nkshard_shard_objects{ring=\"r\",shard=\"3\"} 0\n" +
+		"# TYPE kshard_caches_started_total counter\nkshard_caches_started_total{ring=\"r\",reason=\"acquisition\"} 0\n" +
+		"# TYPE kshard_shard_handovers_total counter\nkshard_shard_handovers_total{ring=\"r\",direction=\"acquire\",reason=\"x\"} 0\n"
+
+	missing := replicaSampleOf(parse(process), "")
+	if missing.Objects != -1 || missing.Shards != -1 || missing.Unlabeled != -1 || missing.Acquired != -1 || missing.Caches != nil {
+		t.Errorf("kshard families missing: %+v, want -1 and nil", missing)
+	}
+	zero := replicaSampleOf(parse(process+kshard), "")
+	if zero.Objects != 0 || zero.Shards != 0 || zero.Unlabeled != 0 || zero.Acquired != 0 || zero.Caches == nil {
+		t.Errorf("kshard families at 0: %+v, want 0 and a map", zero)
+	}
+
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	result := func(s replicaSample) *FleetResult {
+		s.At = t0.Add(30 * time.Second)
+		r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{objects: map[string]*objectState{}}}
+		return r.fleetResult(&fleet{mode: ModeSharded, sizes: []int{1}, started: t0, stopped: t0.Add(time.Minute),
+			slots: []*slot{{id: "kshard-0", instances: []*instance{{proc: &container{done: make(chan struct{})}, samples: []replicaSample{s}}}}}})
+	}
+	res := result(missing)
+	if res.HeldMax != -1 || res.CachesStarted != -1 || res.AcquisitionCaches != -1 || res.Acquisitions != -1 || res.UnlabeledPeak != -1 {
+		t.Errorf("a fleet whose scrapes lacked them: held %v, caches %v (%v for acquisitions, of %v), unlabeled %v; want -1 each",
+			res.HeldMax, res.CachesStarted, res.AcquisitionCaches, res.Acquisitions, res.UnlabeledPeak)
+	}
+	md := renderMarkdown(&Report{Scenario: "basic", Fleets: []*FleetResult{res}})
+	for _, want := range []string{
+		"| ConfigBindings held per replica, peak (largest) | no data |",
+		"| informer caches the replicas started (kshard_caches_started_total): for acquisitions, of shards acquired | no data |",
+		"| objects waiting for a label, peak | no data (not sampled) |",
+		"| sharded ×1 | kshard-0 | 1 | 9.5 MiB | 9.5 MiB | 28.6 MiB | no data | no data | 0 | no data |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if res := result(zero); res.HeldMax != 0 || res.CachesStarted != 0 || res.Acquisitions != 0 || res.UnlabeledPeak != 0 {
+		t.Errorf("a fleet whose scrapes had them at 0: held %v, caches %v, acquisitions %v, unlabeled %v; want 0 each",
+			res.HeldMax, res.CachesStarted, res.Acquisitions, res.UnlabeledPeak)
+	}
+
+	if _, err := apiSampleOf(parse(process)); err == nil || !strings.Contains(err.Error(), metricAPIRequests) {
+		t.Errorf("an API server scrape without %s: %v, want an error naming it", metricAPIRequests, err)
+	}
+}

@@ -617,7 +617,10 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		for _, rr := range f.PerReplica {
 			held, shards := "all", "-"
 			if rr.HasShardMetrics {
-				held, shards = fmt.Sprintf("%.0f", rr.HeldPeak), fmt.Sprintf("%.0f", rr.ShardsEnd)
+				held, shards = fmt.Sprintf("%.0f", rr.HeldPeak), countText(rr.ShardsEnd)
+				if f.HeldMax < 0 {
+					held = noData // no scrape of the fleet had the family
+				}
 			}
 			reconciles := fmt.Sprintf("%.0f", rr.Reconciles)
 			if rr.Samples == 0 {

@@ -205,7 +205,8 @@ type FleetResult struct {
 	// figures are 0 without a sample (a running process has some).
 	HeapEndMax, HeapEndMean float64
 	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
-	// summed), -1 with sharding off, which does not export it.
+	// summed), -1 with sharding off, which does not export it, and when no
+	// scrape of the fleet had it.
 	HeldMax float64
 	// The API server's own counts for ConfigBindings over the fleet's life
 	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
@@ -218,7 +219,8 @@ type FleetResult struct {
 	OwnSyncs                           int64
 	// CachesStarted are the informer caches the fleet's replicas report
 	// having started over its life (kshard_caches_started_total, every
-	// reason; -1 with sharding off, which does not export it), each one
+	// reason; -1 with sharding off, which does not export it, and when no
+	// replica's last scrape had it, as Acquisitions), each one
 	// initial sync of ConfigBindings: Syncs beyond it are syncs nobody
 	// accounts for. AcquisitionCaches are those started for shards
 	// acquired together, of Acquisitions shard Leases acquired: a cache
@@ -324,6 +326,10 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 
 	var hits, lookups float64
 	var reconcile, queueWait cumulative
+	// Whether any scrape of the fleet had the families of objects held,
+	// caches started and shards acquired: a sharded fleet that never
+	// exported one has no such figure, rather than 0.
+	var heldSeen, cachesSeen, acquiredSeen bool
 	var heapPeaks, rssPeaks, heapEnds []float64
 	for _, s := range f.slots {
 		if len(s.instances) == 0 {
@@ -343,6 +349,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
 				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
 				rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
+				heldSeen = heldSeen || x.Objects >= 0
 				if f.mode.Sharded() {
 					res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
 				}
@@ -352,16 +359,23 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				last := in.samples[n-1]
 				rr.Reconciles += last.Reconciles
 				rr.ExternalCalls += last.ExternalCalls
-				for _, v := range last.Caches {
-					res.CachesStarted += v
+				if last.Caches != nil {
+					cachesSeen = true
+					for _, v := range last.Caches {
+						res.CachesStarted += v
+					}
+					res.AcquisitionCaches += last.Caches["acquisition"]
 				}
-				res.AcquisitionCaches += last.Caches["acquisition"]
-				res.Acquisitions += last.Acquired
+				if last.Acquired >= 0 {
+					acquiredSeen = true
+					res.Acquisitions += last.Acquired
+				}
 			}
 			// "End" is the end of the measured phase: once the fleet is
-			// told to stop, leaving replicas hand their shards over.
+			// told to stop, leaving replicas hand their shards over. A
+			// replica holding no shard exports no series of objects.
 			if end, ok := in.at(to); ok && in.proc.startTime().Before(to) {
-				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, end.Objects
+				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
 			}
 			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
 			res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
@@ -403,8 +417,14 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.PerReplica = append(res.PerReplica, rr)
 		res.Replicas++
 	}
-	if !f.mode.Sharded() {
-		res.CachesStarted, res.AcquisitionCaches, res.Acquisitions = -1, -1, -1
+	if !f.mode.Sharded() || !cachesSeen {
+		res.CachesStarted, res.AcquisitionCaches = -1, -1
+	}
+	if !f.mode.Sharded() || !acquiredSeen {
+		res.Acquisitions = -1
+	}
+	if !heldSeen {
+		res.HeldMax = -1
 	}
 	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
 	_, res.RSSPeakMean = maxMean(rssPeaks)

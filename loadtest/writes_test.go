@@ -15,7 +15,10 @@ func apiScrape(t *testing.T, at time.Time, text string) apiServerSample {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := apiSampleOf(f)
+	s, err := apiSampleOf(f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.At = at
 	return s
 }
