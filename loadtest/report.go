@@ -519,16 +519,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		return formatBytes(f.Bytes)
 	})
 	row("ConfigBinding watches open at the end (API server)", api("%.0f", func(f *FleetResult) float64 { return f.OpenWatches }))
-	u := func(f *FleetResult) LatencySummary { return f.Updates }
-	row("end-to-end p50", func(f *FleetResult) string { return u(f).dur(u(f).P50) })
-	row("end-to-end p90", func(f *FleetResult) string { return u(f).dur(u(f).P90) })
-	row("end-to-end p99", func(f *FleetResult) string { return u(f).dur(u(f).P99) })
-	row("end-to-end max", func(f *FleetResult) string { return u(f).dur(u(f).Max) })
+	row("end-to-end p50", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P50) })
+	row("end-to-end p90", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P90) })
+	row("end-to-end p99", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P99) })
+	row("end-to-end max", func(f *FleetResult) string { return f.Updates.dur(f.Updates.Max) })
 	row("updates Ready within 1 s / 5 s", func(f *FleetResult) string {
-		if u(f).Count == 0 {
+		if f.Updates.Count == 0 {
 			return noData
 		}
-		return pct(u(f).WithinFast) + " / " + pct(u(f).WithinSLO)
+		return pct(f.Updates.WithinFast) + " / " + pct(f.Updates.WithinSLO)
 	})
 	// Rates over the measured phase; from the replicas' scrapes, those
 	// need some.
@@ -543,7 +542,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	row("updates offered per second", rate("%.1f", false, func(f *FleetResult) float64 { return f.Offered }))
 	row("throughput: generations Ready per second", func(f *FleetResult) string {
 		// None Ready of none offered is no rate; of some, it is 0.
-		if u(f).Count == 0 && f.SpecUpdates == 0 {
+		if f.Updates.Count == 0 && f.SpecUpdates == 0 {
 			return noData
 		}
 		return rate("%.1f", false, func(f *FleetResult) float64 { return f.Throughput })(f)

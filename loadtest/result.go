@@ -201,8 +201,8 @@ type FleetResult struct {
 	MemoryLimit    float64
 	RSSPeakReplica string
 	// HeapEndMax and HeapEndMean are the same at the end of the measured
-	// phase: the steady state, without the warm-up's garbage. Memory
-	// figures are 0 without a sample (a running process has some).
+	// phase: the steady state, without the warm-up's garbage. Every memory
+	// figure is 0 without a sample, which a running process never shows.
 	HeapEndMax, HeapEndMean float64
 	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
 	// summed), -1 with sharding off, which does not export it, and when no
