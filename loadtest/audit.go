@@ -207,8 +207,12 @@ func auditSummary(d *audit.Log, processes int, overlaps []audit.Overlap, pauses 
 }
 
 // reconcileCheck passes when every overlap of reconciles is explained by a
-// pause; those are reported, not failed.
+// pause; those are reported, not failed. Without a record there is no data:
+// a sharded fleet reconciles every object at least once.
 func (a *AuditSummary) reconcileCheck(notAudited string) Check {
+	if a.Records == 0 {
+		return noDataCheck(checkReconciles, fmt.Sprintf("the audit logs of %d replica processes hold no record, so no reconcile was checked%s", a.Processes, notAudited))
+	}
 	c := Check{Name: checkReconciles, Passed: a.ReconcileOverlaps == 0,
 		Detail: fmt.Sprintf("%d audit records of %d objects from %d replica processes; %d overlapping reconciles with no pause between them; %d across a pause (not a failure: a paused replica's reconcile spans its pause and its successor's reconciles, and may not write)",
 			a.Records, a.Objects, a.Processes, a.ReconcileOverlaps, a.OverlapsAcrossPause)}
@@ -383,19 +387,19 @@ func delayEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d dela
 // write was inside its writer's tenure. A log that was not read, or shows
 // nothing to check, is "no data": a check that saw nothing proves nothing.
 func (w *WriteEvidence) check(notChecked string) Check {
-	c := Check{Name: checkWrites}
+	var c Check
 	switch {
 	case w == nil || w.Log == "":
-		c.Detail = "no data: the run read no API server audit log (a cluster of --kubeconfig needs --apiserver-audit-log), so no write was checked"
+		c = noDataCheck(checkWrites, "the run read no API server audit log (a cluster of --kubeconfig needs --apiserver-audit-log), so no write was checked")
 	case w.Error != "":
-		c.Detail = "no data: " + w.Error
+		c = noDataCheck(checkWrites, w.Error)
 	case w.Writes() == 0 || w.LeaseWrites == 0:
-		c.Detail = fmt.Sprintf("no data: the API server's audit log (%d events) shows %d committed replica writes to shard resources and %d shard Lease writes, so the check would prove nothing",
-			w.Events, w.Writes(), w.LeaseWrites)
+		c = noDataCheck(checkWrites, fmt.Sprintf("the API server's audit log (%d events) shows %d committed replica writes to shard resources and %d shard Lease writes, so the check would prove nothing",
+			w.Events, w.Writes(), w.LeaseWrites))
 	default:
-		c.Passed = w.Stray == 0 && w.Unattributed == 0
-		c.Detail = fmt.Sprintf("the API server's audit log (%d events): %d committed replica writes to shard resources (%s) checked against %d commits of the shard Leases: %d outside the writer's tenure, %d unattributed; %s",
-			w.Events, w.Writes(), committedText(w.Committed), w.LeaseWrites, w.Stray, w.Unattributed, w.refusedText())
+		c = Check{Name: checkWrites, Passed: w.Stray == 0 && w.Unattributed == 0,
+			Detail: fmt.Sprintf("the API server's audit log (%d events): %d committed replica writes to shard resources (%s) checked against %d commits of the shard Leases: %d outside the writer's tenure, %d unattributed; %s",
+				w.Events, w.Writes(), committedText(w.Committed), w.LeaseWrites, w.Stray, w.Unattributed, w.refusedText())}
 		for _, x := range w.Examples {
 			c.Detail += "; " + x
 		}

@@ -289,7 +289,7 @@ func TestPeakRSSAndMemoryCheck(t *testing.T) {
 		{Fleet: "sharded ×1", MemoryLimit: 512 << 20, RSSPeakMax: 300 << 20, RSSPeakReplica: "kshard-0"},
 		{Fleet: "plain controller-runtime ×1", Plain: true, RSSPeakMax: 900 << 20},
 	}
-	c := memoryCheck(fleets)
+	c := memoryCheck(fleets, nil)
 	if !c.Passed || c.Detail != "largest: kshard-0 of sharded ×1, 300.0 MiB (0.59) of its 512.0 MiB limit" {
 		t.Errorf("memory check %+v", c)
 	}
@@ -300,10 +300,10 @@ func TestPeakRSSAndMemoryCheck(t *testing.T) {
 		t.Errorf("plain row %q", got)
 	}
 	fleets[0].RSSPeakMax = 512 << 20
-	if c := memoryCheck(fleets); c.Passed {
+	if c := memoryCheck(fleets, nil); c.Passed {
 		t.Errorf("at the limit: %+v, want a failure", c)
 	}
-	if c := memoryCheck(fleets[1:]); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
+	if c := memoryCheck(fleets[1:], nil); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
 		t.Errorf("no limit: %+v", c)
 	}
 }

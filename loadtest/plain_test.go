@@ -90,14 +90,14 @@ func TestRenderPlainFleet(t *testing.T) {
 	rep := &Report{
 		Scenario: "compare-sharding",
 		Fleets: []*FleetResult{
-			{Fleet: "plain controller-runtime ×1", Mode: ModePlain.Name, Plain: true, Scanned: 10000, Syncs: 1, HeldMax: -1,
+			{Fleet: "plain controller-runtime ×1", Mode: ModePlain.Name, Plain: true, APICounted: true, Scanned: 10000, Syncs: 1, HeldMax: -1,
 				CacheHitRatio: -1, ReconcileP99: -1, ControllerWritesPerUpdate: 2, WritesCounted: true,
 				StartObjects: 4000, StartSettled: 40 * time.Second, StartWritesCounted: true, StartWrites: 8000,
-				PerReplica: []ReplicaResult{{Replica: "kshard-0", Processes: 1, CacheHitRatio: -1}}},
-			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, Scanned: 5000, Syncs: 1, HeldMax: -1,
+				PerReplica: []ReplicaResult{{Replica: "kshard-0", Processes: 1, Samples: 60, HeapPeak: 10 << 20, HeapEnd: 8 << 20, RSSPeak: 30 << 20, Reconciles: 4000, CacheHitRatio: -1}}},
+			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, APICounted: true, Scanned: 5000, Syncs: 1, HeldMax: -1,
 				CacheHitRatio: 0.9, ReconcileP99: -1, ControllerWritesPerUpdate: -1,
 				StartObjects: 4000, StartSettled: 10 * time.Second, StartWritesCounted: true, StartWrites: 0},
-			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, Scanned: 640000, Syncs: 128, HeldMax: 2000,
+			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, APICounted: true, Samples: 120, Scanned: 640000, Syncs: 128, HeldMax: 2000,
 				CacheHitRatio: 0.9, ReconcileP99: -1, ControllerWritesPerUpdate: -1,
 				StartObjects: 4000, StartSettled: 20 * time.Second, StartError: "did not settle"},
 		},
@@ -118,7 +118,7 @@ func TestRenderPlainFleet(t *testing.T) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
-	if strings.Contains(md, "| plain controller-runtime ×1 | kshard-0 | 1 | 0 B | 0 B | 0 B | - | all | 0 | n/a |") == false {
+	if strings.Contains(md, "| plain controller-runtime ×1 | kshard-0 | 1 | 10.0 MiB | 8.0 MiB | 30.0 MiB | - | all | 4000 | n/a |") == false {
 		t.Error("the plain replica's row must say - and all for shard metrics, n/a for the cache")
 	}
 

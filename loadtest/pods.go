@@ -81,6 +81,19 @@ type podTarget struct {
 	all []*container
 	// changed is closed and replaced whenever a container starts or ends.
 	changed chan struct{}
+	// seen is the kshard container's status in every pod the watch showed,
+	// by pod UID, as first and as last seen: the memory check reads its
+	// restarts and OOM kills from them. Each fleet ends scaled to 0, so by
+	// the end of the run the last sight of a pod is its deletion, which
+	// carries its final status.
+	seen map[types.UID]*podSeen
+}
+
+// podSeen is one pod's kshard container as the watch first and last
+// showed it.
+type podSeen struct {
+	pod         string
+	first, last corev1.ContainerStatus
 }
 
 // container is one kshard container of a pod: one process of the replica.
@@ -194,7 +207,7 @@ func newPodTarget(ctx context.Context, cs kubernetes.Interface, ref, logDir stri
 		return nil, fmt.Errorf("reading StatefulSet %s: %w", ref, err)
 	}
 	t := &podTarget{namespace: ns, name: name, cs: cs, logDir: logDir, restoreReplicas: ptr.Deref(sts.Spec.Replicas, 1),
-		byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, changed: make(chan struct{})}
+		byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, changed: make(chan struct{}), seen: map[types.UID]*podSeen{}}
 	if err := t.readTemplate(sts, o); err != nil {
 		return nil, fmt.Errorf("StatefulSet %s: %w", ref, err)
 	}
@@ -346,6 +359,16 @@ func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name != t.container {
+			continue
+		}
+		if ps := t.seen[p.UID]; ps != nil {
+			ps.last = cs
+		} else {
+			t.seen[p.UID] = &podSeen{pod: p.Name, first: cs, last: cs}
+		}
+	}
 	cur := t.byPod[p.UID]
 	if cur != nil && (deleted || running == nil || running.ContainerID != cur.id) {
 		cur.seenGone(now)
@@ -373,6 +396,63 @@ func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
 	}
 	go t.follow(ctx, c)
 	t.notifyLocked()
+}
+
+// podRestart is a replica container that restarted, or was OOM-killed,
+// during the run.
+type podRestart struct {
+	Pod string
+	// Restarts counts the restarts since the run first saw the pod.
+	Restarts int32
+	// Reason is the last termination's: OOMKilled, Error, with its exit
+	// code.
+	Reason string
+}
+
+func (p podRestart) String() string {
+	noun := "restarts"
+	if p.Restarts == 1 {
+		noun = "restart"
+	}
+	return fmt.Sprintf("pod %s: %d container %s (last termination: %s)", p.Pod, p.Restarts, noun, p.Reason)
+}
+
+// oomKilled is the reason the kubelet gives a container the kernel killed
+// for exceeding its memory limit.
+const oomKilled = "OOMKilled"
+
+// restartOf decides from a pod's kshard container status, as the run first
+// and last saw it, whether the container restarted or was OOM-killed since
+// the run began (since): its restart count grew, or its current or last
+// termination is an OOM kill that ended after since. An earlier OOM kill,
+// from before the run, is not the run's.
+func restartOf(pod string, first, last corev1.ContainerStatus, since time.Time) (podRestart, bool) {
+	r := podRestart{Pod: pod, Restarts: max(last.RestartCount-first.RestartCount, 0), Reason: "none seen"}
+	oom := false
+	for _, term := range []*corev1.ContainerStateTerminated{last.LastTerminationState.Terminated, last.State.Terminated} {
+		if term == nil {
+			continue
+		}
+		r.Reason = fmt.Sprintf("%s, exit code %d", term.Reason, term.ExitCode)
+		if term.Reason == oomKilled && !term.FinishedAt.Time.Before(since) {
+			oom = true
+		}
+	}
+	return r, r.Restarts > 0 || oom
+}
+
+// restarts lists the containers that restarted or were OOM-killed since
+// the run began, and counts the pods seen.
+func (t *podTarget) restarts(since time.Time) (pods int, out []podRestart) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, ps := range t.seen {
+		if r, ok := restartOf(ps.pod, ps.first, ps.last, since); ok {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b podRestart) int { return strings.Compare(a.Pod, b.Pod) })
+	return len(t.seen), out
 }
 
 // shortID is a container ID without its runtime prefix, cut to 12.

@@ -1,12 +1,16 @@
 package loadtest
 
 import (
+	"context"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -163,5 +167,89 @@ func TestPodTargetChaosInterval(t *testing.T) {
 	o = Options{Scenario: "chaos", ChaosInterval: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
 	if err := o.setDefaults(scenarios["chaos"]); err == nil {
 		t.Error("chaos on processes every 20s, below its 25s pause: accepted")
+	}
+}
+
+// TestRestartFailsTheMemoryCheck: on pods, a replica container whose
+// restart count grew during the run, or that the kernel OOM-killed during
+// it, fails the memory check, which names the pod, its restarts and the
+// reason; a deletion's termination and an OOM kill from before the run do
+// not.
+func TestRestartFailsTheMemoryCheck(t *testing.T) {
+	begin := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	terminated := func(reason string, code int32, at time.Time) *corev1.ContainerStateTerminated {
+		return &corev1.ContainerStateTerminated{Reason: reason, ExitCode: code, FinishedAt: metav1.NewTime(at)}
+	}
+	running := corev1.ContainerStatus{Name: "kshard", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}
+	oomBefore := running
+	oomBefore.RestartCount = 1
+	oomBefore.LastTerminationState.Terminated = terminated(oomKilled, 137, begin.Add(-time.Hour))
+	restartedOOM := oomBefore
+	restartedOOM.RestartCount = 2
+	restartedOOM.LastTerminationState.Terminated = terminated(oomKilled, 137, begin.Add(time.Minute))
+	crashed := running
+	crashed.RestartCount = 1
+	crashed.LastTerminationState.Terminated = terminated("Error", 2, begin.Add(time.Minute))
+	killedNow := running // OOM-killed, its pod deleted before the restart
+	killedNow.State = corev1.ContainerState{Terminated: terminated(oomKilled, 137, begin.Add(time.Minute))}
+	deleted := running // a graceful deletion's SIGTERM
+	deleted.State = corev1.ContainerState{Terminated: terminated("Error", 143, begin.Add(time.Minute))}
+
+	for _, c := range []struct {
+		name        string
+		first, last corev1.ContainerStatus
+		want        bool
+		restarts    int32
+		reason      string
+	}{
+		{"running throughout", running, running, false, 0, ""},
+		{"an OOM kill from before the run", oomBefore, oomBefore, false, 0, ""},
+		{"OOM-killed and restarted", oomBefore, restartedOOM, true, 1, "OOMKilled, exit code 137"},
+		{"crashed and restarted", running, crashed, true, 1, "Error, exit code 2"},
+		{"OOM-killed, not restarted yet", running, killedNow, true, 0, "OOMKilled, exit code 137"},
+		{"deleted", running, deleted, false, 0, ""},
+	} {
+		r, got := restartOf("kshard-1", c.first, c.last, begin)
+		if got != c.want || (got && (r.Restarts != c.restarts || r.Reason != c.reason || r.Pod != "kshard-1")) {
+			t.Errorf("%s: %+v, %v; want %v with %d restarts, %q", c.name, r, got, c.want, c.restarts, c.reason)
+		}
+	}
+
+	fleets := []*FleetResult{{Fleet: "sharded ×3", MemoryLimit: 512 << 20, RSSPeakMax: 100 << 20, RSSPeakReplica: "kshard-0"}}
+	r, _ := restartOf("kshard-1", oomBefore, restartedOOM, begin)
+	c := memoryCheck(fleets, &containerRestarts{pods: 3, restarts: []podRestart{r}})
+	if c.Passed || !strings.Contains(c.Detail, "pod kshard-1: 1 container restart (last termination: OOMKilled, exit code 137)") {
+		t.Errorf("a restart: %+v, want a failure naming the pod, its restarts and the reason", c)
+	}
+	if c := memoryCheck(fleets, &containerRestarts{pods: 3}); !c.Passed || !strings.Contains(c.Detail, "no container of the 3 replica pods seen restarted") {
+		t.Errorf("no restart: %+v, want a pass saying what was checked", c)
+	}
+	if c := memoryCheck(fleets, &containerRestarts{}); c.Passed || !c.NoData {
+		t.Errorf("no pod seen: %+v, want no data", c)
+	}
+	// Without a memory limit the restarts are still checked.
+	if c := memoryCheck(nil, &containerRestarts{pods: 3, restarts: []podRestart{r}}); c.Passed || c.NotApplicable {
+		t.Errorf("a restart without a memory limit: %+v, want a failure", c)
+	}
+}
+
+// TestPodWatchKeepsFirstAndLastStatus: the pod watch keeps each pod's
+// kshard container status as first and as last seen, by pod UID, so a
+// pod's restarts count from the run's first sight of it and a recreated
+// pod of the same name counts on its own.
+func TestPodWatchKeepsFirstAndLastStatus(t *testing.T) {
+	tgt := &podTarget{container: "kshard", byPod: map[types.UID]*container{}, byHolder: map[string]*container{}, changed: make(chan struct{}), seen: map[types.UID]*podSeen{}}
+	pod := func(uid types.UID, restarts int32) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "kshard-0", UID: uid},
+			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "other", RestartCount: 9}, {Name: "kshard", RestartCount: restarts}}}}
+	}
+	ctx := context.Background()
+	tgt.pod(ctx, pod("a", 2), false) // restarted before the run
+	tgt.pod(ctx, pod("a", 3), false)
+	tgt.pod(ctx, pod("a", 3), true)
+	tgt.pod(ctx, pod("b", 0), false) // its successor
+	n, rs := tgt.restarts(time.Now())
+	if n != 2 || len(rs) != 1 || rs[0].Pod != "kshard-0" || rs[0].Restarts != 1 {
+		t.Errorf("%d pods, restarts %+v; want 2 pods, kshard-0 restarted once", n, rs)
 	}
 }

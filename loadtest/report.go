@@ -275,21 +275,21 @@ func renderMarkdown(rep *Report) string {
 	if m.Pods != "" {
 		where = fmt.Sprintf("kube-apiserver %s of the --kubeconfig cluster, the replicas %s", orUnknown(m.KubeAPIServer), m.Pods)
 	}
+	load := "no data (not sampled)"
+	if m.LoadMax >= 0 {
+		load = fmt.Sprintf("%.1f on average and %.1f at most", m.LoadMean, m.LoadMax)
+	}
 	p("Machine: %d CPUs (%s), %s, %s; %s. "+
-		"Run on %s, wall time %s. The machine is shared: its 1-minute load average was %.1f on average and %.1f at most during the run "+
+		"Run on %s, %s, wall time %s. The machine is shared: its 1-minute load average was %s during the run "+
 		"(the load tester, the control plane, the replicas and whatever else ran), so compare numbers within a report, not across machines.\n\n",
-		m.CPUs, m.CPUModel, m.GoVersion, m.OS, where, rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Wall.Round(time.Second), m.LoadMean, m.LoadMax)
+		m.CPUs, m.CPUModel, m.GoVersion, m.OS, where, rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Source, rep.Wall.Round(time.Second), load)
 	p("| setting | value |\n| --- | --- |\n")
 	for _, s := range rep.Settings {
 		p("| %s | %s |\n", s[0], mdEscape(s[1]))
 	}
 	p("\n## Checks\n\n| check | result | detail |\n| --- | --- | --- |\n")
 	for _, c := range rep.Checks {
-		res := "pass"
-		if !c.Passed {
-			res = "**FAIL**"
-		}
-		p("| %s | %s | %s |\n", mdEscape(c.Name), res, mdEscape(c.Detail))
+		p("| %s | %s | %s |\n", mdEscape(c.Name), c.result(), mdEscape(c.Detail))
 	}
 	if len(rep.Findings) > 0 {
 		p("\n## Findings\n\n")
@@ -340,7 +340,7 @@ func renderMarkdown(rep *Report) string {
 		s    LatencySummary
 	}{{"spec updates", rep.Updates}, {"creates", rep.Creates}, {"… of which until the shard label shows", rep.Labeled}} {
 		s := row.s
-		p("| %s | %d | %s | %s | %s | %s | %s | %s |\n", row.name, s.Count, fmtDur(s.P50), fmtDur(s.P90), fmtDur(s.P99), fmtDur(s.Max), pct(s.WithinFast), pct(s.WithinSLO))
+		p("| %s | %d | %s | %s | %s | %s | %s | %s |\n", row.name, s.Count, s.dur(s.P50), s.dur(s.P90), s.dur(s.P99), s.dur(s.Max), s.share(s.WithinFast), s.share(s.WithinSLO))
 	}
 	p("\nDistribution of spec updates:\n\n| at most | updates | cumulative |\n| ---: | ---: | ---: |\n")
 	cum := 0
@@ -350,11 +350,11 @@ func renderMarkdown(rep *Report) string {
 		if i < len(LatencyBuckets) {
 			bound = fmtDur(LatencyBuckets[i])
 		}
-		share := 1.0
+		share := noData
 		if rep.Updates.Count > 0 {
-			share = float64(cum) / float64(rep.Updates.Count)
+			share = pct(float64(cum) / float64(rep.Updates.Count))
 		}
-		p("| %s | %d | %s |\n", bound, c, pct(share))
+		p("| %s | %d | %s |\n", bound, c, share)
 	}
 	if len(rep.Charts) > 0 {
 		p("\n## Charts\n\nDashed lines mark the run's events.\n\n")
@@ -375,6 +375,20 @@ func renderMarkdown(rep *Report) string {
 	}
 	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
 	return b.String()
+}
+
+// result is a check's result cell: a check without data fails as such,
+// and one that did not apply is not a pass.
+func (c Check) result() string {
+	switch {
+	case c.NoData:
+		return "**FAIL** (no data)"
+	case !c.Passed:
+		return "**FAIL**"
+	case c.NotApplicable:
+		return "n/a"
+	}
+	return "pass"
 }
 
 // renderFleets writes the fleets side by side: one column per fleet.
@@ -413,18 +427,21 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	row("replica processes (restarts included)", func(f *FleetResult) string { return fmt.Sprint(f.Processes) })
 	row("measured phase", func(f *FleetResult) string { return fmtDur(f.Window) })
 	row(fmt.Sprintf("machine load average in the phase, mean / peak (%d CPUs)", rep.Machine.CPUs), func(f *FleetResult) string {
+		if f.LoadMax < 0 {
+			return noData
+		}
 		return fmt.Sprintf("%.1f / %.1f", f.LoadMean, f.LoadMax)
 	})
-	row("heap in use per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.HeapPeakMax) })
-	row("heap in use per replica, peak (mean)", func(f *FleetResult) string { return formatBytes(f.HeapPeakMean) })
+	row("heap in use per replica, peak (largest)", func(f *FleetResult) string { return memoryText(f.HeapPeakMax) })
+	row("heap in use per replica, peak (mean)", func(f *FleetResult) string { return memoryText(f.HeapPeakMean) })
 	if len(fl) > 1 {
-		row(fmt.Sprintf("largest peak heap ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapPeakMax, base.HeapPeakMax) })
+		row(fmt.Sprintf("largest peak heap ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return memoryRatio(f.HeapPeakMax, base.HeapPeakMax) })
 	}
-	row("heap in use per replica at the end of the load (largest)", func(f *FleetResult) string { return formatBytes(f.HeapEndMax) })
+	row("heap in use per replica at the end of the load (largest)", func(f *FleetResult) string { return memoryText(f.HeapEndMax) })
 	if len(fl) > 1 {
-		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return ratio(f.HeapEndMax, base.HeapEndMax) })
+		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return memoryRatio(f.HeapEndMax, base.HeapEndMax) })
 	}
-	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return formatBytes(f.RSSPeakMax) })
+	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return memoryText(f.RSSPeakMax) })
 	row("peak resident memory ÷ memory limit (largest replica)", memoryLimitText)
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
 		renderStartRows(row, fl)
@@ -434,7 +451,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	}
 	row("create → labeled p50 / p99", func(f *FleetResult) string {
 		if f.Labeled.Count == 0 {
-			return "—"
+			return noData
 		}
 		return fmtDur(f.Labeled.P50) + " / " + fmtDur(f.Labeled.P99)
 	})
@@ -443,7 +460,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		case f.Plain || !(Mode{Name: f.Mode, Args: f.Args}).Sharded():
 			return "n/a (no labeler)"
 		case f.UnlabeledPeak < 0:
-			return "n/a (not sampled)"
+			return "no data (not sampled)"
 		}
 		return fmt.Sprintf("%.0f", f.UnlabeledPeak)
 	})
@@ -454,49 +471,96 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		return fmt.Sprintf("%.2f", f.StartOverClaim)
 	})
 	row("ConfigBindings held per replica, peak (largest)", func(f *FleetResult) string {
-		if f.HeldMax < 0 {
+		switch {
+		case f.Plain || !(Mode{Name: f.Mode, Args: f.Args}).Sharded():
 			return "all (one cache of every object)"
+		case f.HeldMax < 0 || f.Samples == 0:
+			return noData
 		}
 		return fmt.Sprintf("%.0f", f.HeldMax)
 	})
-	row("initial syncs of ConfigBindings: LISTs + watch-lists (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Syncs) })
+	// The API server's counts over the fleet's life, read at both ends.
+	api := func(format string, v func(*FleetResult) float64) func(*FleetResult) string {
+		return func(f *FleetResult) string {
+			if !f.APICounted {
+				return noData
+			}
+			return fmt.Sprintf(format, v(f))
+		}
+	}
+	row("initial syncs of ConfigBindings: LISTs + watch-lists (API server)", api("%.0f", func(f *FleetResult) float64 { return f.Syncs }))
 	row("informer caches the replicas started (kshard_caches_started_total): for acquisitions, of shards acquired", func(f *FleetResult) string {
-		if f.CachesStarted < 0 {
+		switch {
+		case f.Plain || !(Mode{Name: f.Mode, Args: f.Args}).Sharded():
 			return "—"
+		case f.CachesStarted < 0 || f.Acquisitions < 0 || f.Samples == 0:
+			return noData
 		}
 		return fmt.Sprintf("%.0f: %.0f, of %.0f", f.CachesStarted, f.AcquisitionCaches, f.Acquisitions)
 	})
-	row("ConfigBindings the API server scanned for them", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.Scanned) })
-	row("… per replica process", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.ScannedPerProcess) })
+	row("ConfigBindings the API server scanned for them", api("%.0f", func(f *FleetResult) float64 { return f.Scanned }))
+	row("… per replica process", api("%.0f", func(f *FleetResult) float64 { return f.ScannedPerProcess }))
 	if len(fl) > 1 {
 		single := singletonFleet(fl)
 		row("ConfigBindings scanned for initial syncs ÷ singleton's", func(f *FleetResult) string {
-			if single == nil {
+			switch {
+			case single == nil:
 				return "—"
+			case !f.APICounted || !single.APICounted:
+				return noData
 			}
 			return ratio(f.Scanned, single.Scanned)
 		})
 	}
-	row("ConfigBinding bytes sent: LIST responses + watch events (API server)", func(f *FleetResult) string { return formatBytes(f.Bytes) })
-	row("ConfigBinding watches open at the end (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.OpenWatches) })
-	row("end-to-end p50", func(f *FleetResult) string { return fmtDur(f.Updates.P50) })
-	row("end-to-end p90", func(f *FleetResult) string { return fmtDur(f.Updates.P90) })
-	row("end-to-end p99", func(f *FleetResult) string { return fmtDur(f.Updates.P99) })
-	row("end-to-end max", func(f *FleetResult) string { return fmtDur(f.Updates.Max) })
-	row("updates Ready within 1 s / 5 s", func(f *FleetResult) string { return pct(f.Updates.WithinFast) + " / " + pct(f.Updates.WithinSLO) })
-	row("updates offered per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Offered) })
-	row("throughput: generations Ready per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Throughput) })
-	row("reconciles per second", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.Reconciles) })
-	row("replicas' CPU in the phase, all replicas (cores)", func(f *FleetResult) string { return fmt.Sprintf("%.2f", f.CPUCores) })
+	row("ConfigBinding bytes sent: LIST responses + watch events (API server)", func(f *FleetResult) string {
+		if !f.APICounted {
+			return noData
+		}
+		return formatBytes(f.Bytes)
+	})
+	row("ConfigBinding watches open at the end (API server)", api("%.0f", func(f *FleetResult) float64 { return f.OpenWatches }))
+	row("end-to-end p50", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P50) })
+	row("end-to-end p90", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P90) })
+	row("end-to-end p99", func(f *FleetResult) string { return f.Updates.dur(f.Updates.P99) })
+	row("end-to-end max", func(f *FleetResult) string { return f.Updates.dur(f.Updates.Max) })
+	row("updates Ready within 1 s / 5 s", func(f *FleetResult) string {
+		if f.Updates.Count == 0 {
+			return noData
+		}
+		return pct(f.Updates.WithinFast) + " / " + pct(f.Updates.WithinSLO)
+	})
+	// Rates over the measured phase; from the replicas' scrapes, those
+	// need some.
+	rate := func(format string, scraped bool, v func(*FleetResult) float64) func(*FleetResult) string {
+		return func(f *FleetResult) string {
+			if f.Window <= 0 || (scraped && f.Samples == 0) {
+				return noData
+			}
+			return fmt.Sprintf(format, v(f))
+		}
+	}
+	row("updates offered per second", rate("%.1f", false, func(f *FleetResult) float64 { return f.Offered }))
+	row("throughput: generations Ready per second", func(f *FleetResult) string {
+		// None Ready of none offered is no rate; of some, it is 0.
+		if f.Updates.Count == 0 && f.SpecUpdates == 0 {
+			return noData
+		}
+		return rate("%.1f", false, func(f *FleetResult) float64 { return f.Throughput })(f)
+	})
+	row("reconciles per second", rate("%.1f", true, func(f *FleetResult) float64 { return f.Reconciles }))
+	row("replicas' CPU in the phase, all replicas (cores)", rate("%.2f", true, func(f *FleetResult) float64 { return f.CPUCores }))
 	seconds := func(v float64) string {
 		if v < 0 {
-			return "n/a"
+			return noData
 		}
 		return fmtDur(time.Duration(v * float64(time.Second)))
 	}
 	row("end-to-end p50 / p99 split: write → its reconcile starts + reconcile starts → Ready seen (audit log)", func(f *FleetResult) string {
-		if f.Split == nil {
+		switch {
+		case f.Split == nil:
 			return "n/a (no audit log)"
+		case f.Split.Joined == 0:
+			return fmt.Sprintf("%s (0 of %d updates joined with their reconcile)", noData, f.Split.Updates)
 		}
 		return fmt.Sprintf("%s + %s / %s + %s (%d of %d updates)", fmtDur(f.Split.ToReconcile.P50), fmtDur(f.Split.FromReconcile.P50),
 			fmtDur(f.Split.ToReconcile.P99), fmtDur(f.Split.FromReconcile.P99), f.Split.Joined, f.Split.Updates)
@@ -504,17 +568,20 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	row("workqueue wait p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.QueueWaitP99) })
 	row("reconcile p99 (controller-runtime histogram)", func(f *FleetResult) string { return seconds(f.ReconcileP99) })
 	row("API server's status patch p99 (its own histogram)", func(f *FleetResult) string { return seconds(f.StatusPatchP99) })
-	row("config-center key reads in the phase", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.CenterGets) })
+	row("config-center key reads in the phase", func(f *FleetResult) string { return countText(f.CenterGets) })
 	row("… per spec update", func(f *FleetResult) string {
-		if f.Updates.Count == 0 {
-			return "n/a"
+		if f.Updates.Count == 0 || f.CenterGets < 0 {
+			return noData
 		}
 		return fmt.Sprintf("%.2f", f.CenterGets/float64(f.Updates.Count))
 	})
-	row("config-center key reads outside it (warm-up, settle)", func(f *FleetResult) string { return fmt.Sprintf("%.0f", f.CenterGetsOutside) })
+	row("config-center key reads outside it (warm-up, settle)", func(f *FleetResult) string { return countText(f.CenterGetsOutside) })
 	row("external-cache hit ratio (fresh or stale)", func(f *FleetResult) string {
-		if f.CacheHitRatio < 0 {
+		switch {
+		case f.Plain:
 			return "n/a (no cache)"
+		case f.CacheHitRatio < 0:
+			return noData + " (no lookups)"
 		}
 		return pct(f.CacheHitRatio)
 	})
@@ -524,7 +591,7 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		row("change → ConfigMap p50 / p99 / max", func(f *FleetResult) string {
 			l := f.Propagation.Latency
 			if l.Count == 0 {
-				return "n/a"
+				return noData
 			}
 			return fmtDur(l.P50) + " / " + fmtDur(l.P99) + " / " + fmtDur(l.Max)
 		})
@@ -532,12 +599,12 @@ func renderFleets(b *strings.Builder, rep *Report) {
 			return fmt.Sprintf("%d of %d", f.Propagation.Reached, f.Propagation.Expected)
 		})
 	}
-	row("Lease writes per second (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.LeaseWritesPerSec) })
-	row("API writes per second, all (API server)", func(f *FleetResult) string { return fmt.Sprintf("%.1f", f.WritesPerSec) })
-	row("controller API writes per spec update", func(f *FleetResult) string { return perCauseText(f.ControllerWritesPerUpdate, "n/a") })
+	row("Lease writes per second (API server)", api("%.1f", func(f *FleetResult) float64 { return f.LeaseWritesPerSec }))
+	row("API writes per second, all (API server)", api("%.1f", func(f *FleetResult) float64 { return f.WritesPerSec }))
+	row("controller API writes per spec update", func(f *FleetResult) string { return perCauseText(f.ControllerWritesPerUpdate, noData) })
 	row("… ConfigBinding and ConfigMap writes in the phase, the load tester's own subtracted / spec updates", func(f *FleetResult) string {
 		if !f.WritesCounted {
-			return fmt.Sprintf("n/a / %d", f.SpecUpdates)
+			return fmt.Sprintf("%s / %d", noData, f.SpecUpdates)
 		}
 		return fmt.Sprintf("%.0f / %d", f.ControllerWrites, f.SpecUpdates)
 	})
@@ -549,14 +616,27 @@ func renderFleets(b *strings.Builder, rep *Report) {
 		for _, rr := range f.PerReplica {
 			held, shards := "all", "-"
 			if rr.HasShardMetrics {
-				held, shards = fmt.Sprintf("%.0f", rr.HeldPeak), fmt.Sprintf("%.0f", rr.ShardsEnd)
+				held, shards = fmt.Sprintf("%.0f", rr.HeldPeak), countText(rr.ShardsEnd)
+				if f.HeldMax < 0 {
+					held = noData // no scrape of the fleet had the family
+				}
+			}
+			reconciles := fmt.Sprintf("%.0f", rr.Reconciles)
+			if rr.Samples == 0 {
+				reconciles = noData
+				if rr.HasShardMetrics {
+					held, shards = noData, noData
+				}
 			}
 			hit := "n/a"
-			if rr.CacheHitRatio >= 0 {
+			switch {
+			case rr.CacheHitRatio >= 0:
 				hit = pct(rr.CacheHitRatio)
+			case !f.Plain:
+				hit = noData
 			}
-			p("| %s | %s | %d | %s | %s | %s | %s | %s | %.0f | %s |\n", mdEscape(f.Fleet), rr.Replica, rr.Processes,
-				formatBytes(rr.HeapPeak), formatBytes(rr.HeapEnd), formatBytes(rr.RSSPeak), shards, held, rr.Reconciles, hit)
+			p("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", mdEscape(f.Fleet), rr.Replica, rr.Processes,
+				memoryText(rr.HeapPeak), memoryText(rr.HeapEnd), memoryText(rr.RSSPeak), shards, held, reconciles, hit)
 		}
 	}
 	for _, f := range fl {
@@ -646,6 +726,8 @@ func memoryLimitText(f *FleetResult) string {
 		return "n/a (no --memory-limit)"
 	case f.MemoryLimit <= 0:
 		return "n/a (--memory-limit 0)"
+	case f.RSSPeakMax <= 0:
+		return noData + " ÷ " + formatBytes(f.MemoryLimit)
 	}
 	return fmt.Sprintf("%s ÷ %s = %.2f", formatBytes(f.RSSPeakMax), formatBytes(f.MemoryLimit), f.RSSPeakMax/f.MemoryLimit)
 }
@@ -711,6 +793,53 @@ func ratio(a, b float64) string {
 }
 
 func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
+
+// noData is what the report says for a figure computed from nothing (no
+// sample, a zero denominator), where a 0, a 0 ms or a 100 % would read as
+// a measurement.
+const noData = "no data"
+
+// dur writes one of the summary's latencies, "no data" without samples.
+func (s LatencySummary) dur(d time.Duration) string {
+	if s.Count == 0 {
+		return noData
+	}
+	return fmtDur(d)
+}
+
+// share writes one of the summary's shares, "no data" without samples.
+func (s LatencySummary) share(v float64) string {
+	if s.Count == 0 || v < 0 {
+		return noData
+	}
+	return pct(v)
+}
+
+// memoryText writes a process's memory figure; 0 is no sample, as a running
+// process always has some.
+func memoryText(b float64) string {
+	if b <= 0 {
+		return noData
+	}
+	return formatBytes(b)
+}
+
+// memoryRatio divides two memory figures, "no data" unless both were
+// measured.
+func memoryRatio(a, b float64) string {
+	if a <= 0 || b <= 0 {
+		return noData
+	}
+	return ratio(a, b)
+}
+
+// countText writes a count that is -1 without samples.
+func countText(v float64) string {
+	if v < 0 {
+		return noData
+	}
+	return fmt.Sprintf("%.0f", v)
+}
 
 func orUnknown(s string) string {
 	if s == "" {

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -23,6 +24,8 @@ type Report struct {
 	Started     time.Time
 	Wall        time.Duration
 	Settings    [][2]string
+	// Source is the commit of the source tree the run measured.
+	Source Source
 	// Gated says the checks decide the exit code (chaos, rolling-restart);
 	// elsewhere they are reported only.
 	Gated  bool
@@ -59,7 +62,8 @@ type Machine struct {
 	OS            string
 	KubeAPIServer string
 	// LoadMean and LoadMax are the 1-minute load average during the run
-	// (sampled): how busy the machine was, with everything else on it.
+	// (sampled): how busy the machine was, with everything else on it; -1
+	// without a sample (not Linux).
 	LoadMean, LoadMax float64
 	// Calibration is the API server's write ceiling measured before the
 	// first fleet; nil when turned off (--calibrate-for 0).
@@ -70,11 +74,28 @@ type Machine struct {
 	Pods string `json:",omitempty"`
 }
 
-// Check is one invariant the run verified.
+// Check is one invariant the run verified. A check passes on data only: one
+// with nothing to decide on (no audit record, no object, no sample) fails
+// with NoData set, as a check that saw nothing proves nothing. One about
+// something the run did not have (no sharded fleet, no memory limit)
+// passes with NotApplicable set. Detail says which, and why.
 type Check struct {
-	Name   string
-	Passed bool
-	Detail string
+	Name          string
+	Passed        bool
+	NoData        bool `json:",omitempty"`
+	NotApplicable bool `json:",omitempty"`
+	Detail        string
+}
+
+// noDataCheck is a check that had nothing to decide on: it fails.
+func noDataCheck(name, why string) Check {
+	return Check{Name: name, NoData: true, Detail: "no data: " + why}
+}
+
+// notApplicableCheck is a check about something the run did not have: it
+// passes.
+func notApplicableCheck(name, why string) Check {
+	return Check{Name: name, Passed: true, NotApplicable: true, Detail: "not applicable: " + why}
 }
 
 // Chart is one chart file of the report.
@@ -83,11 +104,14 @@ type Chart struct {
 }
 
 // LatencySummary summarises end-to-end latencies: from the write of a
-// generation to the watch showing status Ready at it.
+// generation to the watch showing status Ready at it. With Count 0 there is
+// no data: the percentiles are 0 and the shares -1, and the report says "no
+// data" for all of them.
 type LatencySummary struct {
 	Count              int
 	P50, P90, P99, Max time.Duration
-	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s.
+	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s; -1
+	// without samples.
 	WithinFast, WithinSLO float64
 	// Buckets count the samples per LatencyBuckets bound, the last above
 	// every bound.
@@ -95,10 +119,15 @@ type LatencySummary struct {
 }
 
 func summarize(h *histogram) LatencySummary {
-	return LatencySummary{
+	s := LatencySummary{
 		Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Max: h.Max(),
 		WithinFast: h.Within(SLOFast), WithinSLO: h.Within(SLO), Buckets: h.Buckets(),
 	}
+	if s.Count == 0 {
+		// The histogram's "nothing missed" is no share of anything.
+		s.WithinFast, s.WithinSLO = -1, -1
+	}
+	return s
 }
 
 // FleetResult is what one fleet did: its measured phase (load) and its whole
@@ -116,6 +145,10 @@ type FleetResult struct {
 	Lifetime  time.Duration
 	// Window is the measured phase.
 	Window time.Duration
+	// Samples counts the scrapes of the fleet's replicas over its life:
+	// without any, every figure from their metrics (memory, CPU,
+	// reconciles, objects held) has no data.
+	Samples int
 	// StartSettled is the fleet's start event's settle time: from its first
 	// process until every replica was ready, every object reconciled by the
 	// fleet (audit logs when sharded; the reconcile counters reaching the
@@ -168,20 +201,26 @@ type FleetResult struct {
 	MemoryLimit    float64
 	RSSPeakReplica string
 	// HeapEndMax and HeapEndMean are the same at the end of the measured
-	// phase: the steady state, without the warm-up's garbage.
+	// phase: the steady state, without the warm-up's garbage. Every memory
+	// figure is 0 without a sample, which a running process never shows.
 	HeapEndMax, HeapEndMean float64
 	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
-	// summed), -1 with sharding off, which does not export it.
+	// summed), -1 with sharding off, which does not export it, and when no
+	// scrape of the fleet had it.
 	HeldMax float64
 	// The API server's own counts for ConfigBindings over the fleet's life
 	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
 	// subtracted), objects scanned for them, bytes sent, and the watches
-	// open at the end (the load tester's own one subtracted).
+	// open at the end (the load tester's own one subtracted). APICounted
+	// says the API server was read at both ends of the fleet's life; without
+	// it these, ScannedPerProcess and the write rates have no data.
+	APICounted                         bool
 	Syncs, Scanned, Bytes, OpenWatches float64
 	OwnSyncs                           int64
 	// CachesStarted are the informer caches the fleet's replicas report
 	// having started over its life (kshard_caches_started_total, every
-	// reason; -1 with sharding off, which does not export it), each one
+	// reason; -1 with sharding off, which does not export it, and when no
+	// replica's last scrape had it, as Acquisitions), each one
 	// initial sync of ConfigBindings: Syncs beyond it are syncs nobody
 	// accounts for. AcquisitionCaches are those started for shards
 	// acquired together, of Acquisitions shard Leases acquired: a cache
@@ -207,7 +246,8 @@ type FleetResult struct {
 	ControllerWritesPerUpdate float64
 
 	// Config-center key reads by the replicas in the window and during the
-	// rest of the fleet's life (warm-up, settle); change-feed polls.
+	// rest of the fleet's life (warm-up, settle); change-feed polls. -1
+	// without config-center samples in the window or the life.
 	CenterGets, CenterGetsOutside, CenterPolls float64
 	// CacheHitRatio is (hit+stale)/lookups in the window; -1 without lookups.
 	CacheHitRatio float64
@@ -215,7 +255,7 @@ type FleetResult struct {
 	// an unchanged generation during the fleet's life.
 	ReadyFlaps int
 	// LoadMean and LoadMax are the machine's 1-minute load average in the
-	// window: how much else competed for the CPUs.
+	// window: how much else competed for the CPUs; -1 without a sample.
 	LoadMean, LoadMax float64
 	// Propagation is how fast config-center changes reached the
 	// ConfigMaps (with --value-change-interval).
@@ -243,10 +283,12 @@ type FleetResult struct {
 	PerReplica []ReplicaResult
 }
 
-// ReplicaResult is one replica identity over the fleet's life.
+// ReplicaResult is one replica identity over the fleet's life. Samples
+// counts its scrapes: without any, its figures have no data.
 type ReplicaResult struct {
 	Replica           string
 	Processes         int
+	Samples           int
 	HeapPeak, HeapEnd float64
 	RSSPeak, RSSEnd   float64
 	ShardsEnd         float64
@@ -284,6 +326,10 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 
 	var hits, lookups float64
 	var reconcile, queueWait cumulative
+	// Whether any scrape of the fleet had the families of objects held,
+	// caches started and shards acquired: a sharded fleet that never
+	// exported one has no such figure, rather than 0.
+	var heldSeen, cachesSeen, acquiredSeen bool
 	var heapPeaks, rssPeaks, heapEnds []float64
 	for _, s := range f.slots {
 		if len(s.instances) == 0 {
@@ -298,10 +344,12 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		var slotHits, slotLookups float64
 		for _, in := range s.instances {
 			res.Processes++
+			rr.Samples += len(in.samples)
 			for _, x := range in.samples {
 				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
 				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
 				rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
+				heldSeen = heldSeen || x.Objects >= 0
 				if f.mode.Sharded() {
 					res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
 				}
@@ -311,16 +359,23 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 				last := in.samples[n-1]
 				rr.Reconciles += last.Reconciles
 				rr.ExternalCalls += last.ExternalCalls
-				for _, v := range last.Caches {
-					res.CachesStarted += v
+				if last.Caches != nil {
+					cachesSeen = true
+					for _, v := range last.Caches {
+						res.CachesStarted += v
+					}
+					res.AcquisitionCaches += last.Caches["acquisition"]
 				}
-				res.AcquisitionCaches += last.Caches["acquisition"]
-				res.Acquisitions += last.Acquired
+				if last.Acquired >= 0 {
+					acquiredSeen = true
+					res.Acquisitions += last.Acquired
+				}
 			}
 			// "End" is the end of the measured phase: once the fleet is
-			// told to stop, leaving replicas hand their shards over.
+			// told to stop, leaving replicas hand their shards over. A
+			// replica holding no shard exports no series of objects.
 			if end, ok := in.at(to); ok && in.proc.startTime().Before(to) {
-				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, end.Objects
+				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
 			}
 			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
 			res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
@@ -344,19 +399,32 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		if rr.HasShardMetrics {
 			res.HeldMax = math.Max(res.HeldMax, rr.HeldPeak)
 		}
-		heapPeaks = append(heapPeaks, rr.HeapPeak)
+		// A replica never scraped has no memory figure: a 0 in the mean
+		// would be one.
+		res.Samples += rr.Samples
+		if rr.Samples > 0 {
+			heapPeaks = append(heapPeaks, rr.HeapPeak)
+		}
 		if rr.HeapEnd > 0 {
 			heapEnds = append(heapEnds, rr.HeapEnd)
 		}
-		rssPeaks = append(rssPeaks, rr.RSSPeak)
+		if rr.RSSPeak > 0 {
+			rssPeaks = append(rssPeaks, rr.RSSPeak)
+		}
 		if rr.RSSPeak > res.RSSPeakMax {
 			res.RSSPeakMax, res.RSSPeakReplica = rr.RSSPeak, rr.Replica
 		}
 		res.PerReplica = append(res.PerReplica, rr)
 		res.Replicas++
 	}
-	if !f.mode.Sharded() {
-		res.CachesStarted, res.AcquisitionCaches, res.Acquisitions = -1, -1, -1
+	if !f.mode.Sharded() || !cachesSeen {
+		res.CachesStarted, res.AcquisitionCaches = -1, -1
+	}
+	if !f.mode.Sharded() || !acquiredSeen {
+		res.Acquisitions = -1
+	}
+	if !heldSeen {
+		res.HeldMax = -1
 	}
 	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
 	_, res.RSSPeakMean = maxMean(rssPeaks)
@@ -382,16 +450,21 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
 	res.Propagation = f.propagation
 
-	api := f.apiEnd.minus(f.apiStart)
-	res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
-	res.Syncs = api.Syncs - float64(res.OwnSyncs)
-	res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
-	if res.Processes > 0 {
-		res.ScannedPerProcess = res.Scanned / float64(res.Processes)
-	}
-	if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
-		res.LeaseWritesPerSec = api.LeaseWrites / s
-		res.WritesPerSec = api.Writes / s
+	// A scrape that failed at either end leaves nothing to subtract from
+	// or to: its difference would be every count since the server started,
+	// or a negative one.
+	if res.APICounted = !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero(); res.APICounted {
+		api := f.apiEnd.minus(f.apiStart)
+		res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
+		res.Syncs = api.Syncs - float64(res.OwnSyncs)
+		res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
+		if res.Processes > 0 {
+			res.ScannedPerProcess = res.Scanned / float64(res.Processes)
+		}
+		if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
+			res.LeaseWritesPerSec = api.LeaseWrites / s
+			res.WritesPerSec = api.Writes / s
+		}
 	}
 	if f.loadWritesFrom.valid() && f.loadWritesTo.valid() {
 		h := f.loadWritesTo.api.StatusPatches.minus(f.loadWritesFrom.api.StatusPatches)
@@ -403,10 +476,15 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.WritesCounted, res.ControllerWrites, res.OwnWrites = counted, writes, own
 	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
 	res.ControllerWritesPerUpdate = perCause(writes, counted, res.SpecUpdates)
-	inWindow := r.centerDelta(from, to)
-	life := r.centerDelta(f.started, f.stopped)
-	res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
-	res.CenterGetsOutside = life.Gets - inWindow.Gets
+	res.CenterGets, res.CenterPolls, res.CenterGetsOutside = -1, -1, -1
+	inWindow, okWindow := r.centerDelta(from, to)
+	life, okLife := r.centerDelta(f.started, f.stopped)
+	if okWindow {
+		res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
+		if okLife {
+			res.CenterGetsOutside = life.Gets - inWindow.Gets
+		}
+	}
 	return res
 }
 
@@ -444,6 +522,7 @@ func (h cumulative) add(o cumulative) cumulative {
 	return h
 }
 
+// maxMean is the largest and the mean of v; 0 and 0 for none.
 func maxMean(v []float64) (mx, mean float64) {
 	if len(v) == 0 {
 		return 0, 0
@@ -456,7 +535,7 @@ func maxMean(v []float64) (mx, mean float64) {
 }
 
 // loadBetween is the mean and the largest 1-minute load average sampled
-// within [from, to].
+// within [from, to]; -1 and -1 without a sample.
 func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -469,15 +548,15 @@ func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
 		mean += l.Load
 		peak = math.Max(peak, l.Load)
 	}
-	if n > 0 {
-		mean /= float64(n)
+	if n == 0 {
+		return -1, -1
 	}
-	return mean, peak
+	return mean / float64(n), peak
 }
 
 // centerDelta is the config center's growth in [from, to], from the
-// samples nearest inside the interval.
-func (r *run) centerDelta(from, to time.Time) centerSample {
+// samples nearest inside the interval; false without a sample there.
+func (r *run) centerDelta(from, to time.Time) (centerSample, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var first, last *centerSample
@@ -492,9 +571,9 @@ func (r *run) centerDelta(from, to time.Time) centerSample {
 		last = s
 	}
 	if first == nil {
-		return centerSample{}
+		return centerSample{}, false
 	}
-	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}
+	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}, true
 }
 
 // offeredBetween is the update rate the generator aimed at in a window.
@@ -505,9 +584,14 @@ func (r *run) offeredBetween(from, to time.Time) float64 {
 	return float64(r.tracker.writesBetween(from, to, writeUpdate)) / to.Sub(from).Seconds()
 }
 
-func (r *run) newReport() *Report {
+func (r *run) newReport(ctx context.Context) *Report {
 	o := r.opts
+	src, err := readSource(ctx)
+	if err != nil {
+		r.log.Error(err, "Reading the commit of the source tree; the report says commit: unknown")
+	}
 	rep := &Report{
+		Source:      src,
 		Scenario:    o.Scenario,
 		Description: r.sc.doc,
 		Command:     o.Command,
@@ -688,8 +772,8 @@ func (r *run) finish(runErr error) {
 		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
 	}
 	if !sharded {
-		na := "not applicable: no sharded fleet (one active replica)"
-		rep.Checks = append(rep.Checks, Check{Name: checkWrites, Passed: true, Detail: na + notChecked}, Check{Name: checkReconciles, Passed: true, Detail: na + notAudited})
+		na := "no sharded fleet (one active replica)"
+		rep.Checks = append(rep.Checks, notApplicableCheck(checkWrites, na+notChecked), notApplicableCheck(checkReconciles, na+notAudited))
 	} else {
 		rep.Writes = writeEvidence(r.evidence())
 		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
@@ -697,7 +781,7 @@ func (r *run) finish(runErr error) {
 			rep.Findings = append(rep.Findings, d.String())
 		}
 		if data, err := readAudit(files, time.Now()); err != nil {
-			rep.Checks = append(rep.Checks, Check{Name: checkReconciles, Detail: err.Error()})
+			rep.Checks = append(rep.Checks, noDataCheck(checkReconciles, err.Error()+notAudited))
 		} else {
 			rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
 			for _, f := range r.fleets {
@@ -710,53 +794,27 @@ func (r *run) finish(runErr error) {
 	}
 
 	// 3. Every object's latest generation Ready after the final settle.
-	n, total, ex := r.tracker.notReady()
-	c := Check{Name: "every latest generation became Ready", Passed: n == 0 && total > 0,
-		Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
-	if n > 0 {
-		c.Detail += "; e.g. " + strings.Join(ex, "; ")
-	}
-	rep.Checks = append(rep.Checks, c)
+	rep.Checks = append(rep.Checks, readyCheck(r.tracker.notReady()))
 
 	// 4. No shard unowned beyond lease duration + retry period.
 	bound := r.opts.LeaseDuration + r.opts.RetryPeriod
 	if !sharded {
-		rep.Checks = append(rep.Checks, Check{Name: "no shard unowned beyond " + bound.String(), Passed: true, Detail: "not applicable: no sharded fleet"})
+		rep.Checks = append(rep.Checks, notApplicableCheck("no shard unowned beyond "+bound.String(), "no sharded fleet"))
 	} else {
-		iv := r.ring.unownedIntervals()
-		c := Check{Name: fmt.Sprintf("no shard unowned beyond lease duration + retry period (%s)", bound), Passed: true}
-		if len(iv) == 0 {
-			c.Detail = "no shard was ever without a running holder while the fleets ran"
-		} else {
-			longest := iv[0]
-			over := 0
-			for _, x := range iv {
-				if x.To.Sub(x.From) > bound {
-					over++
-				}
-			}
-			c.Passed = over == 0
-			c.Detail = fmt.Sprintf("%d unowned intervals; the longest: shard %d for %s (from %s into the run)",
-				len(iv), longest.Shard, round(longest.To.Sub(longest.From)), round(longest.From.Sub(r.begin)))
-			if over > 0 {
-				c.Detail += fmt.Sprintf("; %d beyond the bound", over)
-			}
-		}
-		rep.Checks = append(rep.Checks, c)
+		rep.Checks = append(rep.Checks, unownedCheck(r.ring.unownedIntervals(), r.ring.guardedTicks(), bound, r.begin))
 	}
 
 	// 5. Every event settled.
-	var unsettled []string
-	for _, ev := range rep.Events {
-		if ev.Error != "" {
-			unsettled = append(unsettled, ev.Name+": "+ev.Error)
-		}
-	}
-	rep.Checks = append(rep.Checks, Check{Name: "every event settled within " + r.opts.SettleTimeout.String(), Passed: len(unsettled) == 0,
-		Detail: fmt.Sprintf("%d events", len(rep.Events)) + strings.Join(append([]string{""}, unsettled...), "; ")})
+	rep.Checks = append(rep.Checks, eventsCheck(rep.Events, r.opts.SettleTimeout))
 
-	// 6. No replica's resident memory beyond its memory limit.
-	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets))
+	// 6. No replica's resident memory beyond its memory limit; on pods, no
+	// container restarted or OOM-killed.
+	var restarts *containerRestarts
+	if r.pods != nil {
+		n, rs := r.pods.restarts(r.begin)
+		restarts = &containerRestarts{pods: n, restarts: rs}
+	}
+	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets, restarts))
 
 	rep.Passed = runErr == nil
 	for _, c := range rep.Checks {
@@ -773,27 +831,136 @@ func (r *run) finish(runErr error) {
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }
 
+// readyCheck passes when every object tracked is Ready at its latest
+// generation (n of total are not; ex are examples); without objects it has
+// no data.
+func readyCheck(n, total int, ex []string) Check {
+	const name = "every latest generation became Ready"
+	if total == 0 {
+		return noDataCheck(name, "the run tracked no object")
+	}
+	c := Check{Name: name, Passed: n == 0, Detail: fmt.Sprintf("%d of %d objects Ready at their latest generation", total-n, total)}
+	if n > 0 {
+		c.Detail += "; e.g. " + strings.Join(ex, "; ")
+	}
+	return c
+}
+
+// unownedCheck passes when no unowned interval of a shard (iv, longest
+// first) lasted beyond bound. ticks counts the ring watch's checks of
+// ownership while a sharded fleet ran: without any, "no interval" would
+// say nothing, so the check has no data.
+func unownedCheck(iv []unownedInterval, ticks int, bound time.Duration, begin time.Time) Check {
+	name := fmt.Sprintf("no shard unowned beyond lease duration + retry period (%s)", bound)
+	switch {
+	case ticks == 0:
+		return noDataCheck(name, "the ring watch never checked the shards' ownership while a sharded fleet ran")
+	case len(iv) == 0:
+		return Check{Name: name, Passed: true, Detail: fmt.Sprintf("no shard was ever without a running holder while the fleets ran (%d checks of every shard)", ticks)}
+	}
+	longest := iv[0]
+	over := 0
+	for _, x := range iv {
+		if x.To.Sub(x.From) > bound {
+			over++
+		}
+	}
+	c := Check{Name: name, Passed: over == 0, Detail: fmt.Sprintf("%d unowned intervals; the longest: shard %d for %s (from %s into the run)",
+		len(iv), longest.Shard, round(longest.To.Sub(longest.From)), round(longest.From.Sub(begin)))}
+	if over > 0 {
+		c.Detail += fmt.Sprintf("; %d beyond the bound", over)
+	}
+	return c
+}
+
+// eventsCheck passes when every event settled within the settle timeout.
+// Every fleet's start is an event, so a run without events has no data.
+func eventsCheck(events []EventResult, timeout time.Duration) Check {
+	name := "every event settled within " + timeout.String()
+	if len(events) == 0 {
+		return noDataCheck(name, "no event was recorded, not even a fleet's start")
+	}
+	var unsettled []string
+	for _, ev := range events {
+		if ev.Error != "" {
+			unsettled = append(unsettled, ev.Name+": "+ev.Error)
+		}
+	}
+	return Check{Name: name, Passed: len(unsettled) == 0, Detail: fmt.Sprintf("%d events", len(events)) + strings.Join(append([]string{""}, unsettled...), "; ")}
+}
+
+// containerRestarts is what the pod watch saw of the replicas' containers
+// on a StatefulSet's pods: how many pods, and which of their containers
+// restarted or were OOM-killed during the run.
+type containerRestarts struct {
+	pods     int
+	restarts []podRestart
+}
+
 // memoryCheck passes when no replica's peak resident memory reached the
 // memory limit it ran with: in a container with that limit (deploy/base's),
-// the kernel would have killed it.
-func memoryCheck(fleets []*FleetResult) Check {
-	c := Check{Name: "peak resident memory below the memory limit", Passed: true}
+// the kernel would have killed it. A fleet with a limit but no resident
+// memory measured has no data, which fails it. On pods (pods not nil) the
+// kernel's kill is seen as it happens: a container that restarted or was
+// OOM-killed fails it too, named, since between two scrapes a peak can
+// pass unseen and the restarted process reports only its own memory.
+func memoryCheck(fleets []*FleetResult, pods *containerRestarts) Check {
+	name := "peak resident memory below the memory limit"
+	if pods != nil {
+		name += ", no replica container restarted or OOM-killed"
+	}
 	var worst *FleetResult
+	var unmeasured []string
+	passed := true
 	for _, f := range fleets {
-		if f.MemoryLimit <= 0 {
+		switch {
+		case f.MemoryLimit <= 0:
+			continue
+		case f.RSSPeakMax <= 0:
+			unmeasured = append(unmeasured, f.Fleet)
 			continue
 		}
 		if worst == nil || f.RSSPeakMax/f.MemoryLimit > worst.RSSPeakMax/worst.MemoryLimit {
 			worst = f
 		}
-		c.Passed = c.Passed && f.RSSPeakMax < f.MemoryLimit
+		passed = passed && f.RSSPeakMax < f.MemoryLimit
 	}
-	if worst == nil {
-		c.Detail = "not applicable: no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
-		return c
+	noLimit := "no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
+	var c Check
+	switch {
+	case len(unmeasured) > 0:
+		c = noDataCheck(name, "no resident memory measured of "+strings.Join(unmeasured, ", "))
+	case worst == nil && pods == nil:
+		return notApplicableCheck(name, noLimit)
+	case worst == nil:
+		c = Check{Name: name, Passed: true, Detail: noLimit}
+	default:
+		c = Check{Name: name, Passed: passed}
 	}
-	c.Detail = fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
-		perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit))
+	var parts []string
+	if c.Detail != "" {
+		parts = append(parts, c.Detail)
+	}
+	if worst != nil {
+		parts = append(parts, fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
+			perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit)))
+	}
+	switch {
+	case pods == nil:
+	case len(pods.restarts) > 0:
+		c.Passed = false
+		var rs []string
+		for _, r := range pods.restarts {
+			rs = append(rs, r.String())
+		}
+		parts = append(parts, "RESTARTED: "+strings.Join(rs, "; "))
+	case pods.pods == 0:
+		c.Passed, c.NoData = false, true
+		parts = append(parts, "no data: the pod watch saw no replica pod, so no restart or OOM kill was checked")
+	default:
+		parts = append(parts, fmt.Sprintf("no container of the %d replica pods seen restarted or was OOM-killed", pods.pods))
+	}
+	c.Detail = strings.Join(parts, "; ")
 	return c
 }
 

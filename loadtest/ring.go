@@ -73,7 +73,10 @@ type ringWatch struct {
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
-	guard        bool
+	guard bool
+	// guarded counts the ticks with the guard on: the checks of every
+	// shard's ownership the unowned check rests on.
+	guarded      int
 	unownedSince map[int32]time.Time
 	intervals    []unownedInterval
 	// ownership is the shards owned per replica (and "unowned") over time,
@@ -288,6 +291,9 @@ func (w *ringWatch) heldByRunning(l shardLease, now time.Time) bool {
 func (w *ringWatch) tick(now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.guard {
+		w.guarded++
+	}
 	count := map[string]int{}
 	for n := range sharding.DefaultShards {
 		h := w.owner(n, now)
@@ -359,6 +365,14 @@ func (w *ringWatch) unownedIntervals() []unownedInterval {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].To.Sub(out[i].From) > out[j].To.Sub(out[j].From) })
 	return out
+}
+
+// guardedTicks is the number of ticks that checked ownership with the
+// guard on.
+func (w *ringWatch) guardedTicks() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.guarded
 }
 
 // holdersAt returns each shard's running holder as the last tick at or

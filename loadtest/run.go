@@ -272,7 +272,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		}
 		r.propagation = newPropagation(wc, r.cc, r.set, r.gen)
 	}
-	r.report = r.newReport()
+	r.report = r.newReport(ctx)
 
 	r.begin = time.Now()
 	stopSampling := childproc.GoSafe(ctx, cancel, "sampler", r.sample)

@@ -65,7 +65,8 @@ func parseFamilies(r io.Reader) (families, error) {
 }
 
 // sum adds up the series of a family whose labels include match; a missing
-// family sums to zero, as a counter nobody incremented yet.
+// family sums to zero, as a counter nobody incremented yet. Where "never
+// exported" must not read as 0, count tells them apart.
 func (f families) sum(name string, match map[string]string) float64 {
 	var total float64
 	for _, m := range f[name].GetMetric() {
@@ -76,8 +77,24 @@ func (f families) sum(name string, match map[string]string) float64 {
 	return total
 }
 
-// by sums a family's matching series per value of one label.
+// count is sum, but -1 for a family missing from the scrape. A vector (a
+// series per shard, per reason) exports nothing until its first series, so
+// one scrape without it proves little; over a fleet's life, a family no
+// scrape had is a count the replicas never gave (the metric renamed or
+// gone), which a report must not show, nor a test compare, as 0.
+func (f families) count(name string, match map[string]string) float64 {
+	if _, ok := f[name]; !ok {
+		return -1
+	}
+	return f.sum(name, match)
+}
+
+// by sums a family's matching series per value of one label; nil for a
+// missing family, as count's -1.
 func (f families) by(name, label string, match map[string]string) map[string]float64 {
+	if _, ok := f[name]; !ok {
+		return nil
+	}
 	out := map[string]float64{}
 	for _, m := range f[name].GetMetric() {
 		if matches(m, match) {
@@ -150,7 +167,9 @@ type replicaSample struct {
 	// CPU is the process's CPU seconds so far.
 	CPU float64
 	// Shards and Objects are the shards held and the ConfigBindings in
-	// their caches (kshard_shard_objects); both 0 with sharding off.
+	// their caches (kshard_shard_objects); -1 when the scrape had no such
+	// family: sharding off, and for Objects also no shard held (a series
+	// per shard).
 	Shards, Objects float64
 	Reconciles      float64
 	ReconcileErrors float64
@@ -165,12 +184,12 @@ type replicaSample struct {
 	ExternalCalls float64
 	// Unlabeled is kshard_unlabeled_objects: the objects waiting for the
 	// elected labeler's shard label, as the labeler's watch counts them. Only
-	// the elected leader sets it; the others export 0.
+	// the elected leader sets it; the others export 0; -1 when not exported.
 	Unlabeled float64
 	// Caches counts the informer caches the replica started, by reason
 	// (kshard_caches_started_total): each is one initial sync of
-	// ConfigBindings at the API server. Acquired counts the shard Leases
-	// it acquired.
+	// ConfigBindings at the API server; nil before the first, or when not
+	// exported. Acquired counts the shard Leases it acquired; -1 likewise.
 	Caches   map[string]float64
 	Acquired float64
 	// Metric is the value of an extra family the run asked for (the HPA's
@@ -199,29 +218,35 @@ func scrapeReplica(ctx context.Context, hc *http.Client, url, extra string) (rep
 	if err != nil {
 		return replicaSample{}, fmt.Errorf("scraping %s: %w", url, err)
 	}
+	s := replicaSampleOf(f, extra)
+	s.At = time.Now()
+	return s, nil
+}
+
+// replicaSampleOf computes a replica sample from one scrape (At unset).
+func replicaSampleOf(f families, extra string) replicaSample {
 	ctl := map[string]string{"controller": controllerName}
 	s := replicaSample{
-		At:              time.Now(),
 		HeapInuse:       f.sum(metricHeapInuse, nil),
 		RSS:             f.sum(metricRSS, nil),
 		CPU:             f.sum(metricCPU, nil),
-		Shards:          f.sum(metricShardsOwned, nil),
-		Objects:         f.sum(metricShardObjects, nil),
+		Shards:          f.count(metricShardsOwned, nil),
+		Objects:         f.count(metricShardObjects, nil),
 		Reconciles:      f.sum(metricReconciles, ctl),
 		ReconcileErrors: f.sum(metricReconciles, map[string]string{"controller": controllerName, "result": reconcileResultError}),
 		QueueDepth:      f.sum(metricQueueDepth, map[string]string{"name": controllerName}),
 		Cache:           f.by(metricCacheRequests, "result", nil),
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
-		Unlabeled:       f.sum(metricUnlabeled, nil),
+		Unlabeled:       f.count(metricUnlabeled, nil),
 		Caches:          f.by(metricCachesStarted, "reason", nil),
-		Acquired:        f.sum(metricHandovers, map[string]string{"direction": "acquire"}),
+		Acquired:        f.count(metricHandovers, map[string]string{"direction": "acquire"}),
 	}
 	s.Reconcile.Bounds, s.Reconcile.Counts = f.histogram(metricReconcileTime, ctl)
 	s.QueueWait.Bounds, s.QueueWait.Counts = f.histogram(metricQueueWait, map[string]string{"name": controllerName})
 	if extra != "" {
 		s.Metric = f.sum(extra, nil)
 	}
-	return s, nil
+	return s
 }
 
 // ready reports whether a replica's /readyz answers 200.
@@ -289,13 +314,22 @@ func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, e
 	if err != nil {
 		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
-	s := apiSampleOf(f)
+	s, err := apiSampleOf(f)
+	if err != nil {
+		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
 	s.At = time.Now()
 	return s, nil
 }
 
-// apiSampleOf computes an API server sample from one scrape (At unset).
-func apiSampleOf(f families) apiServerSample {
+// apiSampleOf computes an API server sample from one scrape (At unset). A
+// scrape without apiserver_request_total, which every API server exports
+// from its first request, is an error: every sync and write count would
+// read 0 from it.
+func apiSampleOf(f families) (apiServerSample, error) {
+	if _, ok := f[metricAPIRequests]; !ok {
+		return apiServerSample{}, fmt.Errorf("no %s in the scrape", metricAPIRequests)
+	}
 	res := map[string]string{"resource": resourceBindings}
 	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
 	listed := map[string]string{"verb": "LIST", "resource": resourceBindings, "code": "200"}
@@ -325,7 +359,7 @@ func apiSampleOf(f families) apiServerSample {
 			s.Writes += n
 		}
 	}
-	return s
+	return s, nil
 }
 
 // objectResources are the resources whose writes ObjectWrites counts: the

@@ -108,6 +108,13 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("write evidence %+v: want replica writes, fenced by deploy/base's policy, checked against every shard's Lease", w)
 	}
 	f := rep.Fleets[0]
+	// Every count compared below was read: a family no scrape had is -1
+	// (the API server's counts need a reading at both ends), never a 0 a
+	// comparison could pass on.
+	if !f.APICounted || f.Samples == 0 || f.HeldMax < 0 || f.CachesStarted < 0 || f.Acquisitions < 0 || f.UnlabeledPeak < 0 {
+		t.Fatalf("a metric the test counts was not read: API server at both ends %v, %d replica scrapes, held %v, caches %v, acquisitions %v, unlabeled %v",
+			f.APICounted, f.Samples, f.HeldMax, f.CachesStarted, f.Acquisitions, f.UnlabeledPeak)
+	}
 	// Every replica ran under deploy/base's limit, measured.
 	if f.MemoryLimit != 512<<20 || f.RSSPeakMax <= 0 {
 		t.Errorf("memory limit %v, peak RSS %v", f.MemoryLimit, f.RSSPeakMax)

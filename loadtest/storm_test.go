@@ -230,7 +230,7 @@ func TestRenderStormAndLabelRows(t *testing.T) {
 		"| create storm: objects Ready per second | 200.00 | 500.00 | — |",
 		"| create storm: controller writes per object | 2.00 | 1.00 | — |",
 		"| create storm: controller writes per second ÷ ceiling writes per second | 400 ÷ 1000 = 0.40 | 500 ÷ 1000 = 0.50 | — |",
-		"| create → labeled p50 / p99 | — | 2.00 s / 4.50 s | — |",
+		"| create → labeled p50 / p99 | no data | 2.00 s / 4.50 s | no data |",
 		"| objects waiting for a label, peak | n/a (no labeler) | 4873 | 0 |",
 	} {
 		if !strings.Contains(md, want) {

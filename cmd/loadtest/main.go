@@ -143,8 +143,11 @@ func run() int {
 	failed := 0
 	for _, c := range rep.Checks {
 		mark := "pass"
-		if !c.Passed {
+		switch {
+		case !c.Passed:
 			mark, failed = "FAIL", failed+1
+		case c.NotApplicable:
+			mark = "n/a"
 		}
 		fmt.Printf("%-4s  %s: %s\n", mark, c.Name, c.Detail)
 	}

@@ -5,8 +5,9 @@
 // or in an editor: an SVG renders in both, diffs as text and needs no
 // plotting library, browser or network at run time. The package draws what
 // the reports need and nothing more: numeric X and Y axes with round tick
-// values, one polyline (or step line) per series, a legend, and labelled
-// vertical markers for events such as "kill kshard-1".
+// values, one polyline (or step line) per series, a legend, labelled
+// vertical markers for events such as "kill kshard-1", and "no data" across
+// a chart without a point.
 package chart
 
 import (
@@ -151,6 +152,12 @@ func (c *Chart) Write(w io.Writer) error {
 		}
 	}
 
+	// A chart with nothing to draw says so: an empty plot, or a lone zero
+	// axis, would read as a measured flat line.
+	if !c.hasPoints() {
+		p(`<text x="%s" y="%s" text-anchor="middle" font-size="15" fill="#555">no data</text>`+"\n", f(marginLeft+plotW/2), f(marginTop+plotH/2))
+	}
+
 	// Legend.
 	lx := float64(width-marginRight) + 14
 	for i, s := range c.Series {
@@ -160,6 +167,16 @@ func (c *Chart) Write(w io.Writer) error {
 	}
 	p("</svg>\n")
 	return b.Flush()
+}
+
+// hasPoints says whether any series has a point.
+func (c *Chart) hasPoints() bool {
+	for _, s := range c.Series {
+		if len(s.Points) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Chart) validate() error {

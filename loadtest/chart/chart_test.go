@@ -78,12 +78,30 @@ func TestWriteWellFormed(t *testing.T) {
 	}
 }
 
+// TestWriteEmptyChart: a chart without a point (no latency recorded, no
+// replica scraped) is drawn, and says "no data" rather than showing an
+// empty plot that reads as a flat line; one with a point does not.
 func TestWriteEmptyChart(t *testing.T) {
+	for _, c := range []*Chart{
+		{Title: "nothing yet"},
+		{Title: "empty series", Series: []Series{{Name: "p99"}, {Name: "max"}}, Markers: []Marker{{X: 3, Label: "kill kshard-1"}}},
+	} {
+		var buf bytes.Buffer
+		if err := c.Write(&buf); err != nil {
+			t.Fatal(err)
+		}
+		wellFormed(t, buf.Bytes())
+		if !strings.Contains(buf.String(), ">no data</text>") {
+			t.Errorf("%s: no \"no data\" in\n%s", c.Title, buf.String())
+		}
+	}
 	var buf bytes.Buffer
-	if err := (&Chart{Title: "nothing yet"}).Write(&buf); err != nil {
+	if err := (&Chart{Title: "one point", Series: []Series{{Name: "p99", Points: []Point{{1, 0}}}}}).Write(&buf); err != nil {
 		t.Fatal(err)
 	}
-	wellFormed(t, buf.Bytes())
+	if strings.Contains(buf.String(), "no data") {
+		t.Error("a chart with a point says no data")
+	}
 }
 
 func TestWriteRejectsNonFinite(t *testing.T) {
