@@ -1,5 +1,6 @@
 // Package netfault puts a fault on the wire between one client and its
-// server: a TCP proxy on loopback that can delay what the client sends.
+// server: a TCP proxy on loopback that can delay what the client sends, or
+// cut both ways for a while (a partition) and then heal.
 //
 // It exists for the fault that a process-local fence cannot stop: a request
 // already sent when the network stalls, delivered after the sender's Lease
@@ -19,7 +20,8 @@ import (
 )
 
 // Proxy forwards TCP connections from a loopback address to a target, and
-// delays the client-to-server bytes while a delay is in force.
+// delays the client-to-server bytes while a delay is in force, and the
+// bytes of both sides while a partition is.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -29,10 +31,13 @@ type Proxy struct {
 	// the server delay after they were sent.
 	delayUntil time.Time
 	delay      time.Duration
+	// healAt: bytes either side sends before healAt are delivered at
+	// healAt.
+	healAt time.Time
 	conns      map[net.Conn]struct{}
 	closed     bool
 	wg         sync.WaitGroup
-	// delayed counts the chunks that were held back.
+	// delayed counts the chunks that were held back, either way.
 	delayed int
 }
 
@@ -62,20 +67,50 @@ func (p *Proxy) Delay(d time.Duration) {
 	p.delay, p.delayUntil = d, time.Now().Add(d)
 }
 
-// Delayed returns how many chunks of client bytes were held back so far.
+// Partition holds every byte either side sends during the next d until d
+// has passed, then delivers it, in order: a network that drops both ways
+// and heals with the connections still open, as TCP's retransmissions
+// would deliver what was lost. The client's writes arrive after its Leases
+// expired, and it hears nothing meanwhile, not even that they did.
+func (p *Proxy) Partition(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.healAt = time.Now().Add(d)
+}
+
+// Delayed returns how many chunks were held back so far, either way.
 func (p *Proxy) Delayed() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.delayed
 }
 
-// deliverAt returns when a chunk read at t may be written to the server.
-func (p *Proxy) deliverAt(t time.Time) time.Time {
+// toServerAt returns when a chunk the client sent at t may be written to
+// the server.
+func (p *Proxy) toServerAt(t time.Time) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	at := t
 	if t.Before(p.delayUntil) {
+		at = t.Add(p.delay)
+	}
+	if t.Before(p.healAt) && at.Before(p.healAt) {
+		at = p.healAt
+	}
+	if at != t {
 		p.delayed++
-		return t.Add(p.delay)
+	}
+	return at
+}
+
+// toClientAt returns when a chunk the server sent at t may be written to
+// the client.
+func (p *Proxy) toClientAt(t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t.Before(p.healAt) {
+		p.delayed++
+		return p.healAt
 	}
 	return t
 }
@@ -125,28 +160,27 @@ func (p *Proxy) accept() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			p.forwardDelayed(server, client)
+			forward(server, client, p.toServerAt)
 		}()
 		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(client, server)
-			_ = client.Close()
-			_ = server.Close()
+			forward(client, server, p.toClientAt)
 		}()
 	}
 }
 
-// chunk is bytes read from a client and when they may be delivered.
+// chunk is bytes read from one side and when they may be delivered.
 type chunk struct {
 	b  []byte
 	at time.Time
 }
 
-// forwardDelayed copies src to dst, each chunk at its delivery time, in
-// order. Reading never waits for delivery, so a delayed chunk does not
-// stop the client from sending more (as a network that holds packets would
-// not); the queue is bounded by what a test sends in one delay.
-func (p *Proxy) forwardDelayed(dst, src net.Conn) {
+// forward copies src to dst, each chunk at its delivery time (deliverAt of
+// when it was read), in order. Reading never waits for delivery, so a held
+// chunk does not stop the sender from sending more (as a network that holds
+// packets would not); the queue is bounded by what a test sends in one
+// fault.
+func forward(dst, src net.Conn, deliverAt func(time.Time) time.Time) {
 	queue := make(chan chunk, 4096)
 	done := make(chan struct{})
 	go func() {
@@ -168,7 +202,7 @@ func (p *Proxy) forwardDelayed(dst, src net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			queue <- chunk{b: append([]byte(nil), buf[:n]...), at: p.deliverAt(time.Now())}
+			queue <- chunk{b: append([]byte(nil), buf[:n]...), at: deliverAt(time.Now())}
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {

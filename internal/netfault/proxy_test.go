@@ -81,3 +81,81 @@ func TestDelayHoldsClientBytes(t *testing.T) {
 		t.Error("no chunk counted as delayed")
 	}
 }
+
+// TestPartitionHoldsBothWays: during a partition neither side hears the
+// other; when it heals, what each sent arrives, in order, no earlier than
+// the heal (a lower bound, which a slow machine can only make later).
+func TestPartitionHoldsBothWays(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type line struct {
+		s  string
+		at time.Time
+	}
+	got := make(chan line, 10)
+	serverConn := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		serverConn <- c
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			got <- line{sc.Text(), time.Now()}
+		}
+	}()
+	p, err := Listen(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("before\n")); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-got; l.s != "before" {
+		t.Fatalf("got %q, want before", l.s)
+	}
+	sc := <-serverConn
+	defer sc.Close()
+
+	const d = 2 * time.Second
+	p.Partition(d)
+	cut := time.Now()
+	if _, err := c.Write([]byte("request\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Write([]byte("answer\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	s, err := r.ReadString('\n')
+	if err != nil || s != "answer\n" {
+		t.Fatalf("read %q, %v from the server", s, err)
+	}
+	if early := d - time.Since(cut); early > 0 {
+		t.Errorf("the server's answer reached the client %s before the partition healed", early)
+	}
+	select {
+	case l := <-got:
+		if l.s != "request" {
+			t.Fatalf("got %q, want request", l.s)
+		}
+		if early := d - l.at.Sub(cut); early > 0 {
+			t.Errorf("the request reached the server %s before the partition healed", early)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the request never reached the server")
+	}
+	if p.Delayed() < 2 {
+		t.Errorf("%d chunks counted as held, want both ways", p.Delayed())
+	}
+}
