@@ -38,6 +38,13 @@ const (
 	// reads from its audit log whether it committed any. Replica processes
 	// only.
 	faultDelay
+	// faultPartition cuts the victim from the API server both ways for
+	// DelayFor (its connection goes through a netfault.Proxy), then heals
+	// with its connections open: what it sent arrives late, as with a
+	// delay, and it hears nothing meanwhile, not even its renewals'
+	// answers, as a replica whose node lost its network. Replica processes
+	// only.
+	faultPartition
 	// faultForceDelete deletes the victim's pod at once (`kubectl delete
 	// pod --grace-period=0 --force`): the pod object goes, the kubelet still
 	// stops the container with SIGTERM and 2 s of grace, and the StatefulSet
@@ -50,18 +57,18 @@ const (
 )
 
 func (k faultKind) String() string {
-	return [...]string{"kill", "pause", "clock offset", "delay", "forced pod deletion", "pod deletion"}[k]
+	return [...]string{"kill", "pause", "clock offset", "delay", "partition", "forced pod deletion", "pod deletion"}[k]
 }
 
 // faultNames name the fault kinds in Options.Faults.
 var faultNames = map[string]faultKind{
-	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay,
+	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay, "partition": faultPartition,
 	"force-delete": faultForceDelete, "delete": faultDelete,
 }
 
 // faultRotation is the order of the chaos scenario's faults, one per
 // interval, on replica processes.
-var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay}
+var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay, faultPartition}
 
 // podFaultRotation is the order on a StatefulSet's pods, which the load
 // tester can delete but not signal.
@@ -111,7 +118,7 @@ func (f fault) lasts(o Options) time.Duration {
 		return o.RestartDelay
 	case faultPause:
 		return o.PauseFor
-	case faultDelay:
+	case faultDelay, faultPartition:
 		return o.DelayFor
 	}
 	return 0
@@ -282,6 +289,23 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		}
 		r.handover(ctx, f, fmt.Sprintf("delay of what %s sends to the API server by %s (then delivered)", s.id, o.DelayFor), at)
 		return nil
+	case faultPartition:
+		if s.proxy == nil {
+			return fmt.Errorf("cutting %s off: it does not reach the API server through a proxy", s.id)
+		}
+		held := s.proxy.Delayed()
+		r.mark("cut %s off the API server for %s", s.id, o.DelayFor)
+		at := time.Now()
+		s.proxy.Partition(o.DelayFor)
+		r.noteDelay(s.id, at)
+		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
+			return err
+		}
+		if s.proxy.Delayed() == held {
+			return fmt.Errorf("the partition held nothing %s or the API server sent in %s: it did not happen", s.id, o.DelayFor)
+		}
+		r.handover(ctx, f, fmt.Sprintf("partition of %s from the API server for %s (then healed, connections open)", s.id, o.DelayFor), at)
+		return nil
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(ctx, s)
@@ -324,14 +348,15 @@ type delayWindow struct {
 	from    time.Time
 }
 
-// noteDelay records a delay fault, for the write evidence.
+// noteDelay records a delay or partition fault, for the write evidence:
+// either holds the victim's writes on the wire.
 func (r *run) noteDelay(replica string, from time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.delays = append(r.delays, delayWindow{replica: replica, from: from})
 }
 
-// closeProxies closes the delay fault's proxies.
+// closeProxies closes the delay and partition faults' proxies.
 func (r *run) closeProxies() {
 	r.mu.Lock()
 	proxies := r.proxies

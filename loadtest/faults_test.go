@@ -19,11 +19,11 @@ import (
 func TestFaultRotation(t *testing.T) {
 	p := faultPlan{rotation: faultRotation, offset: 30 * time.Second}
 	var got []fault
-	for range 7 {
+	for range 8 {
 		got = append(got, p.next())
 	}
 	want := []fault{
-		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second}, {kind: faultDelay},
+		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second}, {kind: faultDelay}, {kind: faultPartition},
 		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: -30 * time.Second},
 	}
 	if !slices.Equal(got, want) {
@@ -33,13 +33,13 @@ func TestFaultRotation(t *testing.T) {
 	for _, tc := range []struct {
 		f    fault
 		want time.Duration
-	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}, {want[3], 26 * time.Second}} {
+	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}, {want[3], 26 * time.Second}, {want[4], 26 * time.Second}} {
 		if got := tc.f.lasts(o); got != tc.want {
 			t.Errorf("%s lasts %s, want %s", tc.f.kind, got, tc.want)
 		}
 	}
-	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[6], replica: "kshard-0", at: 2 * time.Minute}}
-	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset, 0 delay (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
+	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[7], replica: "kshard-0", at: 2 * time.Minute}}
+	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset, 0 delay, 0 partition (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
 		t.Errorf("finding %q\nwant      %q", got, want)
 	}
 }
@@ -70,7 +70,7 @@ func TestFaultOptions(t *testing.T) {
 	}
 	// The pause outlasts the Lease (15s) by two renewal periods and fits the
 	// 30s interval.
-	if o.PauseFor != 25*time.Second || o.ClockOffset != 30*time.Second || o.MemoryLimit != "512Mi" || o.Duration != 6*time.Minute {
+	if o.PauseFor != 25*time.Second || o.ClockOffset != 30*time.Second || o.MemoryLimit != "512Mi" || o.Duration != 10*time.Minute {
 		t.Errorf("chaos defaults: pause %s, clock offset %s, memory limit %s, duration %s", o.PauseFor, o.ClockOffset, o.MemoryLimit, o.Duration)
 	}
 	if b, err := o.memoryLimitBytes(); err != nil || b != 512<<20 {

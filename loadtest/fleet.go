@@ -124,7 +124,8 @@ type slot struct {
 	// the plain controller use.
 	kubeconfig string
 	// proxy carries its requests to the API server where the chaos
-	// scenario delays them (faultDelay); nil otherwise.
+	// scenario delays or cuts them (faultDelay, faultPartition); nil
+	// otherwise.
 	proxy *netfault.Proxy
 	// clockOffset is the Lease clock offset its next process starts with
 	// (--lease-clock-offset): set by the chaos scenario's clock fault, kept
@@ -372,7 +373,7 @@ func (f *fleet) addContainer(ordinal int, c *container) {
 
 // connect gives a new slot its way to the API server. A sharded replica
 // runs as deploy/base runs it, on a token of its own pod (r.fencing), and
-// through a proxy of its own where the chaos scenario delays its requests;
+// through a proxy of its own where the chaos scenario delays or cuts them;
 // the others use the load tester's kubeconfig.
 func (f *fleet) connect(ctx context.Context, s *slot) error {
 	r := f.r
@@ -380,7 +381,7 @@ func (f *fleet) connect(ctx context.Context, s *slot) error {
 		return nil
 	}
 	server := ""
-	if slices.Contains(r.chaos, faultDelay) && r.sc.faults {
+	if (slices.Contains(r.chaos, faultDelay) || slices.Contains(r.chaos, faultPartition)) && r.sc.faults {
 		p, err := netfault.Listen(r.apiAddr)
 		if err != nil {
 			return fmt.Errorf("the proxy of %s: %w", s.id, err)

@@ -98,13 +98,14 @@ type Options struct {
 	// duration + 2 × retry period.
 	PauseFor time.Duration
 	// DelayFor is how long the chaos scenario's delay fault holds what its
-	// victim sends to the API server before delivering it. It must outlast
+	// victim sends to the API server before delivering it, and how long its
+	// partition fault cuts the victim off both ways. It must outlast
 	// the lease duration, so that the victim's Leases expire and move while
 	// its writes are on the wire, and fit the chaos interval. Default lease
 	// duration + 2 × retry period.
 	DelayFor time.Duration
 	// Faults lists the chaos scenario's fault kinds, comma-separated, in
-	// the order of its rotation: kill, pause, clock and delay on replica
+	// the order of its rotation: kill, pause, clock, delay and partition on replica
 	// processes; force-delete and delete on a StatefulSet's pods. Default:
 	// every kind of the target, in that order.
 	Faults string

@@ -650,10 +650,11 @@ func (r *run) newReport(ctx context.Context) *Report {
 			"the StatefulSet recreates the pod at once", o.ChaosInterval))
 	} else if r.sc.faults {
 		kinds := map[faultKind]string{
-			faultKill:  fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
-			faultPause: fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
-			faultClock: fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
-			faultDelay: fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+			faultKill:      fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
+			faultPause:     fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
+			faultClock:     fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
+			faultDelay:     fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+			faultPartition: fmt.Sprintf("partition (both ways of its connection to the API server held for %s by the proxy, then delivered)", o.DelayFor),
 		}
 		var rotation []string
 		for _, k := range r.chaos {

@@ -158,16 +158,18 @@ func init() {
 		doc: "Under continuous spec updates, a fault on a random replica every chaos interval, in rotation: a kill " +
 			"(SIGKILL, restarted with the same identity after the restart delay, like a StatefulSet pod), a pause " +
 			"(SIGSTOP past its Leases' expiry, default lease duration + 2 × retry period, then SIGCONT: its shards are " +
-			"taken over while it cannot notice) and a clock offset (restarted after SIGTERM with the times it writes " +
-			"into Leases 30s ahead, the next time 30s behind, kept until another fault restarts it). Fails on any " +
+			"taken over while it cannot notice), a clock offset (restarted after SIGTERM with the times it writes " +
+			"into Leases 30s ahead, the next time 30s behind, kept until another fault restarts it), a delay (what it " +
+			"sends to the API server held past its Leases' expiry by a proxy, then delivered: the API server must refuse " +
+			"the late writes) and a partition (both ways of that connection held as long, then healed). Fails on any " +
 			"write outside its writer's tenure of the shard's Lease, any overlapping reconciles a pause does not " +
 			"explain, any generation never Ready, any shard without a running holder for longer than lease duration " +
 			"+ retry period, or a replica above its memory limit. On a StatefulSet's pods (--statefulset) the faults " +
 			"are a forced pod deletion (grace 0) and a deletion with the pod's grace period, in rotation; the StatefulSet " +
 			"recreates the pod at once.",
-		// Two rotations of the three faults, each an interval, its own
+		// Two rotations of the five faults, each an interval, its own
 		// length and a settle apart.
-		defaults: func(o *Options) { defaultDuration(o, 6*time.Minute) },
+		defaults: func(o *Options) { defaultDuration(o, 10*time.Minute) },
 		run:      runChaos,
 	})
 	register(&scenario{
