@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -105,6 +106,10 @@ type ControlPlane struct {
 	Kubeconfig string
 
 	env *envtest.Environment
+	// apiServer is the kube-apiserver RestartAPIServer started, closing
+	// apiServerDone when it exits; nil while envtest's own runs.
+	apiServer     *exec.Cmd
+	apiServerDone chan struct{}
 }
 
 // Start starts etcd and kube-apiserver on loopback ports, installs the CRDs
@@ -203,6 +208,12 @@ func (c *ControlPlane) Stop() error {
 	}
 	if c.Kubeconfig != "" {
 		_ = os.Remove(c.Kubeconfig)
+	}
+	if c.apiServer != nil {
+		// Before envtest removes the certificates it runs on.
+		if err := c.stopAPIServer(c.apiServer.Process.Pid); err != nil {
+			return fmt.Errorf("stopping control plane: %w", err)
+		}
 	}
 	if err := c.env.Stop(); err != nil {
 		return fmt.Errorf("stopping control plane: %w", err)
