@@ -172,6 +172,7 @@ func (t *auditTail) reconciledBy(object, replica string, since time.Time) bool {
 const (
 	checkWrites     = "no write outside its writer's tenure (the API server's audit log)"
 	checkReconciles = "no overlapping reconciles, other than across a pause"
+	checkRelists    = "at most one relist per informer after an API server restart (the API server's audit log)"
 )
 
 // AuditSummary is what the replicas' audit logs showed: the numbers behind
@@ -258,6 +259,43 @@ type WriteEvidence struct {
 	// Delays are what the API server received, late, from each victim of
 	// the chaos scenario's delay fault.
 	Delays []DelayEvidence `json:",omitempty"`
+	// Relists are the replicas' initial syncs after each API server
+	// restart of the chaos scenario (audit.CheckRelists).
+	Relists []RelistEvidence `json:",omitempty"`
+}
+
+// RelistEvidence is what the API server's audit log shows of the
+// replicas' initial syncs in the chaos interval after one restart of it:
+// an informer that cannot resume its watch relists once, and more is a
+// LIST storm.
+type RelistEvidence struct {
+	// At is when the restart began, into the run.
+	At time.Duration
+	// Syncs counts the replicas' initial syncs, Informers the informers
+	// that made them.
+	Syncs, Informers int
+	// Excess names the informers that synced more than once (twice after
+	// an acquisition).
+	Excess []string `json:",omitempty"`
+}
+
+// relistCheck is the check of the relists after the run's API server
+// restarts; ok is false when the run restarted none.
+func (w *WriteEvidence) relistCheck() (Check, bool) {
+	if w == nil || len(w.Relists) == 0 {
+		return Check{}, false
+	}
+	c := Check{Name: checkRelists, Passed: true}
+	var parts []string
+	for _, r := range w.Relists {
+		parts = append(parts, fmt.Sprintf("restart at %s: %d initial syncs by %d informers, %d synced more than allowed", round(r.At), r.Syncs, r.Informers, len(r.Excess)))
+		if len(r.Excess) > 0 {
+			c.Passed = false
+			parts = append(parts, r.Excess...)
+		}
+	}
+	c.Detail = strings.Join(parts, "; ")
+	return c, true
 }
 
 // DelayEvidence is what the API server's audit log shows of one delay
@@ -303,7 +341,11 @@ type evidenceFor struct {
 	// delaySpan is how long after a delay fault's start its victim's
 	// requests are counted as the fault's.
 	delaySpan time.Duration
-	begin     time.Time
+	// restarts are the API server restarts; each one's relists are counted
+	// for restartSpan (the chaos interval: the next fault comes later).
+	restarts    []time.Time
+	restartSpan time.Duration
+	begin       time.Time
 }
 
 // writeEvidence reads the API server's audit log and checks every
@@ -342,6 +384,18 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 	}
 	for _, d := range ev.delays {
 		w.Delays = append(w.Delays, delayEvidence(l, e, ev, d))
+	}
+	for _, at := range ev.restarts {
+		r := audit.CheckRelists(l, audit.RelistOptions{Ring: opts.Ring, LeaseNamespace: opts.LeaseNamespace, From: at, To: at.Add(ev.restartSpan)})
+		re := RelistEvidence{At: at.Sub(ev.begin), Syncs: r.Total(), Informers: len(r.Groups)}
+		for i, g := range r.Excess {
+			if i == maxExamples {
+				re.Excess = append(re.Excess, fmt.Sprintf("%d more", len(r.Excess)-i))
+				break
+			}
+			re.Excess = append(re.Excess, g.String())
+		}
+		w.Relists = append(w.Relists, re)
 	}
 	return w
 }
@@ -459,8 +513,10 @@ func (r *run) evidence() evidenceFor {
 	}
 	r.mu.Lock()
 	ev.delays = slices.Clone(r.delays)
+	ev.restarts = slices.Clone(r.restarts)
 	r.mu.Unlock()
 	ev.delaySpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
+	ev.restartSpan = r.opts.ChaosInterval
 	return ev
 }
 

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -45,6 +46,13 @@ const (
 	// answers, as a replica whose node lost its network. Replica processes
 	// only.
 	faultPartition
+	// faultAPIServerRestart restarts the kube-apiserver of the control
+	// plane the load tester started (SIGTERM, then the same command line):
+	// every replica's connections and watches break at once, and each must
+	// resume or relist once per informer, not storm. The victim is none in
+	// particular. Replica processes on the load tester's own control plane
+	// only.
+	faultAPIServerRestart
 	// faultForceDelete deletes the victim's pod at once (`kubectl delete
 	// pod --grace-period=0 --force`): the pod object goes, the kubelet still
 	// stops the container with SIGTERM and 2 s of grace, and the StatefulSet
@@ -57,18 +65,19 @@ const (
 )
 
 func (k faultKind) String() string {
-	return [...]string{"kill", "pause", "clock offset", "delay", "partition", "forced pod deletion", "pod deletion"}[k]
+	return [...]string{"kill", "pause", "clock offset", "delay", "partition", "API server restart", "forced pod deletion", "pod deletion"}[k]
 }
 
 // faultNames name the fault kinds in Options.Faults.
 var faultNames = map[string]faultKind{
 	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay, "partition": faultPartition,
-	"force-delete": faultForceDelete, "delete": faultDelete,
+	"apiserver-restart": faultAPIServerRestart,
+	"force-delete":      faultForceDelete, "delete": faultDelete,
 }
 
 // faultRotation is the order of the chaos scenario's faults, one per
 // interval, on replica processes.
-var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay, faultPartition}
+var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay, faultPartition, faultAPIServerRestart}
 
 // podFaultRotation is the order on a StatefulSet's pods, which the load
 // tester can delete but not signal.
@@ -208,7 +217,10 @@ type injected struct {
 
 func (i injected) String() string {
 	s := fmt.Sprintf("%s of %s at %s", i.kind, i.replica, round(i.at))
-	if i.kind == faultClock {
+	switch i.kind {
+	case faultAPIServerRestart:
+		s = fmt.Sprintf("%s at %s", i.kind, round(i.at))
+	case faultClock:
 		s = fmt.Sprintf("%s %s on %s at %s", i.kind, signed(i.offset), i.replica, round(i.at))
 	}
 	return s
@@ -289,6 +301,18 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		}
 		r.handover(ctx, f, fmt.Sprintf("delay of what %s sends to the API server by %s (then delivered)", s.id, o.DelayFor), at)
 		return nil
+	case faultAPIServerRestart:
+		if r.restartAPIServer == nil {
+			return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
+		}
+		r.mark("restart the API server")
+		at := time.Now()
+		if err := r.restartAPIServer(ctx); err != nil {
+			return err
+		}
+		r.noteRestart(at)
+		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(time.Since(at))), at)
+		return nil
 	case faultPartition:
 		if s.proxy == nil {
 			return fmt.Errorf("cutting %s off: it does not reach the API server through a proxy", s.id)
@@ -354,6 +378,13 @@ func (r *run) noteDelay(replica string, from time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.delays = append(r.delays, delayWindow{replica: replica, from: from})
+}
+
+// noteRestart records an API server restart, for the relist evidence.
+func (r *run) noteRestart(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restarts = append(r.restarts, at)
 }
 
 // closeProxies closes the delay and partition faults' proxies.

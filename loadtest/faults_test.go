@@ -19,11 +19,11 @@ import (
 func TestFaultRotation(t *testing.T) {
 	p := faultPlan{rotation: faultRotation, offset: 30 * time.Second}
 	var got []fault
-	for range 8 {
+	for range 9 {
 		got = append(got, p.next())
 	}
 	want := []fault{
-		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second}, {kind: faultDelay}, {kind: faultPartition},
+		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: 30 * time.Second}, {kind: faultDelay}, {kind: faultPartition}, {kind: faultAPIServerRestart},
 		{kind: faultKill}, {kind: faultPause}, {kind: faultClock, offset: -30 * time.Second},
 	}
 	if !slices.Equal(got, want) {
@@ -33,13 +33,13 @@ func TestFaultRotation(t *testing.T) {
 	for _, tc := range []struct {
 		f    fault
 		want time.Duration
-	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}, {want[3], 26 * time.Second}, {want[4], 26 * time.Second}} {
+	}{{want[0], 5 * time.Second}, {want[1], 25 * time.Second}, {want[2], 0}, {want[3], 26 * time.Second}, {want[4], 26 * time.Second}, {want[5], 0}} {
 		if got := tc.f.lasts(o); got != tc.want {
 			t.Errorf("%s lasts %s, want %s", tc.f.kind, got, tc.want)
 		}
 	}
-	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[7], replica: "kshard-0", at: 2 * time.Minute}}
-	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset, 0 delay, 0 partition (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s)"; got != want {
+	done := []injected{{fault: want[0], replica: "kshard-1", at: time.Minute}, {fault: want[8], replica: "kshard-0", at: 2 * time.Minute}, {fault: want[5], replica: "kshard-2", at: 3 * time.Minute}}
+	if got, want := faultsFinding(faultRotation, done), "faults injected: 1 kill, 0 pause, 1 clock offset, 0 delay, 0 partition, 1 API server restart (kill of kshard-1 at 1m0s; clock offset -30s on kshard-0 at 2m0s; API server restart at 3m0s)"; got != want {
 		t.Errorf("finding %q\nwant      %q", got, want)
 	}
 }
@@ -70,7 +70,7 @@ func TestFaultOptions(t *testing.T) {
 	}
 	// The pause outlasts the Lease (15s) by two renewal periods and fits the
 	// 30s interval.
-	if o.PauseFor != 25*time.Second || o.ClockOffset != 30*time.Second || o.MemoryLimit != "512Mi" || o.Duration != 10*time.Minute {
+	if o.PauseFor != 25*time.Second || o.ClockOffset != 30*time.Second || o.MemoryLimit != "512Mi" || o.Duration != 12*time.Minute {
 		t.Errorf("chaos defaults: pause %s, clock offset %s, memory limit %s, duration %s", o.PauseFor, o.ClockOffset, o.MemoryLimit, o.Duration)
 	}
 	if b, err := o.memoryLimitBytes(); err != nil || b != 512<<20 {
@@ -323,5 +323,23 @@ func TestReadmeLink(t *testing.T) {
 		if got := readmeFrom(out); got != want {
 			t.Errorf("from %s: %q, want %q", out, got, want)
 		}
+	}
+}
+
+// TestRelistCheck: the relists after an API server restart pass at one per
+// informer, fail on a planted excess, and are not checked in a run without
+// a restart.
+func TestRelistCheck(t *testing.T) {
+	if _, ok := (&WriteEvidence{}).relistCheck(); ok {
+		t.Error("a run without an API server restart has a relist check")
+	}
+	w := &WriteEvidence{Relists: []RelistEvidence{{At: time.Minute, Syncs: 9, Informers: 9}}}
+	if c, ok := w.relistCheck(); !ok || !c.Passed {
+		t.Errorf("one sync per informer: %+v", c)
+	}
+	w.Relists = append(w.Relists, RelistEvidence{At: 2 * time.Minute, Syncs: 11, Informers: 9, Excess: []string{"kshard-1_ab synced configbindings … 3 times"}})
+	c, _ := w.relistCheck()
+	if c.Passed || !strings.Contains(c.Detail, "3 times") {
+		t.Errorf("a relist loop passed: %+v", c)
 	}
 }

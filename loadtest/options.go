@@ -105,9 +105,10 @@ type Options struct {
 	// duration + 2 × retry period.
 	DelayFor time.Duration
 	// Faults lists the chaos scenario's fault kinds, comma-separated, in
-	// the order of its rotation: kill, pause, clock, delay and partition on replica
-	// processes; force-delete and delete on a StatefulSet's pods. Default:
-	// every kind of the target, in that order.
+	// the order of its rotation: kill, pause, clock, delay, partition and
+	// apiserver-restart on replica processes; force-delete and delete on a
+	// StatefulSet's pods. Default: every kind of the target, in that order
+	// (without apiserver-restart on a cluster of Kubeconfig).
 	Faults string
 	// NoFencing leaves deploy/base's kshard-shard-writes policy unbound:
 	// the sharded replicas still run on pod-bound tokens and deploy/base's

@@ -778,6 +778,9 @@ func (r *run) finish(runErr error) {
 	} else {
 		rep.Writes = writeEvidence(r.evidence())
 		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
+		if c, ok := rep.Writes.relistCheck(); ok {
+			rep.Checks = append(rep.Checks, c)
+		}
 		for _, d := range rep.Writes.Delays {
 			rep.Findings = append(rep.Findings, d.String())
 		}

@@ -60,6 +60,11 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
 	r.chosen, _ = parseFleets(opts.Fleets)                        // validated by setDefaults
 	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "") // likewise
+	if opts.Faults == "" && opts.Kubeconfig != "" {
+		// The default rotation on a cluster of the user's: its API server
+		// is not the load tester's to restart.
+		r.chaos = slices.DeleteFunc(r.chaos, func(k faultKind) bool { return k == faultAPIServerRestart })
+	}
 	if sc.prepare != nil {
 		if err := sc.prepare(r); err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
@@ -79,6 +84,11 @@ type run struct {
 	log    logr.Logger
 	// chaos is the chaos scenario's fault rotation (Options.Faults).
 	chaos []faultKind
+	// restartAPIServer restarts the control plane's kube-apiserver: nil on
+	// a cluster the load tester did not start. restarts are when the
+	// chaos scenario did.
+	restartAPIServer func(context.Context) error
+	restarts         []time.Time
 
 	work       string
 	begin      time.Time
@@ -382,6 +392,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 			}
 		}
 		cfg = cp.Config
+		r.restartAPIServer = cp.RestartAPIServer
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	host := cfg.Host

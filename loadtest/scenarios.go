@@ -161,15 +161,16 @@ func init() {
 			"taken over while it cannot notice), a clock offset (restarted after SIGTERM with the times it writes " +
 			"into Leases 30s ahead, the next time 30s behind, kept until another fault restarts it), a delay (what it " +
 			"sends to the API server held past its Leases' expiry by a proxy, then delivered: the API server must refuse " +
-			"the late writes) and a partition (both ways of that connection held as long, then healed). Fails on any " +
+			"the late writes), a partition (both ways of that connection held as long, then healed) and a restart of " +
+			"the API server (every watch breaks: each informer may relist once). Fails on any " +
 			"write outside its writer's tenure of the shard's Lease, any overlapping reconciles a pause does not " +
-			"explain, any generation never Ready, any shard without a running holder for longer than lease duration " +
+			"explain, any informer relisting more than once after an API server restart, any generation never Ready, any shard without a running holder for longer than lease duration " +
 			"+ retry period, or a replica above its memory limit. On a StatefulSet's pods (--statefulset) the faults " +
 			"are a forced pod deletion (grace 0) and a deletion with the pod's grace period, in rotation; the StatefulSet " +
 			"recreates the pod at once.",
-		// Two rotations of the five faults, each an interval, its own
+		// Two rotations of the six faults, each an interval, its own
 		// length and a settle apart.
-		defaults: func(o *Options) { defaultDuration(o, 10*time.Minute) },
+		defaults: func(o *Options) { defaultDuration(o, 12*time.Minute) },
 		run:      runChaos,
 	})
 	register(&scenario{

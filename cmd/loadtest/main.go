@@ -71,7 +71,7 @@ func run() int {
 	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a killed replica stays down (default 5s)")
 	fs.DurationVar(&o.PauseFor, "pause-for", 0, "chaos: how long a paused replica stays stopped (SIGSTOP); above the lease duration, below the chaos interval (default lease duration + 2 × retry period)")
 	fs.DurationVar(&o.DelayFor, "delay-for", 0, "chaos: how long a delay fault holds what its victim sends to the API server, and a partition cuts it off; above the lease duration, below the chaos interval (default lease duration + 2 × retry period)")
-	fs.StringVar(&o.Faults, "faults", "", "chaos: the fault kinds in rotation, comma-separated: kill, pause, clock, delay, partition on replica processes; force-delete, delete on --statefulset pods (default: all of the target's, in that order)")
+	fs.StringVar(&o.Faults, "faults", "", "chaos: the fault kinds in rotation, comma-separated: kill, pause, clock, delay, partition, apiserver-restart on replica processes; force-delete, delete on --statefulset pods (default: all of the target's, in that order)")
 	fs.BoolVar(&o.NoFencing, "no-fencing", false, "leave deploy/base's kshard-shard-writes admission policy unbound, so the API server does not refuse a write by a replica that does not hold the shard's Lease (a delay fault's late writes then commit, and the write check fails)")
 	fs.DurationVar(&o.ClockOffset, "clock-offset", 0, "chaos: the Lease clock offset of a clock fault, ahead and behind in turn; above the lease duration (default 30s)")
 	fs.StringVar(&memoryLimit, "memory-limit", loadtest.DefaultMemoryLimit, "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none")
