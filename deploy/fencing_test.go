@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -354,12 +353,7 @@ func policyDenials(ctx context.Context, t *testing.T) float64 {
 // readAPIAudit reads the control plane's audit log so far.
 func readAPIAudit(t *testing.T) *audit.APILog {
 	t.Helper()
-	f, err := os.Open(apiAudit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	l, err := audit.ReadAPILog(f)
+	l, err := audit.ReadAPILogFile(apiAudit)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,12 +109,7 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	t.Logf("fault over %s after it began; ring and every object's latest generation settled %s after it; %d updates meanwhile",
 		injected.Round(100*time.Millisecond), to.Sub(from).Round(100*time.Millisecond), updates)
 
-	f, err := os.Open(auditPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	l, err := audit.ReadAPILog(f)
+	l, err := audit.ReadAPILogFile(auditPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -388,15 +388,9 @@ func checkAudit(t *testing.T, rec *recorder) {
 		t.Errorf("no API-server evidence: %s is not set (make e2e sets it to the node's kube-apiserver audit log), so no write was checked against the shard Leases", envAPIServerAudit)
 		return
 	}
-	f, err := os.Open(path)
+	l, err := audit.ReadAPILogFile(path)
 	if err != nil {
 		t.Errorf("no API-server evidence: %v (a cluster started before make cluster wrote an audit log? restart it)", err)
-		return
-	}
-	defer f.Close()
-	l, err := audit.ReadAPILog(f)
-	if err != nil {
-		t.Errorf("no API-server evidence: %v", err)
 		return
 	}
 	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace,

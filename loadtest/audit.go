@@ -356,15 +356,9 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 	if path == "" {
 		return w
 	}
-	f, err := os.Open(path)
+	l, err := audit.ReadAPILogFile(path)
 	if err != nil {
 		w.Error = fmt.Sprintf("reading the API server's audit log: %v", err)
-		return w
-	}
-	defer f.Close()
-	l, err := audit.ReadAPILog(f)
-	if err != nil {
-		w.Error = err.Error()
 		return w
 	}
 	e := audit.CheckExclusive(l, opts)

@@ -3,7 +3,6 @@ package sharding_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -80,12 +79,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 
 	// The API server's own record of every write it committed, each
 	// checked against the holder the shard's Lease had at that revision.
-	f, err := os.Open(apiAudit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	log, err := audit.ReadAPILog(f)
+	log, err := audit.ReadAPILogFile(apiAudit)
 	if err != nil {
 		t.Fatal(err)
 	}

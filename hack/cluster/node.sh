@@ -193,7 +193,7 @@ start_kube_apiserver() {
 		--proxy-client-cert-file "$pki/front-proxy-client.crt" --proxy-client-key-file "$pki/front-proxy-client.key" \
 		--enable-aggregator-routing=true \
 		--audit-policy-file "$repo/internal/audit/policy.yaml" --audit-log-path "$logs/kube-apiserver-audit.log" \
-		--audit-log-format json --audit-log-mode blocking
+		--audit-log-format json --audit-log-mode blocking --audit-log-maxsize 100000
 }
 
 # restart stops a component as an operator would (SIGTERM, then SIGKILL

@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -142,6 +145,34 @@ type APILog struct {
 	Syncs []Sync
 	// Events counts the audit events read, of every stage.
 	Events int
+}
+
+// ReadAPILogFile reads the API server's JSON audit log at path, with the
+// files it rotated out before it (kube-apiserver renames a full log
+// <name>-<timestamp><ext>, by --audit-log-maxsize), oldest first: a check
+// that read only the current file would miss the Lease commits before the
+// rotation and see every later write as outside a tenure.
+func ReadAPILogFile(path string) (*APILog, error) {
+	ext := filepath.Ext(path)
+	backups, err := filepath.Glob(strings.TrimSuffix(path, ext) + "-*" + ext)
+	if err != nil {
+		return nil, fmt.Errorf("reading audit log %s: %w", path, err)
+	}
+	sort.Strings(backups) // the timestamps sort as text
+	var readers []io.Reader
+	for _, name := range append(backups, path) {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("reading audit log: %w", err)
+		}
+		defer f.Close()
+		readers = append(readers, f)
+	}
+	l, err := ReadAPILog(io.MultiReader(readers...))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return l, nil
 }
 
 // ReadAPILog reads an API server's JSON audit log (--audit-log-format=json):

@@ -3,6 +3,8 @@ package audit
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +110,43 @@ func TestHolderOf(t *testing.T) {
 		if got, _ := HolderOf(ua); got != want {
 			t.Errorf("HolderOf(%q) = %q, want %q", ua, got, want)
 		}
+	}
+}
+
+// TestReadAPILogFileReadsRotatedFiles: a Lease commit in the file the API
+// server rotated out, a write under it in the current file. Read alone,
+// the current file shows a write outside any tenure; read with the file
+// before it, none.
+func TestReadAPILogFileReadsRotatedFiles(t *testing.T) {
+	h := "kshard-0_a1"
+	ua := UserAgent("kshard/v0.0.0", h)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.log")
+	backup := filepath.Join(dir, "audit-2026-12-04T09-03-51.572.log")
+	if err := os.WriteFile(backup, []byte(auditLine(t, "update", "leases", "kshard-system", "kshard-shard-3", ua, 200, 10, "", &h)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(auditLine(t, "patch", "configmaps", "app", "cm", ua, 200, 11, "3", nil)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := CheckOptions{Ring: "kshard", LeaseNamespace: "kshard-system"}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	alone, err := ReadAPILog(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := CheckExclusive(alone, opts); e.OK() {
+		t.Fatalf("the current file alone: %s", e)
+	}
+	l, err := ReadAPILogFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := CheckExclusive(l, opts); !e.OK() || e.LeaseWrites != 1 || e.Writes() != 1 {
+		t.Errorf("with the rotated file: %s", e)
 	}
 }

@@ -143,6 +143,10 @@ func Start(opts Options) (*ControlPlane, error) {
 			args.Set("audit-log-path", opts.AuditLogPath)
 			args.Set("audit-log-format", "json")
 			args.Set("audit-log-mode", "blocking")
+			// Not rotated at the default 100 MB: a long load test
+			// writes more, and a check must read the whole run
+			// (audit.ReadAPILogFile reads rotated files too).
+			args.Set("audit-log-maxsize", "100000")
 		}
 		for name, values := range opts.APIServerArgs {
 			args.Set(name, values...)

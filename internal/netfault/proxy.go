@@ -34,9 +34,9 @@ type Proxy struct {
 	// healAt: bytes either side sends before healAt are delivered at
 	// healAt.
 	healAt time.Time
-	conns      map[net.Conn]struct{}
-	closed     bool
-	wg         sync.WaitGroup
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
 	// delayed counts the chunks that were held back, either way.
 	delayed int
 }
