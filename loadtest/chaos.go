@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"math/rand/v2"
+	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -80,14 +84,22 @@ var faultNames = map[string]faultKind{
 var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay, faultPartition, faultAPIServerRestart}
 
 // podFaultRotation is the order on a StatefulSet's pods, which the load
-// tester can delete but not signal.
-var podFaultRotation = []faultKind{faultForceDelete, faultDelete}
+// tester can delete but not signal; nodeFaultRotation adds the faults of
+// the node's network and control plane that Options.NodeFaults injects.
+var (
+	podFaultRotation  = []faultKind{faultForceDelete, faultDelete}
+	nodeFaultRotation = []faultKind{faultForceDelete, faultDelete, faultPartition, faultAPIServerRestart}
+)
 
 // parseFaults reads Options.Faults: the rotation, of the kinds the target
-// allows (pods: only deletions); the target's whole rotation for "".
-func parseFaults(s string, pods bool) ([]faultKind, error) {
+// allows (pods: deletions, and with node faults a partition and an API
+// server restart); the target's whole rotation for "".
+func parseFaults(s string, pods, node bool) ([]faultKind, error) {
 	allowed := faultRotation
-	if pods {
+	switch {
+	case pods && node:
+		allowed = nodeFaultRotation
+	case pods:
 		allowed = podFaultRotation
 	}
 	if s == "" {
@@ -314,6 +326,9 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(time.Since(at))), at)
 		return nil
 	case faultPartition:
+		if r.pods != nil {
+			return r.cutPodOff(ctx, f, s, ft)
+		}
 		if s.proxy == nil {
 			return fmt.Errorf("cutting %s off: it does not reach the API server through a proxy", s.id)
 		}
@@ -378,6 +393,66 @@ func (r *run) noteDelay(replica string, from time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.delays = append(r.delays, delayWindow{replica: replica, from: from})
+}
+
+// cutPodOff cuts a replica pod's network (Options.NodeFaults: its veth
+// down) for DelayFor, then restores it: its connections stay open, and what
+// it sent meanwhile is retransmitted late.
+func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot, ft fault) error {
+	o := r.opts
+	var c *container
+	if in := s.current(); in != nil {
+		c, _ = in.proc.(*container)
+	}
+	if c == nil || o.NodeFaults == "" {
+		return fmt.Errorf("cutting %s off: no pod's container, or no --node-faults", s.id)
+	}
+	r.mark("veth of %s down for %s", s.id, o.DelayFor)
+	at := time.Now()
+	if err := nodeFault(ctx, o.NodeFaults, "veth", "down", c.id); err != nil {
+		return err
+	}
+	r.noteDelay(s.id, at)
+	err := sleep(ctx, o.DelayFor)
+	// Restored on every way out: a pod left cut off would fail the rest.
+	r.mark("veth of %s up", s.id)
+	if uerr := nodeFault(context.WithoutCancel(ctx), o.NodeFaults, "veth", "up", c.id); err == nil {
+		err = uerr
+	}
+	if err != nil {
+		return err
+	}
+	r.handover(ctx, f, fmt.Sprintf("partition of pod %s (its veth down for %s, then up)", s.id, o.DelayFor), at)
+	return nil
+}
+
+// nodeFault runs the node's fault command (Options.NodeFaults).
+func nodeFault(ctx context.Context, command string, args ...string) error {
+	out, err := exec.CommandContext(ctx, command, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", command, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// restartNodeAPIServer has the node's fault command restart its
+// kube-apiserver, and waits until it answers /readyz again.
+func restartNodeAPIServer(ctx context.Context, command string, cfg *rest.Config) error {
+	if err := nodeFault(ctx, command, "restart", "kube-apiserver"); err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("restarting the API server: %w", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok", nil
+	})
+	if err != nil {
+		return fmt.Errorf("the API server did not answer /readyz after its restart: %w", err)
+	}
+	return nil
 }
 
 // noteRestart records an API server restart, for the relist evidence.

@@ -47,18 +47,21 @@ func TestFaultRotation(t *testing.T) {
 // TestFaultKinds: --faults chooses the rotation among the target's kinds,
 // and refuses a kind the target cannot have.
 func TestFaultKinds(t *testing.T) {
-	if got, err := parseFaults("delay, kill", false); err != nil || !slices.Equal(got, []faultKind{faultDelay, faultKill}) {
+	if got, err := parseFaults("delay, kill", false, false); err != nil || !slices.Equal(got, []faultKind{faultDelay, faultKill}) {
 		t.Errorf("delay, kill: %v (%v)", got, err)
 	}
-	if got, err := parseFaults("", true); err != nil || !slices.Equal(got, podFaultRotation) {
+	if got, err := parseFaults("", true, false); err != nil || !slices.Equal(got, podFaultRotation) {
 		t.Errorf("pods' default: %v (%v)", got, err)
 	}
+	if got, err := parseFaults("", true, true); err != nil || !slices.Equal(got, nodeFaultRotation) {
+		t.Errorf("pods' default with node faults: %v (%v)", got, err)
+	}
 	for _, tc := range []struct {
-		s    string
-		pods bool
-	}{{"delay", true}, {"force-delete", false}, {"nap", false}} {
-		if _, err := parseFaults(tc.s, tc.pods); err == nil {
-			t.Errorf("%q (pods %v) accepted", tc.s, tc.pods)
+		s          string
+		pods, node bool
+	}{{"delay", true, false}, {"delay", true, true}, {"partition", true, false}, {"apiserver-restart", true, false}, {"force-delete", false, false}, {"nap", false, false}} {
+		if _, err := parseFaults(tc.s, tc.pods, tc.node); err == nil {
+			t.Errorf("%q (pods %v, node faults %v) accepted", tc.s, tc.pods, tc.node)
 		}
 	}
 }

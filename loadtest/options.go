@@ -181,6 +181,12 @@ type Options struct {
 	// Kubeconfig has no evidence of the writes, and its write check fails
 	// with "no data". The control plane a run starts writes its own.
 	APIServerAuditLog string
+	// NodeFaults is a command that injects faults of the node a
+	// StatefulSet's pods run on: make cluster's hack/cluster/fault.sh.
+	// With it, chaos on the pods also cuts a pod's network for DelayFor
+	// (`veth down CONTAINER`, then `veth up`) and restarts the API server
+	// (`restart kube-apiserver`). StatefulSet only.
+	NodeFaults string
 	// StatefulSet, "namespace/name", makes the pods of that StatefulSet in
 	// the Kubeconfig cluster the replicas, instead of processes the load
 	// tester starts: it scales the StatefulSet, deletes pods for the chaos
@@ -325,7 +331,8 @@ func (o *Options) validate(sc *scenario) error {
 	processFaults := sc.faults && o.StatefulSet == ""
 	check(processFaults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
 	check(processFaults && (o.DelayFor <= o.LeaseDuration || o.DelayFor >= o.ChaosInterval), "delay %s must outlast the lease duration %s and fit the chaos interval %s", o.DelayFor, o.LeaseDuration, o.ChaosInterval)
-	if _, err := parseFaults(o.Faults, o.StatefulSet != ""); err != nil {
+	check(o.NodeFaults != "" && o.StatefulSet == "", "node faults (%s) are for a StatefulSet's pods (--statefulset)", o.NodeFaults)
+	if _, err := parseFaults(o.Faults, o.StatefulSet != "", o.NodeFaults != ""); err != nil {
 		errs = append(errs, err)
 	}
 	check(o.Faults != "" && !sc.faults, "faults %q: scenario %s injects none (chaos does)", o.Faults, sc.name)
@@ -359,7 +366,7 @@ func (o *Options) checkPodTarget(sc *scenario) error {
 	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
 	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
 	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "", "replica arguments, profiles and a binary folder are for replica processes the load tester starts")
-	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || o.DelayFor != 0, "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once")
+	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || (o.DelayFor != 0 && o.NodeFaults == ""), "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once, and with --node-faults cuts a pod's network and restarts the API server")
 	return errors.Join(errs...)
 }
 

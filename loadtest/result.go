@@ -645,16 +645,25 @@ func (r *run) newReport(ctx context.Context) *Report {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}
 	if r.sc.faults && r.pods != nil {
-		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: forced pod deletion "+
-			"(grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go), pod deletion with its grace period; "+
-			"the StatefulSet recreates the pod at once", o.ChaosInterval))
+		kinds := map[faultKind]string{
+			faultForceDelete:      "forced pod deletion (grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go; the StatefulSet recreates the pod at once)",
+			faultDelete:           "pod deletion with its grace period (the StatefulSet recreates the pod at once)",
+			faultPartition:        fmt.Sprintf("partition (the pod's veth down for %s, then up: %s)", o.DelayFor, o.NodeFaults),
+			faultAPIServerRestart: fmt.Sprintf("API server restart (SIGTERM, then the same command line: %s)", o.NodeFaults),
+		}
+		var rotation []string
+		for _, k := range r.chaos {
+			rotation = append(rotation, kinds[k])
+		}
+		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
 	} else if r.sc.faults {
 		kinds := map[faultKind]string{
-			faultKill:      fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
-			faultPause:     fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
-			faultClock:     fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
-			faultDelay:     fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
-			faultPartition: fmt.Sprintf("partition (both ways of its connection to the API server held for %s by the proxy, then delivered)", o.DelayFor),
+			faultKill:             fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
+			faultPause:            fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
+			faultClock:            fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
+			faultDelay:            fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+			faultPartition:        fmt.Sprintf("partition (both ways of its connection to the API server held for %s by the proxy, then delivered)", o.DelayFor),
+			faultAPIServerRestart: "API server restart (SIGTERM, then the same command line, port and certificates)",
 		}
 		var rotation []string
 		for _, k := range r.chaos {

@@ -58,9 +58,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
 	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
-	r.chosen, _ = parseFleets(opts.Fleets)                        // validated by setDefaults
-	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "") // likewise
-	if opts.Faults == "" && opts.Kubeconfig != "" {
+	r.chosen, _ = parseFleets(opts.Fleets)                                               // validated by setDefaults
+	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "", opts.NodeFaults != "") // likewise
+	if opts.Faults == "" && opts.Kubeconfig != "" && opts.NodeFaults == "" {
 		// The default rotation on a cluster of the user's: its API server
 		// is not the load tester's to restart.
 		r.chaos = slices.DeleteFunc(r.chaos, func(k faultKind) bool { return k == faultAPIServerRestart })
@@ -394,6 +394,9 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		cfg = cp.Config
 		r.restartAPIServer = cp.RestartAPIServer
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
+	}
+	if r.opts.NodeFaults != "" {
+		r.restartAPIServer = func(ctx context.Context) error { return restartNodeAPIServer(ctx, r.opts.NodeFaults, cfg) }
 	}
 	host := cfg.Host
 	if !strings.Contains(host, "://") {
