@@ -260,8 +260,11 @@ type WriteEvidence struct {
 	// the chaos scenario's delay fault.
 	Delays []DelayEvidence `json:",omitempty"`
 	// Relists are the replicas' initial syncs after each API server
-	// restart of the chaos scenario (audit.CheckRelists).
+	// restart of the chaos scenario (audit.CheckRelists); Syncs counts the
+	// replicas' initial syncs in the whole log, without which no relist
+	// could have been seen.
 	Relists []RelistEvidence `json:",omitempty"`
+	Syncs   int
 }
 
 // RelistEvidence is what the API server's audit log shows of the
@@ -284,6 +287,9 @@ type RelistEvidence struct {
 func (w *WriteEvidence) relistCheck() (Check, bool) {
 	if w == nil || len(w.Relists) == 0 {
 		return Check{}, false
+	}
+	if w.Syncs == 0 {
+		return noDataCheck(checkRelists, fmt.Sprintf("the API server's audit log shows no initial sync by a replica at all (an audit policy without LISTs and watches?), so no relist after its %d restarts could have been seen", len(w.Relists))), true
 	}
 	c := Check{Name: checkRelists, Passed: true}
 	var parts []string
@@ -342,8 +348,9 @@ type evidenceFor struct {
 	// requests are counted as the fault's.
 	delaySpan time.Duration
 	// restarts are the API server restarts; each one's relists are counted
-	// for restartSpan (the chaos interval: the next fault comes later).
-	restarts    []time.Time
+	// until restartSpan after it settled (the chaos interval: the next
+	// fault comes later).
+	restarts    []apiServerRestart
 	restartSpan time.Duration
 	begin       time.Time
 }
@@ -379,9 +386,14 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 	for _, d := range ev.delays {
 		w.Delays = append(w.Delays, delayEvidence(l, e, ev, d))
 	}
-	for _, at := range ev.restarts {
-		r := audit.CheckRelists(l, audit.RelistOptions{Ring: opts.Ring, LeaseNamespace: opts.LeaseNamespace, From: at, To: at.Add(ev.restartSpan)})
-		re := RelistEvidence{At: at.Sub(ev.begin), Syncs: r.Total(), Informers: len(r.Groups)}
+	for _, sy := range l.Syncs {
+		if sy.Holder != "" {
+			w.Syncs++
+		}
+	}
+	for _, x := range ev.restarts {
+		r := audit.CheckRelists(l, audit.RelistOptions{Ring: opts.Ring, LeaseNamespace: opts.LeaseNamespace, From: x.At, To: x.Settled.Add(ev.restartSpan)})
+		re := RelistEvidence{At: x.At.Sub(ev.begin), Syncs: r.Total(), Informers: len(r.Groups)}
 		for i, g := range r.Excess {
 			if i == maxExamples {
 				re.Excess = append(re.Excess, fmt.Sprintf("%d more", len(r.Excess)-i))

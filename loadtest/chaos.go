@@ -322,8 +322,9 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		if err := r.restartAPIServer(ctx); err != nil {
 			return err
 		}
-		r.noteRestart(at)
-		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(time.Since(at))), at)
+		ready := time.Now()
+		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(ready.Sub(at))), at)
+		r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
 		return nil
 	case faultPartition:
 		if r.pods != nil {
@@ -455,11 +456,22 @@ func restartNodeAPIServer(ctx context.Context, command string, cfg *rest.Config)
 	return nil
 }
 
-// noteRestart records an API server restart, for the relist evidence.
-func (r *run) noteRestart(at time.Time) {
+// apiServerRestart is one restart of the API server by the chaos
+// scenario: when it began, when the server answered again and when the
+// fleet settled after it. No Lease can be renewed or taken between At and
+// Ready: the unowned check excuses what the outage explains, and the
+// relist check counts syncs from At until a chaos interval after Settled,
+// before which no other fault comes.
+type apiServerRestart struct {
+	At, Ready, Settled time.Time
+}
+
+// noteRestart records an API server restart, for the relist evidence and
+// the unowned check.
+func (r *run) noteRestart(x apiServerRestart) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.restarts = append(r.restarts, at)
+	r.restarts = append(r.restarts, x)
 }
 
 // closeProxies closes the delay and partition faults' proxies.

@@ -336,7 +336,11 @@ func TestRelistCheck(t *testing.T) {
 	if _, ok := (&WriteEvidence{}).relistCheck(); ok {
 		t.Error("a run without an API server restart has a relist check")
 	}
-	w := &WriteEvidence{Relists: []RelistEvidence{{At: time.Minute, Syncs: 9, Informers: 9}}}
+	w := &WriteEvidence{Relists: []RelistEvidence{{At: time.Minute}}}
+	if c, _ := w.relistCheck(); c.Passed || !c.NoData {
+		t.Errorf("a log without any sync: %+v", c)
+	}
+	w = &WriteEvidence{Syncs: 30, Relists: []RelistEvidence{{At: time.Minute, Syncs: 9, Informers: 9}}}
 	if c, ok := w.relistCheck(); !ok || !c.Passed {
 		t.Errorf("one sync per informer: %+v", c)
 	}
@@ -344,5 +348,29 @@ func TestRelistCheck(t *testing.T) {
 	c, _ := w.relistCheck()
 	if c.Passed || !strings.Contains(c.Detail, "3 times") {
 		t.Errorf("a relist loop passed: %+v", c)
+	}
+}
+
+// TestUnownedAcrossAnAPIServerRestart: a shard unowned beyond the bound
+// while the API server was away is excused when it was held again within
+// the bound after the server answered; one held later, or unowned with the
+// server up, fails the check.
+func TestUnownedAcrossAnAPIServerRestart(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	bound := 20 * time.Second
+	outage := []apiServerRestart{{At: at(100), Ready: at(160), Settled: at(170)}}
+	excused := []unownedInterval{{Shard: 1, From: at(110), To: at(175)}}
+	if c := unownedCheck(excused, 10, bound, t0, outage); !c.Passed || !strings.Contains(c.Detail, "1 longer across an API server restart") {
+		t.Errorf("an interval the outage explains: %+v", c)
+	}
+	for _, iv := range []unownedInterval{
+		{Shard: 2, From: at(110), To: at(181)}, // held again 21 s after the server answered
+		{Shard: 3, From: at(20), To: at(50)},   // the server up
+		{Shard: 4, From: at(161), To: at(190)}, // unowned only after the server answered
+	} {
+		if c := unownedCheck(append([]unownedInterval{iv}, excused...), 10, bound, t0, outage); c.Passed {
+			t.Errorf("shard %d unowned %s–%s passed: %+v", iv.Shard, iv.From.Sub(t0), iv.To.Sub(t0), c)
+		}
 	}
 }

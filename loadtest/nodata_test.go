@@ -14,7 +14,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	noData := map[string]Check{
 		"ready":      readyCheck(0, 0, nil),
-		"unowned":    unownedCheck(nil, 0, 20*time.Second, t0),
+		"unowned":    unownedCheck(nil, 0, 20*time.Second, t0, nil),
 		"events":     eventsCheck(nil, 5*time.Minute),
 		"reconciles": (&AuditSummary{Processes: 3}).reconcileCheck(""),
 		"writes":     (*WriteEvidence)(nil).check(""),
@@ -43,7 +43,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 	// With data they decide as before.
 	for name, c := range map[string]Check{
 		"ready":      readyCheck(0, 10, nil),
-		"unowned":    unownedCheck(nil, 50, 20*time.Second, t0),
+		"unowned":    unownedCheck(nil, 50, 20*time.Second, t0, nil),
 		"events":     eventsCheck([]EventResult{{Name: "start of sharded ×3"}}, 5*time.Minute),
 		"reconciles": (&AuditSummary{Records: 20, Processes: 3, Objects: 10}).reconcileCheck(""),
 	} {

@@ -85,10 +85,10 @@ type run struct {
 	// chaos is the chaos scenario's fault rotation (Options.Faults).
 	chaos []faultKind
 	// restartAPIServer restarts the control plane's kube-apiserver: nil on
-	// a cluster the load tester did not start. restarts are when the
-	// chaos scenario did.
+	// a cluster the load tester did not start. restarts are the chaos
+	// scenario's.
 	restartAPIServer func(context.Context) error
-	restarts         []time.Time
+	restarts         []apiServerRestart
 
 	work       string
 	begin      time.Time
