@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"math/rand/v2"
 	"os/exec"
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // faultKind is one kind of fault the chaos scenario injects.
@@ -47,15 +48,15 @@ const (
 	// DelayFor (its connection goes through a netfault.Proxy), then heals
 	// with its connections open: what it sent arrives late, as with a
 	// delay, and it hears nothing meanwhile, not even its renewals'
-	// answers, as a replica whose node lost its network. Replica processes
-	// only.
+	// answers, as a replica whose node lost its network. On a StatefulSet's
+	// pods, with Options.NodeFaults, the pod's veth goes down instead.
 	faultPartition
 	// faultAPIServerRestart restarts the kube-apiserver of the control
 	// plane the load tester started (SIGTERM, then the same command line):
 	// every replica's connections and watches break at once, and each must
 	// resume or relist once per informer, not storm. The victim is none in
-	// particular. Replica processes on the load tester's own control plane
-	// only.
+	// particular. On the load tester's own control plane, or on a node
+	// whose Options.NodeFaults can restart it.
 	faultAPIServerRestart
 	// faultForceDelete deletes the victim's pod at once (`kubectl delete
 	// pod --grace-period=0 --force`): the pod object goes, the kubelet still
@@ -74,9 +75,9 @@ func (k faultKind) String() string {
 
 // faultNames name the fault kinds in Options.Faults.
 var faultNames = map[string]faultKind{
-	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay, "partition": faultPartition,
-	"apiserver-restart": faultAPIServerRestart,
-	"force-delete":      faultForceDelete, "delete": faultDelete,
+	"kill": faultKill, "pause": faultPause, "clock": faultClock, "delay": faultDelay,
+	"partition": faultPartition, "apiserver-restart": faultAPIServerRestart,
+	"force-delete": faultForceDelete, "delete": faultDelete,
 }
 
 // faultRotation is the order of the chaos scenario's faults, one per
@@ -328,7 +329,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		return nil
 	case faultPartition:
 		if r.pods != nil {
-			return r.cutPodOff(ctx, f, s, ft)
+			return r.cutPodOff(ctx, f, s)
 		}
 		if s.proxy == nil {
 			return fmt.Errorf("cutting %s off: it does not reach the API server through a proxy", s.id)
@@ -399,7 +400,7 @@ func (r *run) noteDelay(replica string, from time.Time) {
 // cutPodOff cuts a replica pod's network (Options.NodeFaults: its veth
 // down) for DelayFor, then restores it: its connections stay open, and what
 // it sent meanwhile is retransmitted late.
-func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot, ft fault) error {
+func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot) error {
 	o := r.opts
 	var c *container
 	if in := s.current(); in != nil {
