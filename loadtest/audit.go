@@ -309,6 +309,8 @@ func (w *WriteEvidence) relistCheck() (Check, bool) {
 // fault's start until its held bytes and what queued behind them were
 // delivered (twice the delay) and answered (a retry period more).
 type DelayEvidence struct {
+	// Fault is "delay" or "partition".
+	Fault   string
 	Replica string
 	// At is when the delay began, into the run.
 	At time.Duration
@@ -323,8 +325,8 @@ type DelayEvidence struct {
 }
 
 func (d DelayEvidence) String() string {
-	return fmt.Sprintf("delay of %s at %s: the API server received, late, %d of its shard writes refused by the %s policy and %d committed (%d outside its tenure), and %d of its Lease writes refused with 409 Conflict (renewals of Leases written by others meanwhile)",
-		d.Replica, round(d.At), d.Refused, audit.FencingPolicy, d.Committed, d.Stray, d.LeaseConflicts)
+	return fmt.Sprintf("%s of %s at %s: the API server received, late, %d of its shard writes refused by the %s policy and %d committed (%d outside its tenure), and %d of its Lease writes refused with 409 Conflict (renewals of Leases written by others meanwhile)",
+		d.Fault, d.Replica, round(d.At), d.Refused, audit.FencingPolicy, d.Committed, d.Stray, d.LeaseConflicts)
 }
 
 // Writes is the number of committed replica writes to shard resources.
@@ -409,7 +411,7 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 // delayEvidence counts what the API server received from a delay fault's
 // victim while the fault lasted.
 func delayEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d delayWindow) DelayEvidence {
-	out := DelayEvidence{Replica: d.replica, At: d.from.Sub(ev.begin)}
+	out := DelayEvidence{Fault: d.kind.String(), Replica: d.replica, At: d.from.Sub(ev.begin)}
 	to := d.from.Add(ev.delaySpan)
 	of := func(w audit.Write) bool {
 		return strings.HasPrefix(w.Holder, d.replica+"_") && !w.Received.Before(d.from) && !w.Received.After(to)

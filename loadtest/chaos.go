@@ -303,7 +303,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		r.mark("delay what %s sends to the API server by %s", s.id, o.DelayFor)
 		at := time.Now()
 		s.proxy.Delay(o.DelayFor)
-		r.noteDelay(s.id, at)
+		r.noteDelay(faultDelay, s.id, at)
 		// Until what it sent at the start of the delay arrived and was
 		// answered.
 		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
@@ -338,7 +338,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		r.mark("cut %s off the API server for %s", s.id, o.DelayFor)
 		at := time.Now()
 		s.proxy.Partition(o.DelayFor)
-		r.noteDelay(s.id, at)
+		r.noteDelay(faultPartition, s.id, at)
 		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
 			return err
 		}
@@ -385,16 +385,17 @@ func faultsFinding(rotation []faultKind, done []injected) string {
 
 // delayWindow is one delay fault: its victim, and when it began.
 type delayWindow struct {
+	kind    faultKind
 	replica string
 	from    time.Time
 }
 
 // noteDelay records a delay or partition fault, for the write evidence:
 // either holds the victim's writes on the wire.
-func (r *run) noteDelay(replica string, from time.Time) {
+func (r *run) noteDelay(kind faultKind, replica string, from time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.delays = append(r.delays, delayWindow{replica: replica, from: from})
+	r.delays = append(r.delays, delayWindow{kind: kind, replica: replica, from: from})
 }
 
 // cutPodOff cuts a replica pod's network (Options.NodeFaults: its veth
@@ -414,7 +415,7 @@ func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot) error {
 	if err := nodeFault(ctx, o.NodeFaults, "veth", "down", c.id); err != nil {
 		return err
 	}
-	r.noteDelay(s.id, at)
+	r.noteDelay(faultPartition, s.id, at)
 	err := sleep(ctx, o.DelayFor)
 	// Restored on every way out: a pod left cut off would fail the rest.
 	r.mark("veth of %s up", s.id)
