@@ -2,9 +2,11 @@ package loadtest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -465,8 +467,12 @@ func shortID(id string) string {
 // its ring (the JSON logs of `kshard controller`).
 var holderPattern = regexp.MustCompile(`"holder":"([^"]+)"`)
 
-// follow copies a container's log into its file until the container exits,
-// noting the holder identity its lines name.
+// follow copies the container's log to its file until the container
+// ends. A stream the API server breaks while the container runs (a restart
+// of the API server, which proxies the kubelet's stream) is opened again
+// from the last line's timestamp, and the lines already copied are
+// skipped: the audit records the checks read must not stop at a fault of
+// the control plane.
 func (t *podTarget) follow(ctx context.Context, c *container) {
 	defer func() { c.logDone(time.Now()) }()
 	out, err := os.Create(c.logPath)
@@ -474,16 +480,49 @@ func (t *podTarget) follow(ctx context.Context, c *container) {
 		return
 	}
 	defer out.Close()
-	stream, err := t.cs.CoreV1().Pods(t.namespace).GetLogs(c.pod, &corev1.PodLogOptions{Container: t.container, Follow: true}).Stream(ctx)
-	if err != nil {
-		fmt.Fprintf(out, "loadtest: following the log of %s: %v\n", c.pod, err)
-		return
+	var last time.Time
+	for attempt := 0; ; attempt++ {
+		opts := &corev1.PodLogOptions{Container: t.container, Follow: true, Timestamps: true}
+		if !last.IsZero() {
+			// Whole seconds: the lines of last's second come again.
+			opts.SinceTime = &metav1.Time{Time: last}
+		}
+		stream, err := t.cs.CoreV1().Pods(t.namespace).GetLogs(c.pod, opts).Stream(ctx)
+		if err != nil {
+			if attempt == 0 {
+				fmt.Fprintf(out, "loadtest: following the log of %s: %v\n", c.pod, err)
+			}
+		} else {
+			last = t.copyLog(c, stream, out, last)
+			stream.Close()
+		}
+		if ctx.Err() != nil || !t.stillRuns(ctx, c) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
-	defer stream.Close()
+}
+
+// copyLog copies a timestamped log stream to out without the timestamps,
+// skipping the lines at or before after, and returns the last line's
+// timestamp.
+func (t *podTarget) copyLog(c *container, stream io.Reader, out io.Writer, after time.Time) time.Time {
 	sc := bufio.NewScanner(stream)
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
 	for sc.Scan() {
-		line := sc.Bytes()
+		stamp, line, ok := bytes.Cut(sc.Bytes(), []byte(" "))
+		if !ok {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, string(stamp))
+		if err != nil || !at.After(after) {
+			continue
+		}
+		after = at
 		if c.holder == "" {
 			if m := holderPattern.FindSubmatch(line); m != nil && sharding.HolderReplica(string(m[1])) == c.pod {
 				t.mu.Lock()
@@ -494,6 +533,29 @@ func (t *podTarget) follow(ctx context.Context, c *container) {
 		}
 		_, _ = out.Write(append(line, '\n'))
 	}
+	return after
+}
+
+// stillRuns says whether the container still runs as its pod's kshard
+// container: not seen gone, and its pod's status still names it running.
+func (t *podTarget) stillRuns(ctx context.Context, c *container) bool {
+	c.mu.Lock()
+	gone := !c.gone.IsZero()
+	c.mu.Unlock()
+	if gone {
+		return false
+	}
+	p, err := t.cs.CoreV1().Pods(t.namespace).Get(ctx, c.pod, metav1.GetOptions{})
+	if err != nil {
+		// The API server away (the fault itself): try again.
+		return !apierrors.IsNotFound(err)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == t.container {
+			return cs.ContainerID == c.id && cs.State.Running != nil
+		}
+	}
+	return false
 }
 
 // containerOf is the container behind a holder identity, if its log named

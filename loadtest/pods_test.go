@@ -253,3 +253,26 @@ func TestPodWatchKeepsFirstAndLastStatus(t *testing.T) {
 		t.Errorf("%d pods, restarts %+v; want 2 pods, kshard-0 restarted once", n, rs)
 	}
 }
+
+// TestCopyLogResumesAfterTheLastLine: a log stream opened again from the
+// last line's second repeats that second's lines; they are skipped, the
+// timestamps stripped, and the holder found.
+func TestCopyLogResumesAfterTheLastLine(t *testing.T) {
+	tg := &podTarget{byHolder: map[string]*container{}}
+	c := &container{pod: "kshard-1"}
+	var out strings.Builder
+	first := "2026-12-04T10:00:01.100000000Z {\"holder\":\"kshard-1_ab\",\"msg\":\"a\"}\n" +
+		"2026-12-04T10:00:01.200000000Z {\"msg\":\"b\"}\n"
+	last := tg.copyLog(c, strings.NewReader(first), &out, time.Time{})
+	again := "2026-12-04T10:00:01.100000000Z {\"holder\":\"kshard-1_ab\",\"msg\":\"a\"}\n" +
+		"2026-12-04T10:00:01.200000000Z {\"msg\":\"b\"}\n" +
+		"2026-12-04T10:00:02.000000000Z {\"msg\":\"c\"}\n"
+	tg.copyLog(c, strings.NewReader(again), &out, last)
+	want := "{\"holder\":\"kshard-1_ab\",\"msg\":\"a\"}\n{\"msg\":\"b\"}\n{\"msg\":\"c\"}\n"
+	if out.String() != want {
+		t.Errorf("copied\n%s\nwant\n%s", out.String(), want)
+	}
+	if c.holder != "kshard-1_ab" || tg.byHolder["kshard-1_ab"] != c {
+		t.Errorf("holder %q", c.holder)
+	}
+}
