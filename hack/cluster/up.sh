@@ -27,8 +27,16 @@ if [[ -s $run/node.pid ]] && kill -0 "$(cat "$run/node.pid")" 2>/dev/null; then
 	say "the cluster is already up (node.sh pid $(cat "$run/node.pid")); KUBECONFIG=$KUBECONFIG_OUT"
 	exit 0
 fi
+# A namespace with processes in it is a node that runs (another checkout's,
+# since this one's node.pid is gone): leave it alone. An empty one is left
+# over (a crashed run, a machine restored from a snapshot taken while a node
+# ran): clear it and whatever else of the old node remains, and go on.
 if netns_exists; then
-	die "network namespace $NETNS exists but no node runs in it: run \`make cluster-down\` first"
+	if others=$(ip netns pids "$NETNS" 2>/dev/null) && [[ -n $others ]]; then
+		die "network namespace $NETNS is in use by processes $(tr '\n' ' ' <<<"$others")(a node of another checkout?): stop it with its \`make cluster-down\`"
+	fi
+	say "network namespace $NETNS is left over from an earlier node and nothing runs in it: clearing it first"
+	"$repo/hack/cluster/down.sh"
 fi
 
 need_pkgs=()
