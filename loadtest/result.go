@@ -452,8 +452,9 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 
 	// A scrape that failed at either end leaves nothing to subtract from
 	// or to: its difference would be every count since the server started,
-	// or a negative one.
-	if res.APICounted = !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero(); res.APICounted {
+	// or a negative one. So does a restart of the API server in between:
+	// its counters started over.
+	if res.APICounted = !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero() && f.apiEnd.sameServer(f.apiStart); res.APICounted {
 		api := f.apiEnd.minus(f.apiStart)
 		res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
 		res.Syncs = api.Syncs - float64(res.OwnSyncs)
@@ -466,7 +467,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			res.WritesPerSec = api.Writes / s
 		}
 	}
-	if f.loadWritesFrom.valid() && f.loadWritesTo.valid() {
+	if f.loadWritesFrom.spans(f.loadWritesTo) {
 		h := f.loadWritesTo.api.StatusPatches.minus(f.loadWritesFrom.api.StatusPatches)
 		if q, ok := bucketQuantile(0.99, h.Bounds, h.Counts); ok {
 			res.StatusPatchP99 = q
@@ -843,6 +844,11 @@ func (r *run) finish(runErr error) {
 	if e := st.errors.Load(); e > 0 {
 		last, _ := st.lastErr.Load().(string)
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
+	}
+	for _, f := range r.fleets {
+		if !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero() && !f.apiEnd.sameServer(f.apiStart) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("The API server restarted while %s ran: its counters started over, so the fleet's counts from its /metrics (syncs, objects scanned, bytes, writes) are given as no data.", f.label()))
+		}
 	}
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }

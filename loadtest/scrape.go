@@ -44,6 +44,7 @@ const (
 	metricAPIInitEvents  = "apiserver_init_events_total"
 	metricAPIWatchSizes  = "apiserver_watch_events_sizes"
 	metricAPILongRunning = "apiserver_longrunning_requests"
+	metricProcessStart   = "process_start_time_seconds"
 	controllerName       = "configbinding"
 	resourceBindings     = "configbindings"
 	resourceConfigMaps   = "configmaps"
@@ -271,6 +272,10 @@ func ready(ctx context.Context, hc *http.Client, addr string) bool {
 // sync is either.
 type apiServerSample struct {
 	At time.Time
+	// Started is the API server process's start (process_start_time_seconds,
+	// Unix seconds): its counters start over with every process, so two
+	// samples of different processes have no difference to take.
+	Started float64
 	// Syncs counts initial syncs of ConfigBindings: LIST requests answered
 	// 200 plus completed watch-lists. A LIST refused or failed (429 under
 	// load, 410 for a resourceVersion too old) synced nothing, and its
@@ -334,6 +339,7 @@ func apiSampleOf(f families) (apiServerSample, error) {
 	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
 	listed := map[string]string{"verb": "LIST", "resource": resourceBindings, "code": "200"}
 	var s apiServerSample
+	s.Started = f.sum(metricProcessStart, nil)
 	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
 	s.Syncs = f.sum(metricAPIRequests, listed) + watchLists
 	s.Scanned = f.sum(metricAPIListFetched, res) + f.sum(metricAPIInitEvents, res)
@@ -379,7 +385,16 @@ func mutating(verb string) bool {
 	return false
 }
 
-// minus is the difference of two API server samples (counters).
+// sameServer says whether s and o were scraped from one API server
+// process, so that their counters can be subtracted: the same process start,
+// and no count that went down (for a server that does not export its
+// start).
+func (s apiServerSample) sameServer(o apiServerSample) bool {
+	return s.Started == o.Started && s.Syncs >= o.Syncs && s.Scanned >= o.Scanned && s.Writes >= o.Writes
+}
+
+// minus is the difference of two API server samples (counters) of one
+// process (sameServer).
 func (s apiServerSample) minus(o apiServerSample) apiServerSample {
 	return apiServerSample{
 		At:            s.At,
@@ -418,12 +433,18 @@ type writeMark struct {
 // valid says the mark was taken: the API server answered.
 func (m writeMark) valid() bool { return !m.api.At.IsZero() }
 
+// spans says whether the API server's counts can be subtracted from
+// mark m to mark to: both taken, of one API server process.
+func (m writeMark) spans(to writeMark) bool {
+	return m.valid() && to.valid() && to.api.sameServer(m.api)
+}
+
 // controllerWrites is the object writes between two marks that the load
 // tester did not send, and its own. ok is false unless both marks were
-// taken. A negative difference (a write of the load tester's that never
-// reached the server) counts as none.
+// taken from one API server process. A negative difference (a write of the
+// load tester's that never reached the server) counts as none.
 func controllerWrites(from, to writeMark) (writes float64, own int64, ok bool) {
-	if !from.valid() || !to.valid() {
+	if !from.spans(to) {
 		return 0, 0, false
 	}
 	own = to.own - from.own

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -83,6 +84,46 @@ apiserver_request_total{code="201",resource="events",subresource="",verb="POST"}
 	// the replicas' negative.
 	if writes, _, _ := controllerWrites(from, writeMark{api: after, own: 1000}); writes != 0 {
 		t.Errorf("controllerWrites = %v, want 0", writes)
+	}
+}
+
+// An API server that restarted between two scrapes started its counters
+// over: their difference is no count (a chaos run's fleet read -12 initial
+// syncs and -16192 objects scanned before this), whether the server
+// exports its process start or only its counts went down.
+func TestCountsAcrossAnAPIServerRestart(t *testing.T) {
+	t0 := time.Now()
+	const started = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %d\n"
+	scrape := func(at time.Time, start, lists, puts int) apiServerSample {
+		text := requestsHelp + fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} %d
+apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} %d
+`, lists, puts)
+		if start > 0 {
+			text += fmt.Sprintf(started, start)
+		}
+		return apiScrape(t, at, text)
+	}
+	before := scrape(t0, 1000, 12, 500)
+	for _, c := range []struct {
+		name  string
+		after apiServerSample
+		same  bool
+	}{
+		{"the same process", scrape(t0.Add(time.Minute), 1000, 14, 700), true},
+		{"a new process, counts above the old ones", scrape(t0.Add(time.Minute), 1030, 14, 700), false},
+		{"a new process, counts below", scrape(t0.Add(time.Minute), 1030, 2, 40), false},
+		{"no process start, counts below", scrape(t0.Add(time.Minute), 0, 2, 40), false},
+	} {
+		before := before
+		if c.after.Started == 0 {
+			before.Started = 0
+		}
+		if got := c.after.sameServer(before); got != c.same {
+			t.Errorf("%s: sameServer = %v, want %v", c.name, got, c.same)
+		}
+		if _, _, ok := controllerWrites(writeMark{api: before}, writeMark{api: c.after}); ok != c.same {
+			t.Errorf("%s: controllerWrites counted = %v, want %v", c.name, ok, c.same)
+		}
 	}
 }
 
