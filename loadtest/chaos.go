@@ -319,12 +319,17 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 			return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
 		}
 		r.mark("restart the API server")
+		// Leases read directly until the fleet settled: the ring watch's
+		// own reconnection lags the replicas'.
+		stopPoll := r.ring.poll(ctx)
+		defer stopPoll()
 		at := time.Now()
 		if err := r.restartAPIServer(ctx); err != nil {
 			return err
 		}
 		ready := time.Now()
 		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(ready.Sub(at))), at)
+		stopPoll()
 		r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
 		return nil
 	case faultPartition:

@@ -1,14 +1,17 @@
 package loadtest
 
 import (
+	"context"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/kshard/kshard/internal/audit"
@@ -220,6 +223,51 @@ func TestRingWatchClockOffset(t *testing.T) {
 	if w.writers["kshard-0_c"] != restarted || w.writers["kshard-0_a"] != ahead {
 		t.Error("holder identities mapped to the wrong processes")
 	}
+}
+
+// TestRingPoll: the poll takes in what the API server holds past a lagging
+// watch, but never a version older than one the watch delivered.
+func TestRingPoll(t *testing.T) {
+	now := time.Now()
+	proc := testProcess(now.Add(-time.Minute), 0, true)
+	w := newRingState(Ring, func(string, time.Time) *instance { return proc })
+	lease := func(rv, holder string) *coordinationv1.Lease {
+		l := shardLeaseObject(0, holder, now, now)
+		l.ResourceVersion = rv
+		return l
+	}
+	w.observe(lease("10", "kshard-0_a"), false)
+	var mu sync.Mutex
+	answer, calls := lease("7", ""), 0 // a release the watch has already passed
+	w.list = func(context.Context) ([]coordinationv1.Lease, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		return []coordinationv1.Lease{*answer}, nil
+	}
+	holder := func() string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.owner(0, time.Now())
+	}
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(t.Context(), ringPoll, time.Minute, true, func(context.Context) (bool, error) {
+			return cond(), nil
+		}); err != nil {
+			t.Fatalf("%s: holder %q", what, holder())
+		}
+	}
+	stop := w.poll(t.Context())
+	defer stop()
+	until("three polls", func() bool { mu.Lock(); defer mu.Unlock(); return calls > 3 })
+	if h := holder(); h != "kshard-0" {
+		t.Fatalf("after polls of an older version: holder %q, want kshard-0", h)
+	}
+	mu.Lock()
+	answer = lease("12", "kshard-1_b")
+	mu.Unlock()
+	until("the poll never took in the newer version", func() bool { return holder() == "kshard-1" })
 }
 
 func TestAcrossPause(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
@@ -70,6 +72,13 @@ type ringWatch struct {
 	// incarnation: the writer of a version without one, a release (holder
 	// "") or a member Lease kept for the replica's next incarnation.
 	lastHolder map[string]string
+	// version is each Lease's (by name) resourceVersion as last taken in,
+	// from the watch or a poll: a poll's answer older than what the watch
+	// delivered meanwhile is not taken.
+	version map[string]uint64
+	// list reads the ring's Leases from the API server directly, past the
+	// watch: see poll.
+	list func(context.Context) ([]coordinationv1.Lease, error)
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
@@ -157,6 +166,17 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, proces
 	}); err != nil {
 		return nil, fmt.Errorf("watching Leases: %w", err)
 	}
+	direct, err := client.New(cfg, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("creating the Lease poll: %w", err)
+	}
+	w.list = func(ctx context.Context) ([]coordinationv1.Lease, error) {
+		var l coordinationv1.LeaseList
+		if err := direct.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{sharding.LabelRing: ring}); err != nil {
+			return nil, fmt.Errorf("listing the ring's Leases: %w", err)
+		}
+		return l.Items, nil
+	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {
 		return nil, fmt.Errorf("the Lease watch did not sync: %w", context.Cause(ctx))
@@ -168,7 +188,7 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, proces
 // newRingState is a ring watch with nothing seen yet, not watching.
 func newRingState(ring string, processOf func(string, time.Time) *instance) *ringWatch {
 	return &ringWatch{ring: ring, processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
-		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}}
+		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, version: map[string]uint64{}}
 }
 
 // hasIncarnation says whether a holder identity names a process
@@ -207,7 +227,61 @@ func (w *ringWatch) observe(obj any, deleted bool) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.record(l, deleted, time.Now())
+	if w.newer(l) {
+		w.record(l, deleted, time.Now())
+	}
+}
+
+// newer says whether l is a later version of its Lease than the one taken
+// in, and notes its version. Caller holds w.mu.
+func (w *ringWatch) newer(l *coordinationv1.Lease) bool {
+	v, err := strconv.ParseUint(l.ResourceVersion, 10, 64)
+	if err != nil {
+		return true
+	}
+	if v < w.version[l.Name] {
+		return false
+	}
+	w.version[l.Name] = v
+	return true
+}
+
+// poll reads the ring's Leases from the API server every ringPoll × 5 until
+// the returned stop is called, beside the watch. An API server restart
+// breaks the load tester's watch as it breaks the replicas': client-go
+// reconnects it with a backoff that reaches half a minute, while the
+// replicas renew their Leases by direct requests as soon as the server
+// answers. Without the poll, a shard held again at once would look unowned
+// until the watch came back. A failed read (the server away) is retried at
+// the next poll.
+func (w *ringWatch) poll(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(5 * ringPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			leases, err := w.list(ctx)
+			if err != nil {
+				continue
+			}
+			w.mu.Lock()
+			now := time.Now()
+			for i := range leases {
+				if w.newer(&leases[i]) {
+					w.record(&leases[i], false, now)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // record takes in a Lease seen at seen. Caller holds w.mu.
