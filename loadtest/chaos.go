@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/kshard/kshard/internal/controlplane"
 )
 
 // faultKind is one kind of fault the chaos scenario injects.
@@ -449,16 +449,8 @@ func restartNodeAPIServer(ctx context.Context, command string, cfg *rest.Config)
 	if err := nodeFault(ctx, command, "restart", "kube-apiserver"); err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
+	if err := controlplane.WaitReady(ctx, cfg, 3*time.Minute); err != nil {
 		return fmt.Errorf("restarting the API server: %w", err)
-	}
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil && string(body) == "ok", nil
-	})
-	if err != nil {
-		return fmt.Errorf("the API server did not answer /readyz after its restart: %w", err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // RestartAPIServer stops kube-apiserver as an operator's restart does
@@ -60,16 +61,27 @@ func (c *ControlPlane) RestartAPIServer(ctx context.Context) error {
 		_ = cmd.Wait()
 		close(done)
 	}(c.apiServerDone)
-	cs, err := kubernetes.NewForConfig(c.Config)
-	if err != nil {
+	if err := WaitReady(ctx, c.Config, 2*time.Minute); err != nil {
 		return fmt.Errorf("restarting kube-apiserver: %w", err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	return nil
+}
+
+// WaitReady waits until the API server of cfg answers /readyz with "ok",
+// for at most timeout: after a restart, whether this package's or a node's,
+// a server that accepts connections may still be starting its informers
+// and post-start hooks, and a fault is only over when it is ready.
+func WaitReady(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("waiting for the API server's /readyz: %w", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})
 	if err != nil {
-		return fmt.Errorf("restarting kube-apiserver: not ready again: %w", err)
+		return fmt.Errorf("the API server did not answer /readyz within %s: %w", timeout, err)
 	}
 	return nil
 }
