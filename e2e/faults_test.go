@@ -45,12 +45,7 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 		if id == "" {
 			t.Fatalf("%s runs no container", victim)
 		}
-		var theirs []int32
-		for n, h := range rec.holders(time.Now()) {
-			if h == victim {
-				theirs = append(theirs, n)
-			}
-		}
+		theirs := rec.shardsOf(victim)
 		if len(theirs) == 0 {
 			t.Fatalf("%s holds no shard", victim)
 		}
@@ -62,11 +57,8 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 			time.Sleep(leaseDuration + 2*retryPeriod)
 			taken := 0
 			for _, n := range theirs {
-				for _, x := range rec.tenures()[n] {
-					if x.From.After(cut) && !strings.HasPrefix(x.Holder, victim+"_") {
-						taken++
-						break
-					}
+				if _, ok := rec.tenureAfter(n, cut, victim); ok {
+					taken++
 				}
 			}
 			fault(t, "veth", "up", id)

@@ -186,12 +186,7 @@ func testSIGKILL(t *testing.T, s *suite, rec *recorder) {
 // shards are held again in time and that its next process takes them back.
 func (s *suite) killAndRecover(ctx context.Context, t *testing.T, rec *recorder, victim string, kill func()) {
 	t.Helper()
-	var theirs []int32
-	for n, h := range rec.holders(time.Now()) {
-		if h == victim {
-			theirs = append(theirs, n)
-		}
-	}
+	theirs := rec.shardsOf(victim)
 	if len(theirs) == 0 {
 		t.Fatalf("%s holds no shard", victim)
 	}
@@ -203,14 +198,7 @@ func (s *suite) killAndRecover(ctx context.Context, t *testing.T, rec *recorder,
 		renewed[n] = rec.lastRenew(n)
 	}
 	// Held again: a tenure begun after the kill.
-	next := func(n int32) (tenure, bool) {
-		for _, x := range rec.tenures()[n] {
-			if x.From.After(killed) {
-				return x, true
-			}
-		}
-		return tenure{}, false
-	}
+	next := func(n int32) (tenure, bool) { return rec.tenureAfter(n, killed, "") }
 	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(context.Context) (bool, error) {
 		for _, n := range theirs {
 			if _, ok := next(n); !ok {

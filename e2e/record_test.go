@@ -255,6 +255,29 @@ func (r *recorder) tenures() map[int32][]tenure {
 	return out
 }
 
+// shardsOf returns the shards replica holds now.
+func (r *recorder) shardsOf(replica string) []int32 {
+	var out []int32
+	for n, h := range r.holders(time.Now()) {
+		if h == replica {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// tenureAfter returns shard n's first tenure begun after t by a holder
+// that is not a process of replica notBy ("": any holder), and whether
+// there is one yet.
+func (r *recorder) tenureAfter(n int32, t time.Time, notBy string) (tenure, bool) {
+	for _, x := range r.tenures()[n] {
+		if x.From.After(t) && (notBy == "" || sharding.HolderReplica(x.Holder) != notBy) {
+			return x, true
+		}
+	}
+	return tenure{}, false
+}
+
 // handoverGap is how long one shard went from one holder to the next.
 type handoverGap struct {
 	Shard    int32
