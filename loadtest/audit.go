@@ -340,15 +340,16 @@ func (w *WriteEvidence) Writes() int {
 
 // evidenceFor says what the write evidence reads of a run: the API
 // server's audit log, whose Leases grant the shards, whether the fencing
-// policy was bound, and the delay faults to account for.
+// policy was bound, and the faults that held a victim's requests on the
+// wire (delays, partitions) to account for.
 type evidenceFor struct {
 	log     string
 	check   audit.CheckOptions
 	fencing string
-	delays  []delayWindow
-	// delaySpan is how long after a delay fault's start its victim's
+	held    []heldWindow
+	// heldSpan is how long after such a fault's start its victim's
 	// requests are counted as the fault's.
-	delaySpan time.Duration
+	heldSpan time.Duration
 	// restarts are the API server restarts; each one's relists are counted
 	// until restartSpan after it settled (the chaos interval: the next
 	// fault comes later).
@@ -385,8 +386,8 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 		}
 		w.Examples = append(w.Examples, "UNATTRIBUTED: "+x.String())
 	}
-	for _, d := range ev.delays {
-		w.Delays = append(w.Delays, delayEvidence(l, e, ev, d))
+	for _, d := range ev.held {
+		w.Delays = append(w.Delays, heldEvidence(l, e, ev, d))
 	}
 	for _, sy := range l.Syncs {
 		if sy.Holder != "" {
@@ -408,11 +409,11 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 	return w
 }
 
-// delayEvidence counts what the API server received from a delay fault's
-// victim while the fault lasted.
-func delayEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d delayWindow) DelayEvidence {
+// heldEvidence counts what the API server received from the victim of a
+// fault that held its requests (a delay, a partition) while it lasted.
+func heldEvidence(l *audit.APILog, e *audit.Exclusivity, ev evidenceFor, d heldWindow) DelayEvidence {
 	out := DelayEvidence{Fault: d.kind.String(), Replica: d.replica, At: d.from.Sub(ev.begin)}
-	to := d.from.Add(ev.delaySpan)
+	to := d.from.Add(ev.heldSpan)
 	of := func(w audit.Write) bool {
 		return strings.HasPrefix(w.Holder, d.replica+"_") && !w.Received.Before(d.from) && !w.Received.After(to)
 	}
@@ -520,10 +521,10 @@ func (r *run) evidence() evidenceFor {
 		ev.fencing = fencingNone
 	}
 	r.mu.Lock()
-	ev.delays = slices.Clone(r.delays)
+	ev.held = slices.Clone(r.held)
 	ev.restarts = slices.Clone(r.restarts)
 	r.mu.Unlock()
-	ev.delaySpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
+	ev.heldSpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
 	ev.restartSpan = r.opts.ChaosInterval
 	return ev
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/netfault"
 )
 
 // faultKind is one kind of fault the chaos scenario injects.
@@ -296,24 +297,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
 		return nil
 	case faultDelay:
-		if s.proxy == nil {
-			return fmt.Errorf("delaying %s's requests: it does not reach the API server through a proxy", s.id)
-		}
-		held := s.proxy.Delayed()
-		r.mark("delay what %s sends to the API server by %s", s.id, o.DelayFor)
-		at := time.Now()
-		s.proxy.Delay(o.DelayFor)
-		r.noteDelay(faultDelay, s.id, at)
-		// Until what it sent at the start of the delay arrived and was
-		// answered.
-		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
-			return err
-		}
-		if s.proxy.Delayed() == held {
-			return fmt.Errorf("the delay fault held nothing %s sent in %s: it did not happen", s.id, o.DelayFor)
-		}
-		r.handover(ctx, f, fmt.Sprintf("delay of what %s sends to the API server by %s (then delivered)", s.id, o.DelayFor), at)
-		return nil
+		return r.holdRequests(ctx, f, s, faultDelay)
 	case faultAPIServerRestart:
 		if r.restartAPIServer == nil {
 			return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
@@ -336,22 +320,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		if r.pods != nil {
 			return r.cutPodOff(ctx, f, s)
 		}
-		if s.proxy == nil {
-			return fmt.Errorf("cutting %s off: it does not reach the API server through a proxy", s.id)
-		}
-		held := s.proxy.Delayed()
-		r.mark("cut %s off the API server for %s", s.id, o.DelayFor)
-		at := time.Now()
-		s.proxy.Partition(o.DelayFor)
-		r.noteDelay(faultPartition, s.id, at)
-		if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
-			return err
-		}
-		if s.proxy.Delayed() == held {
-			return fmt.Errorf("the partition held nothing %s or the API server sent in %s: it did not happen", s.id, o.DelayFor)
-		}
-		r.handover(ctx, f, fmt.Sprintf("partition of %s from the API server for %s (then healed, connections open)", s.id, o.DelayFor), at)
-		return nil
+		return r.holdRequests(ctx, f, s, faultPartition)
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(ctx, s)
@@ -388,19 +357,63 @@ func faultsFinding(rotation []faultKind, done []injected) string {
 	return s
 }
 
-// delayWindow is one delay fault: its victim, and when it began.
-type delayWindow struct {
+// heldWindow is one fault that held a victim's requests on the wire (a
+// delay or a partition): its kind, its victim, and when it began.
+type heldWindow struct {
 	kind    faultKind
 	replica string
 	from    time.Time
 }
 
-// noteDelay records a delay or partition fault, for the write evidence:
+// noteHeld records a delay or partition fault, for the write evidence:
 // either holds the victim's writes on the wire.
-func (r *run) noteDelay(kind faultKind, replica string, from time.Time) {
+func (r *run) noteHeld(kind faultKind, replica string, from time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.delays = append(r.delays, delayWindow{kind: kind, replica: replica, from: from})
+	r.held = append(r.held, heldWindow{kind: kind, replica: replica, from: from})
+}
+
+// heldFault says how a fault that holds a replica process's connection to
+// the API server at its proxy does it, and how the run names it.
+var heldFault = map[faultKind]struct {
+	hold                 func(p *netfault.Proxy, d time.Duration)
+	mark, nothing, event string
+}{
+	faultDelay: {
+		hold:    (*netfault.Proxy).Delay,
+		mark:    "delay what %s sends to the API server by %s",
+		nothing: "the delay fault held nothing %s sent in %s: it did not happen",
+		event:   "delay of what %s sends to the API server by %s (then delivered)",
+	},
+	faultPartition: {
+		hold:    (*netfault.Proxy).Partition,
+		mark:    "cut %s off the API server for %s",
+		nothing: "the partition held nothing %s or the API server sent in %s: it did not happen",
+		event:   "partition of %s from the API server for %s (then healed, connections open)",
+	},
+}
+
+// holdRequests holds what the victim's proxy carries for DelayFor, as the
+// delay or the partition fault does, and delivers it late. The fault is
+// over once what the victim sent at its start arrived and was answered.
+func (r *run) holdRequests(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+	o, how := r.opts, heldFault[kind]
+	if s.proxy == nil {
+		return fmt.Errorf("%s of %s: it does not reach the API server through a proxy", kind, s.id)
+	}
+	held := s.proxy.Delayed()
+	r.mark(how.mark, s.id, o.DelayFor)
+	at := time.Now()
+	how.hold(s.proxy, o.DelayFor)
+	r.noteHeld(kind, s.id, at)
+	if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
+		return err
+	}
+	if s.proxy.Delayed() == held {
+		return fmt.Errorf(how.nothing, s.id, o.DelayFor)
+	}
+	r.handover(ctx, f, fmt.Sprintf(how.event, s.id, o.DelayFor), at)
+	return nil
 }
 
 // cutPodOff cuts a replica pod's network (Options.NodeFaults: its veth
@@ -420,7 +433,7 @@ func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot) error {
 	if err := nodeFault(ctx, o.NodeFaults, "veth", "down", c.id); err != nil {
 		return err
 	}
-	r.noteDelay(faultPartition, s.id, at)
+	r.noteHeld(faultPartition, s.id, at)
 	err := sleep(ctx, o.DelayFor)
 	// Restored on every way out: a pod left cut off would fail the rest.
 	r.mark("veth of %s up", s.id)

@@ -92,7 +92,7 @@ func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 
 	renewal := apiEvent(t, "leases", LeaseNamespace, lease, a, 409, 0, "", "")
 	stray := writeEvidence(evidenceFor{log: write("stray.log", append(base, planted, renewal)...), check: opts, fencing: fencingBound,
-		delays: []delayWindow{{replica: "kshard-0", from: time.Now().Add(-time.Hour)}}, delaySpan: 2 * time.Hour})
+		held: []heldWindow{{replica: "kshard-0", from: time.Now().Add(-time.Hour)}}, heldSpan: 2 * time.Hour})
 	if d := stray.Delays; len(d) != 1 || d[0].Refused != 1 || d[0].Stray != 1 || d[0].Committed != 3 || d[0].LeaseConflicts != 1 {
 		t.Errorf("the delay fault's evidence %+v, want kshard-0's 1 refused, 1 stray, 3 committed, 1 Lease conflict", d)
 	}

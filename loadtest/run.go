@@ -120,8 +120,9 @@ type run struct {
 	// apiAddr is the API server's "host:port", which the proxies of the
 	// delay fault forward to.
 	apiAddr string
-	// delays are the delay faults injected, for the write evidence.
-	delays    []delayWindow
+	// held are the faults injected that held a replica's requests on the
+	// wire (delays, partitions), for the write evidence.
+	held      []heldWindow
 	proxies   []*netfault.Proxy
 	centerURL string
 	cc        *configcenter.Client
