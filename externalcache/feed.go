@@ -78,7 +78,7 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 	var since int64
 	var epoch string
 	failures, flaps := 0, 0
-	health := newFeedHealth(c.opts)
+	health := NewFeedHealth(c.opts.FeedHealth, c.opts.FeedRetry.MinInterval)
 	for {
 		// The source's Retry-After holds every call, polls included, whoever was told.
 		if d := c.hold.remaining(); d > 0 {
@@ -94,7 +94,7 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 		}
 		if err != nil {
 			failures++
-			health.failed(err)
+			health.Failed(err)
 			c.judgeFeed(domain, fl, health)
 			hint := retryAfterHint(err, c.opts.MaxRetryAfter)
 			if hint > 0 {
@@ -116,7 +116,7 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 			failures = 0
 		}
 		if cs.Revision < since || (epoch != "" && cs.Epoch != epoch) {
-			flap := health.historyLost(epoch, cs.Epoch)
+			flap := health.HistoryLost(epoch, cs.Epoch)
 			c.judgeFeed(domain, fl, health)
 			if !flap {
 				log.Info("Change feed source lost its history (restarted?); resynchronising",
@@ -147,7 +147,7 @@ func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
 		}
 		c.recordNames(fl, cs.Changes)
 		since = cs.Revision
-		health.answered(cs.Epoch, len(cs.Changes), time.Since(start))
+		health.Answered(cs.Epoch, len(cs.Changes), time.Since(start))
 		c.judgeFeed(domain, fl, health)
 		if len(cs.Changes) == 0 {
 			if el := time.Since(start); el < c.opts.FeedRetry.MinInterval && !sleep(ctx, c.opts.FeedRetry.MinInterval-el) {

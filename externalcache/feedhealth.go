@@ -37,9 +37,11 @@ func (t trouble) String() string {
 // rememberedEpochs bounds the epochs a feed remembers to tell a flap from a restart.
 const rememberedEpochs = 8
 
-// feedHealth judges one domain's change feed by the outcome of its polls, with the rule of
-// FeedHealthOptions. It belongs to the feed's loop and is not guarded.
-type feedHealth struct {
+// FeedHealth judges one domain's change feed by the outcome of its polls, with the rule of
+// FeedHealthOptions. The cache's feed loops and the mirror's sync loops
+// (reconcile/externaldomain) keep one each, so that a feed is judged by one rule wherever it is
+// read. It belongs to one loop and is not guarded.
+type FeedHealth struct {
 	opts FeedHealthOptions
 	// minInterval is FeedRetry.MinInterval: an answer without changes sooner than it was not
 	// held open.
@@ -57,12 +59,22 @@ type feedHealth struct {
 	flappedAt time.Time
 }
 
-func newFeedHealth(o Options) *feedHealth {
-	return &feedHealth{opts: o.FeedHealth, minInterval: o.FeedRetry.MinInterval, now: time.Now}
+// NewFeedHealth judges a feed by o, whose zero fields take the defaults documented on
+// FeedHealthOptions. minInterval is the loop's spacing of answers without changes
+// (FeedRetry.MinInterval for the cache): such an answer sooner than it was not held open.
+func NewFeedHealth(o FeedHealthOptions, minInterval time.Duration) *FeedHealth {
+	o.setDefaults()
+	return &FeedHealth{opts: o, minInterval: minInterval, now: time.Now}
 }
 
-// failed records a poll that failed.
-func (h *feedHealth) failed(err error) {
+// Err says why the feed is unhealthy now, wrapping ErrFeedUnhealthy; nil while it is healthy.
+func (h *FeedHealth) Err() error {
+	_, err := h.verdict()
+	return err
+}
+
+// Failed records a poll that failed.
+func (h *FeedHealth) Failed(err error) {
 	if h.failures == 0 {
 		h.failingSince = h.now()
 	}
@@ -70,9 +82,9 @@ func (h *feedHealth) failed(err error) {
 	h.lastErr = err
 }
 
-// answered records an answer the loop applied: of the current epoch, with changes changes,
+// Answered records an answer the loop applied: of the current epoch, with changes changes,
 // that took took.
-func (h *feedHealth) answered(epoch string, changes int, took time.Duration) {
+func (h *FeedHealth) Answered(epoch string, changes int, took time.Duration) {
 	h.failures = 0
 	h.applied = true
 	h.remember(epoch)
@@ -85,10 +97,10 @@ func (h *feedHealth) answered(epoch string, changes int, took time.Duration) {
 	}
 }
 
-// historyLost records an answer that says the source lost its history (another epoch, or a
+// HistoryLost records an answer that says the source lost its history (another epoch, or a
 // revision lower than the one polled), and reports whether it is a flap rather than a restart:
 // an epoch seen before, or a second loss before any answer was applied.
-func (h *feedHealth) historyLost(from, to string) bool {
+func (h *FeedHealth) HistoryLost(from, to string) bool {
 	h.failures = 0
 	flap := !h.applied || (to != "" && slices.Contains(h.epochs, to))
 	h.remember(from)
@@ -100,7 +112,7 @@ func (h *feedHealth) historyLost(from, to string) bool {
 	return flap
 }
 
-func (h *feedHealth) remember(epoch string) {
+func (h *FeedHealth) remember(epoch string) {
 	if epoch == "" || slices.Contains(h.epochs, epoch) {
 		return
 	}
@@ -111,7 +123,7 @@ func (h *feedHealth) remember(epoch string) {
 }
 
 // verdict is the feed's trouble now, if any, with the error its Lookups carry.
-func (h *feedHealth) verdict() (trouble, error) {
+func (h *FeedHealth) verdict() (trouble, error) {
 	switch {
 	case h.failures > 0 && h.now().Sub(h.failingSince) >= h.opts.FailingFor:
 		return troubleFailing, fmt.Errorf("%w: its polls have failed since %s, the last with: %v",
@@ -144,7 +156,7 @@ func (c *Cache) feedErr(domain string) error {
 // judgeFeed acts on the verdict of fl's health: a domain whose feed becomes unhealthy, changes
 // its reason or heals is logged, told to OnFeedHealth in every held shard that uses it, and,
 // when it heals, its TTL timers stop. Errors of one reason are not told again: the first says it.
-func (c *Cache) judgeFeed(domain string, fl *feedLoop, h *feedHealth) {
+func (c *Cache) judgeFeed(domain string, fl *feedLoop, h *FeedHealth) {
 	why, err := h.verdict()
 	c.feedsMu.Lock()
 	was := (*c.troubled.Load())[domain].why

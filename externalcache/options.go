@@ -183,6 +183,12 @@ type FeedHealthOptions struct {
 	EpochStableFor time.Duration
 }
 
+func (o *FeedHealthOptions) setDefaults() {
+	setDefault(&o.FailingFor, time.Minute)
+	setDefault(&o.ShortPolls, 3)
+	setDefault(&o.EpochStableFor, 2*time.Minute)
+}
+
 func (o *Options) setDefaults() {
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()
@@ -219,9 +225,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.FeedRetry.BaseDelay, time.Second)
 	setDefault(&o.FeedRetry.MaxDelay, time.Minute)
 	setDefault(&o.FeedRetry.MinInterval, time.Second)
-	setDefault(&o.FeedHealth.FailingFor, time.Minute)
-	setDefault(&o.FeedHealth.ShortPolls, 3)
-	setDefault(&o.FeedHealth.EpochStableFor, 2*time.Minute)
+	o.FeedHealth.setDefaults()
 	setDefault(&o.NotifyQueueSize, 65536)
 }
 

@@ -159,6 +159,7 @@ func (s *mirrorSource) bind(mgr manager.Manager, rep *sharding.Replica, _ config
 	m, err := externaldomain.New(externaldomain.Options{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep,
 		MaxBytes: s.opts.MirrorMaxBytes, MaxRetryAfter: s.opts.Cache.MaxRetryAfter, Log: s.log,
+		FeedHealth: s.opts.Cache.FeedHealth, RefreshInterval: s.opts.Cache.SoftTTL,
 	})
 	if err != nil {
 		return err

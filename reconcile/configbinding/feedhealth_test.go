@@ -11,10 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/reconcile/externaldomain"
 )
 
 // TestBrokenChangeFeedFallsBackToTTL: a proxy that answers long polls at
@@ -24,21 +26,29 @@ import (
 // here), not at the next informer resync (10 h), and the binding must not
 // claim Synced meanwhile: it says ChangeFeedUnhealthy, with an Event, and
 // Synced again once the feed heals.
+//
+// The mirror (--external-source=mirror) follows the same rule: its
+// ExternalDomain says FeedUnhealthy and its keys are fetched again every
+// soft TTL.
 func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		fault configcenter.Faults
+		name, source string
+		fault        configcenter.Faults
 	}{
-		{"short-polls", configcenter.Faults{ShortPolls: true}},
-		{"alternate-epochs", configcenter.Faults{AlternateEpochs: true}},
+		{"short-polls", replica.SourceCache, configcenter.Faults{ShortPolls: true}},
+		{"alternate-epochs", replica.SourceCache, configcenter.Faults{AlternateEpochs: true}},
+		{"short-polls", replica.SourceMirror, configcenter.Faults{ShortPolls: true}},
+		{"alternate-epochs", replica.SourceMirror, configcenter.Faults{AlternateEpochs: true}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(tc.source+"/"+tc.name, func(t *testing.T) {
 			t.Parallel() // own namespaces, ring, Lease namespace and config center
-			e := startEnvWith(t, "feed-"+tc.name, func(o *replica.Options) {
+			e := startEnvWith(t, "feed-"+tc.source+"-"+tc.name, func(o *replica.Options) {
+				o.ExternalSource = tc.source
 				o.Cache.SoftTTL, o.Cache.HardTTL = time.Second, time.Hour
 				o.Cache.FeedHealth.EpochStableFor = 2 * time.Second
 			})
-			const domain = "domain-1"
+			domain := "feed-" + tc.source + "-" + tc.name
+			e.deleteMirrors(t, domain)
 			if _, err := e.cc.Put(domain, "key-0", "before"); err != nil {
 				t.Fatal(err)
 			}
@@ -87,10 +97,22 @@ func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 				return fmt.Errorf("%d Events, none for app with reason %s", len(events.Items), configbinding.ReasonChangeFeedUnhealthy)
 			})
 
+			if tc.source == replica.SourceMirror {
+				e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+					if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonFeedUnhealthy {
+						return fmt.Errorf("mirror condition %+v, want %s", c, externaldomain.ReasonFeedUnhealthy)
+					}
+					return nil
+				})
+			}
+
 			if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
 				t.Fatal(err)
 			}
 			e.waitReason(t, "app", configbinding.ReasonSynced)
+			if tc.source == replica.SourceMirror {
+				e.mirrorOf(t, domain, mirrored("key-0", "after"))
+			}
 		})
 	}
 }

@@ -85,8 +85,14 @@ func (v MirrorValues) Get(ctx context.Context, shard int32, key externalcache.Ke
 	if synced.Reason == externaldomain.ReasonTooLarge {
 		return externalcache.Lookup{State: externalcache.StatePending, Err: fmt.Errorf("%w: %s", ErrDomainTooLarge, synced.Message)}
 	}
-	var err error
-	if synced.Status != metav1.ConditionTrue {
+	var err, feedErr error
+	switch {
+	case synced.Reason == externaldomain.ReasonFeedUnhealthy:
+		// Every key is there, refreshed on an interval instead of by the
+		// feed: current, but maybe late, as the cache's values on their
+		// soft TTL.
+		feedErr = fmt.Errorf("%w: %s", externalcache.ErrFeedUnhealthy, synced.Message)
+	case synced.Status != metav1.ConditionTrue:
 		err = errors.New(synced.Message)
 	}
 	fetched := time.Time{}
@@ -97,12 +103,12 @@ func (v MirrorValues) Get(ctx context.Context, shard int32, key externalcache.Ke
 		return strings.Compare(k.Name, name)
 	})
 	if !found {
-		return externalcache.Lookup{State: externalcache.StateNotFound, FetchedAt: fetched, Err: err}
+		return externalcache.Lookup{State: externalcache.StateNotFound, FetchedAt: fetched, Err: err, FeedErr: feedErr}
 	}
 	k := ed.Status.Keys[i]
 	state := externalcache.StateFresh
 	if err != nil {
 		state = externalcache.StateStale
 	}
-	return externalcache.Lookup{Value: []byte(k.Value), Revision: k.Revision, FetchedAt: fetched, State: state, Err: err}
+	return externalcache.Lookup{Value: []byte(k.Value), Revision: k.Revision, FetchedAt: fetched, State: state, Err: err, FeedErr: feedErr}
 }

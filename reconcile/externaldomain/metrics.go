@@ -14,6 +14,10 @@ var (
 		Name: "kshard_mirror_writes_total",
 		Help: "Writes of ExternalDomain mirrors to the API server, by result: ok, conflict or error.",
 	}, []string{"result"})
+	mirrorUnhealthyFeeds = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kshard_mirror_unhealthy_feeds",
+		Help: "Mirrored domains whose change feed is unhealthy, so that their keys are fetched again every refresh interval instead.",
+	})
 	mirrorFetches = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kshard_mirror_fetches_total",
 		Help: "Calls the mirror made to the config center, by kind (changes, value) and result (ok, error).",
@@ -21,5 +25,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(mirrorDomains, mirrorWrites, mirrorFetches)
+	metrics.Registry.MustRegister(mirrorDomains, mirrorWrites, mirrorFetches, mirrorUnhealthyFeeds)
 }

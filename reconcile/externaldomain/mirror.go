@@ -32,6 +32,12 @@ const (
 	// ReasonUnavailable: the config center fails; the mirror keeps its last
 	// keys and catches up by itself.
 	ReasonUnavailable = "Unavailable"
+	// ReasonFeedUnhealthy: the domain's change feed cannot be trusted (its
+	// polls fail, come back at once with nothing changed, or alternate
+	// between histories; the message says which). The mirror holds every
+	// key, fetched again every RefreshInterval instead, so a change may be
+	// that late. It heals by itself when the feed does.
+	ReasonFeedUnhealthy = "FeedUnhealthy"
 )
 
 // Source is what the mirror reads from the external service: values, and
@@ -81,6 +87,16 @@ type Options struct {
 	// MinPollInterval spaces polls that returned no change, so a feed that
 	// answers at once cannot spin. Defaults to 100ms.
 	MinPollInterval time.Duration
+	// FeedHealth decides when a domain's change feed is unhealthy, by the
+	// cache's rule; its zero fields take externalcache.FeedHealthOptions'
+	// defaults. The replica passes the cache's.
+	FeedHealth externalcache.FeedHealthOptions
+	// RefreshInterval is how often every key of a mirror is fetched again
+	// while its domain's change feed is unhealthy: a change then reaches
+	// the mirror this late at most, rather than never. Defaults to 5
+	// minutes, the cache's default soft TTL (the replica passes
+	// --cache-soft-ttl).
+	RefreshInterval time.Duration
 	Log             logr.Logger
 }
 
@@ -115,6 +131,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.MinPollInterval == 0 {
 		o.MinPollInterval = 100 * time.Millisecond
+	}
+	if o.RefreshInterval == 0 {
+		o.RefreshInterval = 5 * time.Minute
 	}
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -32,10 +33,22 @@ type syncer struct {
 	// the next successful poll is written even when it changes nothing.
 	synced   bool
 	failures int
+	// health judges the domain's change feed; feedErr is its verdict as
+	// the mirror last said it (nil: healthy), and refreshed when every key
+	// was last fetched again because of it.
+	health    *externalcache.FeedHealth
+	feedErr   error
+	refreshed time.Time
+	flaps     int
 }
 
 // errLost ends a loop whose shard is no longer held.
 var errLost = errors.New("shard no longer held")
+
+// errFlapped says a poll's answer came from a history seen before: the
+// feed alternates between histories (config centers behind a load
+// balancer), and relisting at once would list the domain at every poll.
+var errFlapped = errors.New("the change feed's history flaps")
 
 // run polls the change feed and writes the mirror after each change, until
 // ctx ends or the shard is lost. It starts from the mirror the previous
@@ -44,6 +57,12 @@ func (s *syncer) run(ctx context.Context) {
 	s.log.V(1).Info("Mirror sync started")
 	defer s.log.V(1).Info("Mirror sync stopped")
 	s.keys = map[string]configv1alpha1.MirroredKey{}
+	s.health = externalcache.NewFeedHealth(s.m.opts.FeedHealth, s.m.opts.MinPollInterval)
+	defer func() {
+		if s.feedErr != nil {
+			mirrorUnhealthyFeeds.Dec()
+		}
+	}()
 	s.resume(ctx)
 	for ctx.Err() == nil {
 		start := time.Now()
@@ -51,18 +70,39 @@ func (s *syncer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil && (changed || !s.synced) {
-			err = s.write(ctx, nil)
-			if err == nil {
-				s.synced = true
+		// While the feed cannot be trusted, every key is fetched again
+		// every RefreshInterval: a change arrives that late, not never.
+		if feedErr := s.health.Err(); feedErr != nil && (err == nil || errors.Is(err, errFlapped)) && s.synced &&
+			time.Since(s.refreshed) >= s.m.opts.RefreshInterval {
+			refreshed, rerr := s.refresh(ctx)
+			changed = changed || refreshed
+			if rerr != nil {
+				err = rerr
+			}
+		}
+		if err == nil || errors.Is(err, errFlapped) {
+			if healthChanged := s.judged(s.health.Err()); changed || !s.synced && err == nil || healthChanged {
+				if werr := s.write(ctx, nil); werr != nil {
+					err = werr
+				} else if !errors.Is(err, errFlapped) {
+					s.synced = true
+				}
 			}
 		}
 		if errors.Is(err, errLost) {
 			return
 		}
+		if errors.Is(err, errFlapped) {
+			s.flaps++
+			d := s.backoff(s.flaps, err)
+			s.log.V(1).Info("Change feed's history flaps; polling again after a backoff", "flaps", s.flaps, "retryIn", d)
+			sleep(ctx, d)
+			continue
+		}
+		s.flaps = 0
 		if err != nil {
 			s.failures++
-			d := s.backoff(err)
+			d := s.backoff(s.failures, err)
 			if s.failures == 1 {
 				s.log.Info("Mirror sync failed; backing off", "error", err.Error(), "retryIn", d)
 				// Say so on the mirror once; the keys stay as they were.
@@ -101,7 +141,9 @@ func (s *syncer) resume(ctx context.Context) {
 		return
 	}
 	s.obj = &ed
-	if !meta.IsStatusConditionTrue(ed.Status.Conditions, ConditionSynced) {
+	// A mirror whose feed was unhealthy holds every key too.
+	if c := meta.FindStatusCondition(ed.Status.Conditions, ConditionSynced); c == nil ||
+		c.Status != metav1.ConditionTrue && c.Reason != ReasonFeedUnhealthy {
 		return
 	}
 	for _, k := range ed.Status.Keys {
@@ -117,26 +159,45 @@ func (s *syncer) resume(ctx context.Context) {
 // written only from that answer: the mirror never says Synced with the
 // keys emptied in between.
 func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
-	src := s.m.opts.Source
-	cs, err := s.changes(ctx)
+	cs, took, err := s.changes(ctx)
 	if err != nil {
 		return false, err
 	}
 	if lostHistory(s.since, s.epoch, cs) {
+		if s.health.HistoryLost(s.epoch, cs.Epoch) {
+			// A history seen before: the mirror keeps its keys, which the
+			// refresh keeps current, and lists the domain again later.
+			s.since, s.epoch = 0, cs.Epoch
+			return false, errFlapped
+		}
 		s.log.Info("Config center lost its history (restarted?); resynchronising the mirror",
 			"hadRevision", s.since, "revision", cs.Revision, "hadEpoch", s.epoch, "epoch", cs.Epoch)
+		kept, synced := s.keys, s.synced
 		s.since, s.epoch, s.synced = 0, cs.Epoch, false
 		s.keys = map[string]configv1alpha1.MirroredKey{}
-		if cs, err = s.changes(ctx); err != nil {
+		if cs, took, err = s.changes(ctx); err != nil {
 			return false, err
 		}
 		if lostHistory(s.since, s.epoch, cs) {
-			return false, fmt.Errorf("the change feed answered epoch %q right after %q: its history changed again", cs.Epoch, s.epoch)
+			// Not a restart after all: the histories alternate. Keep the
+			// keys the mirror holds, as for a flap.
+			s.health.HistoryLost(s.epoch, cs.Epoch)
+			s.keys, s.synced = kept, synced
+			s.since, s.epoch = 0, cs.Epoch
+			return false, errFlapped
 		}
 	}
 	s.epoch = cs.Epoch
 	updates := map[string]*configv1alpha1.MirroredKey{}
+	if s.since == 0 {
+		// An answer from revision 0 lists every key: a key it lacks is gone
+		// (kept through a flap, it may have been deleted meanwhile).
+		for name := range s.keys {
+			updates[name] = nil
+		}
+	}
 	for _, ch := range cs.Changes {
+		delete(updates, ch.Name)
 		if cur, ok := s.keys[ch.Name]; ok && cur.Revision == ch.Revision && !ch.Deleted {
 			continue
 		}
@@ -144,21 +205,38 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 			updates[ch.Name] = nil
 			continue
 		}
-		fctx, cancel := context.WithTimeout(ctx, s.m.opts.FetchTimeout)
-		v, err := src.Fetch(fctx, externalcache.Key{Domain: s.domain, Name: ch.Name})
-		cancel()
-		switch {
-		case errors.Is(err, externalcache.ErrNotFound):
-			mirrorFetches.WithLabelValues("value", "ok").Inc()
-			updates[ch.Name] = nil
-		case err != nil:
-			mirrorFetches.WithLabelValues("value", "error").Inc()
-			return false, fmt.Errorf("fetching %s: %w", ch.Name, err)
-		default:
-			mirrorFetches.WithLabelValues("value", "ok").Inc()
-			updates[ch.Name] = &configv1alpha1.MirroredKey{Name: ch.Name, Value: string(v.Data), Revision: v.Revision}
+		k, err := s.fetch(ctx, ch.Name)
+		if err != nil {
+			return false, err
 		}
+		updates[ch.Name] = k
 	}
+	changed = s.apply(updates)
+	s.since = cs.Revision
+	s.health.Answered(cs.Epoch, len(cs.Changes), took)
+	return changed, nil
+}
+
+// fetch reads one key's value; nil when the config center has no such key.
+func (s *syncer) fetch(ctx context.Context, name string) (*configv1alpha1.MirroredKey, error) {
+	fctx, cancel := context.WithTimeout(ctx, s.m.opts.FetchTimeout)
+	v, err := s.m.opts.Source.Fetch(fctx, externalcache.Key{Domain: s.domain, Name: name})
+	cancel()
+	switch {
+	case errors.Is(err, externalcache.ErrNotFound):
+		mirrorFetches.WithLabelValues("value", "ok").Inc()
+		return nil, nil
+	case err != nil:
+		mirrorFetches.WithLabelValues("value", "error").Inc()
+		return nil, fmt.Errorf("fetching %s: %w", name, err)
+	}
+	mirrorFetches.WithLabelValues("value", "ok").Inc()
+	return &configv1alpha1.MirroredKey{Name: name, Value: string(v.Data), Revision: v.Revision}, nil
+}
+
+// apply takes in fetched keys (nil: gone), all of them or none: a failed
+// fetch leaves the keys as they were. It says whether any changed.
+func (s *syncer) apply(updates map[string]*configv1alpha1.MirroredKey) (changed bool) {
 	for name, k := range updates {
 		if k == nil {
 			if _, ok := s.keys[name]; ok {
@@ -170,19 +248,59 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 		s.keys[name] = *k
 		changed = true
 	}
-	s.since = cs.Revision
-	return changed, nil
+	return changed
 }
 
 // changes polls the domain's change feed from s.since.
-func (s *syncer) changes(ctx context.Context) (externalcache.ChangeSet, error) {
+func (s *syncer) changes(ctx context.Context) (externalcache.ChangeSet, time.Duration, error) {
+	start := time.Now()
 	cs, err := s.m.opts.Source.Changes(ctx, s.domain, s.since)
 	if err != nil {
 		mirrorFetches.WithLabelValues("changes", "error").Inc()
-		return cs, fmt.Errorf("polling the change feed: %w", err)
+		if ctx.Err() == nil {
+			s.health.Failed(err)
+		}
+		return cs, 0, fmt.Errorf("polling the change feed: %w", err)
 	}
 	mirrorFetches.WithLabelValues("changes", "ok").Inc()
-	return cs, nil
+	return cs, time.Since(start), nil
+}
+
+// refresh fetches every key of the mirror again, the way a change arrives
+// while the change feed cannot be trusted. Keys new to the domain arrive
+// when the feed heals; a key deleted meanwhile leaves now.
+func (s *syncer) refresh(ctx context.Context) (changed bool, err error) {
+	updates := map[string]*configv1alpha1.MirroredKey{}
+	for name, cur := range s.keys {
+		k, err := s.fetch(ctx, name)
+		if err != nil {
+			return false, err
+		}
+		if k == nil || k.Revision != cur.Revision || k.Value != cur.Value {
+			updates[name] = k
+		}
+	}
+	s.refreshed = time.Now()
+	return s.apply(updates), nil
+}
+
+// judged takes in the feed's verdict, and says whether it changed from
+// the one the mirror last said: healthy or not (the message of a verdict
+// that stays unhealthy changes with every poll, and is not rewritten).
+func (s *syncer) judged(feedErr error) bool {
+	if (feedErr == nil) == (s.feedErr == nil) {
+		return false
+	}
+	if feedErr != nil {
+		mirrorUnhealthyFeeds.Inc()
+		s.log.Info("Change feed unhealthy; the mirror's keys are fetched again every refresh interval until it heals",
+			"error", feedErr.Error(), "refreshInterval", s.m.opts.RefreshInterval)
+	} else {
+		mirrorUnhealthyFeeds.Dec()
+		s.log.Info("Change feed healthy again")
+	}
+	s.feedErr = feedErr
+	return true
 }
 
 // lostHistory reports whether a change-feed answer belongs to another
@@ -194,13 +312,14 @@ func lostHistory(since int64, epoch string, cs externalcache.ChangeSet) bool {
 	return cs.Revision < since || cs.Epoch != epoch && (epoch != "" || since > 0)
 }
 
-// backoff is exponential with equal jitter, never shorter than a
-// Retry-After the config center asked for, up to MaxRetryAfter.
-func (s *syncer) backoff(err error) time.Duration {
+// backoff is exponential in n (the failures or flaps in a row) with equal
+// jitter, never shorter than a Retry-After the config center asked for, up
+// to MaxRetryAfter.
+func (s *syncer) backoff(n int, err error) time.Duration {
 	o := s.m.opts
 	d := o.RetryMax
-	if s.failures < 30 {
-		d = min(o.RetryMax, o.RetryBase<<(s.failures-1))
+	if n < 30 {
+		d = min(o.RetryMax, o.RetryBase<<(n-1))
 	}
 	d = d/2 + rand.N(d/2+1)
 	var h externalcache.RetryAfterHinter

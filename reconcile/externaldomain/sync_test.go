@@ -19,14 +19,14 @@ func (e retryAfterError) RetryAfterHint() time.Duration { return time.Duration(e
 // (a proxy's "Retry-After: 86400" held a mirror's sync for a day), and a
 // shorter one still delays the next poll past the backoff.
 func TestBackoffCapsRetryAfter(t *testing.T) {
-	s := &syncer{m: &Mirror{opts: Options{RetryBase: 500 * time.Millisecond, RetryMax: 30 * time.Second, MaxRetryAfter: time.Minute}}, failures: 1}
-	if d := s.backoff(fmt.Errorf("polling the change feed: %w", retryAfterError(24*time.Hour))); d != time.Minute {
+	s := &syncer{m: &Mirror{opts: Options{RetryBase: 500 * time.Millisecond, RetryMax: 30 * time.Second, MaxRetryAfter: time.Minute}}}
+	if d := s.backoff(1, fmt.Errorf("polling the change feed: %w", retryAfterError(24*time.Hour))); d != time.Minute {
 		t.Errorf("Retry-After 24h: next poll in %s, want the cap of 1m", d)
 	}
-	if d := s.backoff(retryAfterError(10 * time.Second)); d != 10*time.Second {
+	if d := s.backoff(1, retryAfterError(10*time.Second)); d != 10*time.Second {
 		t.Errorf("Retry-After 10s: next poll in %s, want 10s", d)
 	}
-	if d := s.backoff(errors.New("connection refused")); d > 500*time.Millisecond {
+	if d := s.backoff(1, errors.New("connection refused")); d > 500*time.Millisecond {
 		t.Errorf("first failure without Retry-After: next poll in %s, want at most the base 500ms", d)
 	}
 }

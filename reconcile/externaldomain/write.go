@@ -134,6 +134,11 @@ func (s *syncer) desired(st *configv1alpha1.ExternalDomainStatus, failure error)
 		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonTooLarge
 		cond.Message = fmt.Sprintf("domain %s holds %d keys (%d bytes), above the mirror limit of %d bytes: its keys are not mirrored; "+
 			"raise --mirror-max-bytes or use --external-source=cache", s.domain, len(keys), size, s.m.opts.MaxBytes)
+	} else if s.feedErr != nil {
+		st.Keys = keys
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonFeedUnhealthy
+		cond.Message = fmt.Sprintf("%v; the mirror's %d keys are fetched again every %s instead, so a change may be that late",
+			s.feedErr, len(keys), s.m.opts.RefreshInterval)
 	} else {
 		st.Keys = keys
 		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonSynced
