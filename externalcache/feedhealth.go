@@ -67,6 +67,14 @@ func NewFeedHealth(o FeedHealthOptions, minInterval time.Duration) *FeedHealth {
 	return &FeedHealth{opts: o, minInterval: minInterval, now: time.Now}
 }
 
+// Resumed records that the loop starts from a revision of epoch it kept (a mirror resuming
+// where the shard's previous holder left it): that history counts as applied, so its loss next
+// is a restart of the source, not a flap.
+func (h *FeedHealth) Resumed(epoch string) {
+	h.applied = true
+	h.remember(epoch)
+}
+
 // Err says why the feed is unhealthy now, wrapping ErrFeedUnhealthy; nil while it is healthy.
 func (h *FeedHealth) Err() error {
 	_, err := h.verdict()

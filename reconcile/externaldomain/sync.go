@@ -150,6 +150,7 @@ func (s *syncer) resume(ctx context.Context) {
 		s.keys[k.Name] = k
 	}
 	s.since, s.epoch = ed.Status.Revision, ed.Status.Epoch
+	s.health.Resumed(s.epoch)
 }
 
 // poll applies one answer of the change feed: deleted keys leave, changed
