@@ -543,9 +543,15 @@ func TestShardCountMismatch(t *testing.T) {
 			}
 		}
 	}
-	if len(a.rep.HeldShards())+len(b.rep.HeldShards()) != shards {
-		t.Fatalf("the agreeing replicas hold %d+%d shards", len(a.rep.HeldShards()), len(b.rep.HeldShards()))
-	}
+	// A renewal the loaded API server answers too late fences a shard for
+	// a moment (two make test runs at once did): the ring is whole again
+	// by itself.
+	controlplane.Eventually(t, time.Minute, "the agreeing replicas hold every shard", func() error {
+		if n := len(a.rep.HeldShards()) + len(b.rep.HeldShards()); n != shards {
+			return fmt.Errorf("they hold %d+%d shards", len(a.rep.HeldShards()), len(b.rep.HeldShards()))
+		}
+		return nil
+	})
 }
 
 func TestTerminationIntent(t *testing.T) {
