@@ -90,12 +90,12 @@ var faultRotation = []faultKind{faultKill, faultPause, faultClock, faultDelay, f
 // the node's network and control plane that Options.NodeFaults injects.
 var (
 	podFaultRotation  = []faultKind{faultForceDelete, faultDelete}
-	nodeFaultRotation = []faultKind{faultForceDelete, faultDelete, faultPartition, faultAPIServerRestart}
+	nodeFaultRotation = []faultKind{faultForceDelete, faultDelete, faultDelay, faultPartition, faultAPIServerRestart}
 )
 
 // parseFaults reads Options.Faults: the rotation, of the kinds the target
-// allows (pods: deletions, and with node faults a partition and an API
-// server restart); the target's whole rotation for "".
+// allows (pods: deletions, and with node faults a delay, a partition and an
+// API server restart); the target's whole rotation for "".
 func parseFaults(s string, pods, node bool) ([]faultKind, error) {
 	allowed := faultRotation
 	switch {
@@ -297,6 +297,9 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
 		return nil
 	case faultDelay:
+		if r.pods != nil {
+			return r.podNetworkFault(ctx, f, s, faultDelay)
+		}
 		return r.holdRequests(ctx, f, s, faultDelay)
 	case faultAPIServerRestart:
 		if r.restartAPIServer == nil {
@@ -318,7 +321,7 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		return nil
 	case faultPartition:
 		if r.pods != nil {
-			return r.cutPodOff(ctx, f, s)
+			return r.podNetworkFault(ctx, f, s, faultPartition)
 		}
 		return r.holdRequests(ctx, f, s, faultPartition)
 	case faultClock:
@@ -416,34 +419,49 @@ func (r *run) holdRequests(ctx context.Context, f *fleet, s *slot, kind faultKin
 	return nil
 }
 
-// cutPodOff cuts a replica pod's network (Options.NodeFaults: its veth
-// down) for DelayFor, then restores it: its connections stay open, and what
-// it sent meanwhile is retransmitted late.
-func (r *run) cutPodOff(ctx context.Context, f *fleet, s *slot) error {
-	o := r.opts
+// podNetworkFaults is what the node's fault command (Options.NodeFaults)
+// does to a replica pod's network for each network fault, and how the run
+// names it: on and off, with the fault's command words.
+var podNetworkFaults = map[faultKind]struct {
+	command, on, off, event string
+}{
+	// Its veth down: nothing it sends or is sent reaches it, its
+	// connections stay open, and what it sent meanwhile is retransmitted
+	// late.
+	faultPartition: {"veth", "down", "up", "partition of pod %s (its veth down for %s, then up)"},
+	// What it sends to the API server dropped in its network namespace:
+	// its requests arrive late, once TCP sends them again; what the server
+	// sends still reaches it.
+	faultDelay: {"hold", "on", "off", "delay of what pod %s sends to the API server (dropped for %s, then sent again by TCP)"},
+}
+
+// podNetworkFault applies a network fault to a replica pod for DelayFor,
+// then ends it.
+func (r *run) podNetworkFault(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+	o, how := r.opts, podNetworkFaults[kind]
 	var c *container
 	if in := s.current(); in != nil {
 		c, _ = in.proc.(*container)
 	}
 	if c == nil || o.NodeFaults == "" {
-		return fmt.Errorf("cutting %s off: no pod's container, or no --node-faults", s.id)
+		return fmt.Errorf("%s of %s: no pod's container, or no --node-faults", kind, s.id)
 	}
-	r.mark("veth of %s down for %s", s.id, o.DelayFor)
+	r.mark("%s %s of %s for %s", how.command, how.on, s.id, o.DelayFor)
 	at := time.Now()
-	if err := nodeFault(ctx, o.NodeFaults, "veth", "down", c.id); err != nil {
+	if err := nodeFault(ctx, o.NodeFaults, how.command, how.on, c.id); err != nil {
 		return err
 	}
-	r.noteHeld(faultPartition, s.id, at)
+	r.noteHeld(kind, s.id, at)
 	err := sleep(ctx, o.DelayFor)
-	// Restored on every way out: a pod left cut off would fail the rest.
-	r.mark("veth of %s up", s.id)
-	if uerr := nodeFault(context.WithoutCancel(ctx), o.NodeFaults, "veth", "up", c.id); err == nil {
+	// Ended on every way out: a pod left cut off would fail the rest.
+	r.mark("%s %s of %s", how.command, how.off, s.id)
+	if uerr := nodeFault(context.WithoutCancel(ctx), o.NodeFaults, how.command, how.off, c.id); err == nil {
 		err = uerr
 	}
 	if err != nil {
 		return err
 	}
-	r.handover(ctx, f, fmt.Sprintf("partition of pod %s (its veth down for %s, then up)", s.id, o.DelayFor), at)
+	r.handover(ctx, f, fmt.Sprintf(how.event, s.id, o.DelayFor), at)
 	return nil
 }
 

@@ -62,7 +62,7 @@ func TestFaultKinds(t *testing.T) {
 	for _, tc := range []struct {
 		s          string
 		pods, node bool
-	}{{"delay", true, false}, {"delay", true, true}, {"partition", true, false}, {"apiserver-restart", true, false}, {"force-delete", false, false}, {"nap", false, false}} {
+	}{{"delay", true, false}, {"partition", true, false}, {"apiserver-restart", true, false}, {"force-delete", false, false}, {"nap", false, false}} {
 		if _, err := parseFaults(tc.s, tc.pods, tc.node); err == nil {
 			t.Errorf("%q (pods %v, node faults %v) accepted", tc.s, tc.pods, tc.node)
 		}

@@ -183,9 +183,10 @@ type Options struct {
 	APIServerAuditLog string
 	// NodeFaults is a command that injects faults of the node a
 	// StatefulSet's pods run on: make cluster's hack/cluster/fault.sh.
-	// With it, chaos on the pods also cuts a pod's network for DelayFor
-	// (`veth down CONTAINER`, then `veth up`) and restarts the API server
-	// (`restart kube-apiserver`). StatefulSet only.
+	// With it, chaos on the pods also holds what a pod sends to the API
+	// server for DelayFor (`hold on CONTAINER`, then `hold off`), cuts a
+	// pod's network as long (`veth down CONTAINER`, then `veth up`) and
+	// restarts the API server (`restart kube-apiserver`). StatefulSet only.
 	NodeFaults string
 	// StatefulSet, "namespace/name", makes the pods of that StatefulSet in
 	// the Kubeconfig cluster the replicas, instead of processes the load
@@ -366,7 +367,7 @@ func (o *Options) checkPodTarget(sc *scenario) error {
 	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
 	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
 	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "", "replica arguments, profiles and a binary folder are for replica processes the load tester starts")
-	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || (o.DelayFor != 0 && o.NodeFaults == ""), "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once, and with --node-faults cuts a pod's network and restarts the API server")
+	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || (o.DelayFor != 0 && o.NodeFaults == ""), "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once, and with --node-faults delays or cuts a pod's network and restarts the API server")
 	return errors.Join(errs...)
 }
 

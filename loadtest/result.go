@@ -649,6 +649,7 @@ func (r *run) newReport(ctx context.Context) *Report {
 		kinds := map[faultKind]string{
 			faultForceDelete:      "forced pod deletion (grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go; the StatefulSet recreates the pod at once)",
 			faultDelete:           "pod deletion with its grace period (the StatefulSet recreates the pod at once)",
+			faultDelay:            fmt.Sprintf("delay (what the pod sends to the API server dropped for %s in its network namespace, then sent again by TCP: %s)", o.DelayFor, o.NodeFaults),
 			faultPartition:        fmt.Sprintf("partition (the pod's veth down for %s, then up: %s)", o.DelayFor, o.NodeFaults),
 			faultAPIServerRestart: fmt.Sprintf("API server restart (SIGTERM, then the same command line: %s)", o.NodeFaults),
 		}
