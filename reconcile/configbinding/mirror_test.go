@@ -286,6 +286,43 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 	e.waitData(t, "app-config", map[string]string{"a": "v2"})
 }
 
+// TestMirrorRecoversWithoutAChange: a mirror that said Unavailable while
+// the config center failed says Synced again once it answers, though no
+// key changed meanwhile; before, it kept Unavailable until the next
+// change, and its bindings kept ExternalUnavailable.
+func TestMirrorRecoversWithoutAChange(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-recover", mirrorMode)
+	const domain = "mirror-recover"
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.mirrorOf(t, domain, mirrored("a", "v1"))
+
+	if err := e.cc.SetFaults(configcenter.Faults{FailPolls: true}); err != nil {
+		t.Fatal(err)
+	}
+	// A change of another domain ends the poll held open, and the next
+	// one fails.
+	if _, err := e.cc.Put("mirror-recover-other", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonUnavailable {
+			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
+		}
+		return nil
+	})
+	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, mirrored("a", "v1"))
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+}
+
 // TestMirrorResumesTheEpoch: the config center restarts (a new epoch, its
 // revisions start over) while a domain's shard changes hands, and its new
 // history has passed the mirror's revision by the time the new holder

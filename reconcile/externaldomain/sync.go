@@ -106,9 +106,12 @@ func (s *syncer) run(ctx context.Context) {
 			if s.failures == 1 {
 				s.log.Info("Mirror sync failed; backing off", "error", err.Error(), "retryIn", d)
 				// Say so on the mirror once; the keys stay as they were.
+				// The next answer is written even if nothing changed, so
+				// that the mirror says Synced again.
 				if werr := s.write(ctx, err); errors.Is(werr, errLost) {
 					return
 				}
+				s.synced = false
 			}
 			sleep(ctx, d)
 			continue
