@@ -3,6 +3,8 @@ package sharding_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -57,10 +60,14 @@ type listCounts struct {
 	// acquired are the shard Leases the ring's replicas acquired
 	// (kshard_shard_handovers_total{direction="acquire"}).
 	acquired float64
+	// from and to bound the phase a difference covers; to alone is when
+	// the counts were read.
+	from, to time.Time
 }
 
 func (c listCounts) minus(o listCounts) listCounts {
-	d := listCounts{api: c.api - o.api, own: c.own - o.own, acquired: c.acquired - o.acquired, caches: map[string]float64{}}
+	d := listCounts{api: c.api - o.api, own: c.own - o.own, acquired: c.acquired - o.acquired, caches: map[string]float64{},
+		from: o.to, to: c.to}
 	for k, v := range c.caches {
 		d.caches[k] = v - o.caches[k]
 	}
@@ -76,7 +83,7 @@ func (c listCounts) String() string {
 // the ring's replicas start (baseline), their metrics may not exist yet.
 func readListCounts(t *testing.T, ring string, own *atomic.Int64, baseline bool) listCounts {
 	t.Helper()
-	c := listCounts{own: float64(own.Load()), caches: map[string]float64{}}
+	c := listCounts{own: float64(own.Load()), caches: map[string]float64{}, to: time.Now()}
 	c.api, _ = bindingSyncs(t)
 	read := func(name string, match ...string) float64 {
 		n, err := gathered(name, ring, match...)
@@ -105,7 +112,8 @@ func checkListCost(t *testing.T, phase string, d listCounts) {
 	if d.api-d.own > caches {
 		// A sync nobody reports: an informer outside the batch caches,
 		// such as one per shard.
-		t.Errorf("%s: the API server served %.0f syncs of ConfigBindings beyond the test's own, the replicas report %.0f caches (%v)", phase, d.api-d.own, caches, d)
+		t.Errorf("%s: the API server served %.0f syncs of ConfigBindings beyond the test's own, the replicas report %.0f caches (%v); its audit log: %s",
+			phase, d.api-d.own, caches, d, syncsBetween(t, d.from, d.to))
 	}
 	if d.api-d.own < 1 || d.acquired < 1 || d.caches["acquisition"] < 1 {
 		t.Errorf("%s: nothing counted (%v): the metrics were not read", phase, d)
@@ -114,6 +122,29 @@ func checkListCost(t *testing.T, phase string, d listCounts) {
 	if d.caches["acquisition"] > d.acquired/2 {
 		t.Errorf("%s: %.0f caches for %.0f shards acquired, want at most one per two (one cache per acquisition batch, not per shard)", phase, d.caches["acquisition"], d.acquired)
 	}
+}
+
+// syncsBetween says who synced ConfigBindings from from to to, by the API
+// server's audit log: the informers (holder, path and selectors) and how
+// often each, so that a count above the replicas' says whose it is.
+func syncsBetween(t *testing.T, from, to time.Time) string {
+	t.Helper()
+	l, err := audit.ReadAPILogFile(apiAudit)
+	if err != nil {
+		return err.Error()
+	}
+	n := map[string]int{}
+	for _, s := range l.Syncs {
+		if s.Resource == "configbindings" && !s.Received.Before(from) && !s.Received.After(to) {
+			n[fmt.Sprintf("%s %s %s", s.Username, s.Holder, s.Group)]++
+		}
+	}
+	var out []string
+	for k, c := range n {
+		out = append(out, fmt.Sprintf("%d× %s", c, k))
+	}
+	slices.Sort(out)
+	return strings.Join(out, "; ")
 }
 
 // TestFleetListsOncePerAcquisition: a ring of three replicas started together
