@@ -48,7 +48,7 @@ func TestMeasureFootprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	pprofAddr := freeAddr(t)
+	pprofAddr := controlplane.FreeAddr(t)
 	kshard, metrics := runReplica(ctx, t, ns, cc.URL(), "--pprof-bind-address", pprofAddr)
 	scraper := bindMetricsReader(ctx, t, c, ns)
 

@@ -134,7 +134,7 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubeconfig := writeKubeconfig(t, token)
-	addr := freeAddr(t)
+	addr := controlplane.FreeAddr(t)
 	_, securePort, _ := net.SplitHostPort(addr)
 	var args []string
 	for _, o := range byKind(built, "Deployment") {

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -154,16 +153,6 @@ func buildCommand(t *testing.T, name string) string {
 	}
 	builds.bins[name] = bins[0]
 	return bins[0]
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // process is a child process whose output goes to a file.
@@ -329,7 +318,7 @@ func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, configCente
 	controlplane.Eventually(t, time.Minute, "RBAC in force for the ServiceAccount", func() error {
 		return tokenClient(t, token).List(ctx, &configv1alpha1.ConfigBindingList{}, client.Limit(1))
 	})
-	metricsAddr, healthAddr := freeAddr(t), freeAddr(t)
+	metricsAddr, healthAddr := controlplane.FreeAddr(t), controlplane.FreeAddr(t)
 	certDir, metricsTLS := metricsCert(t)
 	args := append([]string{"controller",
 		"--kubeconfig", writeKubeconfigFor(t, server, token),

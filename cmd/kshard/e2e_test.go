@@ -3,7 +3,6 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,16 +43,6 @@ func buildBinaries(t *testing.T) (kshard, configcenter string) {
 		t.Fatal(err)
 	}
 	return bins[0], bins[1]
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // start runs a child process that the test kills at the end, and shows its
@@ -160,7 +149,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	ns, leaseNS := namespaces[0], namespaces[1]
 
-	ccAddr := freeAddr(t)
+	ccAddr := controlplane.FreeAddr(t)
 	start(t, "configcenter", ccBin, "--listen", ccAddr, "--seed-domains", "50", "--keys-per-domain", "4", "--value-bytes", "32")
 	controlplane.Eventually(t, time.Minute, "config center up", func() error {
 		resp, err := http.Get("http://" + ccAddr + "/healthz")

@@ -3,9 +3,13 @@ package controlplane
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/internal/childproc"
 )
 
 // RunTests starts one control plane for a test binary, runs its tests and
@@ -66,4 +70,18 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() err
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("%s: still failing after %s: %v", what, within, err)
+}
+
+// FreeAddr returns a loopback address ("127.0.0.1:port") that nothing
+// listens on now, for a server a test starts in a child process or passes
+// a port to: a port from childproc.FreePorts, outside the range the kernel
+// hands out for ":0", so that no other listener or connection takes it
+// before the server does.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ports, err := childproc.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 }

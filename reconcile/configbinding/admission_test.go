@@ -71,14 +71,15 @@ func servingCert(t *testing.T) (dir string, caPEM []byte) {
 	return dir, caPEM
 }
 
+// freePort is a port of controlplane.FreeAddr.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	_, port, _ := net.SplitHostPort(controlplane.FreeAddr(t))
+	n, err := strconv.Atoi(port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return n
 }
 
 // registerWebhook points the API server at a webhook for ConfigBindings of
