@@ -83,7 +83,14 @@ type leaseHistory struct {
 	last      map[string]coordinationv1.Lease
 	tenures   map[string][]tenure // per Lease, in order
 	violation []string
-	changes   int
+	// seen is when each Lease's last version arrived, on the test's clock;
+	// fromLive lists the Leases another holder took less than half a
+	// lease duration (fastTiming) after their holder's last write arrived:
+	// taken from a live holder, whatever the clocks written into them say.
+	// A takeover after an expiry waits a whole lease duration from the
+	// last write the taker saw.
+	seen     map[string]time.Time
+	fromLive []string
 }
 
 // tenure is one holder's time with a Lease, from its acquire time ("" for
@@ -102,7 +109,7 @@ func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}}
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}, seen: map[string]time.Time{}}
 	go func() {
 		for ev := range w.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
@@ -121,13 +128,17 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 	defer h.mu.Unlock()
 	prev, seen := h.last[l.Name]
 	h.last[l.Name] = l
+	now, prevAt := time.Now(), h.seen[l.Name]
+	h.seen[l.Name] = now
 	if (!seen || holderIdentity(prev) != holderIdentity(l)) && l.Spec.AcquireTime != nil {
 		h.tenures[l.Name] = append(h.tenures[l.Name], tenure{holder: holderIdentity(l), from: l.Spec.AcquireTime.Time})
 	}
 	if !seen || holderIdentity(l) == "" || holderIdentity(prev) == "" || holderIdentity(prev) == holderIdentity(l) {
 		return
 	}
-	h.changes++
+	if gap := now.Sub(prevAt); gap < fastTiming.lease/2 {
+		h.fromLive = append(h.fromLive, fmt.Sprintf("%s taken by %s %s after %s's last write", l.Name, holderIdentity(l), gap.Round(time.Millisecond), holderIdentity(prev)))
+	}
 	// Taken straight from another holder: only allowed once that holder's
 	// Lease had expired.
 	if l.Spec.AcquireTime == nil || l.Spec.AcquireTime.Time.Before(leaseExpiry(prev)) {
@@ -932,10 +943,29 @@ func TestTwoRingsShareANamespace(t *testing.T) {
 	}
 }
 
+// TestLeaseHistoryTakenFromLive: the skew test's checker sees a Lease
+// taken straight from a holder that wrote it a moment before, and not one
+// taken after a release.
+func TestLeaseHistoryTakenFromLive(t *testing.T) {
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}, seen: map[string]time.Time{}}
+	version := func(name, holder string) coordinationv1.Lease {
+		now := metav1.NewMicroTime(time.Now())
+		return coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), AcquireTime: &now, RenewTime: &now}}
+	}
+	h.observe(version("shard-1", "a_1"))
+	h.observe(version("shard-1", "b_1")) // at once: a planted takeover
+	h.observe(version("shard-2", "a_1"))
+	h.observe(version("shard-2", "")) // released
+	h.observe(version("shard-2", "b_1"))
+	if len(h.fromLive) != 1 || !strings.HasPrefix(h.fromLive[0], "shard-1 taken by b_1") {
+		t.Errorf("taken from a live holder: %q, want shard-1's takeover only", h.fromLive)
+	}
+}
+
 // TestClockSkewTakesNoLiveLease: replicas whose clocks are 30 s ahead and 30 s
 // behind (five lease durations) join a ring; nobody takes a Lease from a
-// live holder (every move goes through a release), and the slow replica is
-// not taken for dead. Expiry was judged from the renew times the holders
+// live holder, and the slow replica is not taken for dead. Expiry was judged from the renew times the holders
 // wrote: the fast replica found every live Lease expired, and the others
 // found the slow replica's member Lease expired.
 func TestClockSkewTakesNoLiveLease(t *testing.T) {
@@ -972,7 +1002,10 @@ func TestClockSkewTakesNoLiveLease(t *testing.T) {
 	}
 	history.mu.Lock()
 	defer history.mu.Unlock()
-	if history.changes > 0 {
-		t.Errorf("%d shard Leases went straight from one live holder to another (no release between)", history.changes)
+	// A holder that missed its renewals on a loaded machine loses its
+	// Leases to expiry, rightly; one taken while its holder still wrote
+	// them is the defect.
+	if len(history.fromLive) > 0 {
+		t.Errorf("%d shard Leases taken from a live holder: %s", len(history.fromLive), strings.Join(history.fromLive, "; "))
 	}
 }
