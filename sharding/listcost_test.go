@@ -105,7 +105,9 @@ func readListCounts(t *testing.T, ring string, own *atomic.Int64, baseline bool)
 // one per shard. The syncs are the API server's own record (its audit log,
 // by holder identity): its /metrics count every client's, and a pair of
 // make test runs once saw 19 there against 2 caches, with nothing to tell
-// whose. The bounds come from what the run observed, however its
+// whose. (The audit log has a watch-list when it starts, the metrics when
+// it completes: a cache stopped before its sync completed is in the log
+// only, so the two need not agree.) The bounds come from what the run observed, however its
 // acquisitions happened to batch: a count bounded by a constant failed on a
 // loaded machine (19 syncs against 18).
 func checkListCost(t *testing.T, phase string, d listCounts, replicas []string) {
@@ -117,9 +119,6 @@ func checkListCost(t *testing.T, phase string, d listCounts, replicas []string) 
 		// A sync nobody reports: an informer outside the batch caches,
 		// such as one per shard, or one that relisted.
 		t.Errorf("%s: the ring's replicas synced ConfigBindings %d times, they report %.0f caches (%v): %s", phase, syncs, caches, d, who)
-	}
-	if float64(syncs) > d.api-d.own {
-		t.Errorf("%s: the audit log shows %d syncs by the ring, the API server's metrics %.0f beyond the test's own", phase, syncs, d.api-d.own)
 	}
 	if syncs < 1 || d.acquired < 1 || d.caches["acquisition"] < 1 {
 		t.Errorf("%s: nothing counted (%v, %d syncs in the audit log): the metrics or the log were not read", phase, d, syncs)
