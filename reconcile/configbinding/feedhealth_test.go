@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
@@ -98,12 +97,7 @@ func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 			})
 
 			if tc.source == replica.SourceMirror {
-				e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
-					if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonFeedUnhealthy {
-						return fmt.Errorf("mirror condition %+v, want %s", c, externaldomain.ReasonFeedUnhealthy)
-					}
-					return nil
-				})
+				e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonFeedUnhealthy))
 			}
 
 			if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {

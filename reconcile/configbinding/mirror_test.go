@@ -48,6 +48,17 @@ func (e *env) deleteMirrors(t *testing.T, domains ...string) {
 	})
 }
 
+// syncedReason is a mirrorOf condition: the mirror's Synced condition has
+// reason.
+func syncedReason(reason string) func(*configv1alpha1.ExternalDomain) error {
+	return func(ed *configv1alpha1.ExternalDomain) error {
+		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != reason {
+			return fmt.Errorf("conditions %+v, want Synced with reason %s", ed.Status.Conditions, reason)
+		}
+		return nil
+	}
+}
+
 func mirrored(key, value string) func(*configv1alpha1.ExternalDomain) error {
 	return func(ed *configv1alpha1.ExternalDomain) error {
 		if !meta.IsStatusConditionTrue(ed.Status.Conditions, externaldomain.ConditionSynced) {
@@ -272,12 +283,7 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 	if _, err := e.cc.Put(domain, "a", "v2"); err != nil {
 		t.Fatal(err)
 	}
-	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
-		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonUnavailable {
-			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
-		}
-		return nil
-	})
+	e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonUnavailable))
 	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -310,12 +316,7 @@ func TestMirrorRecoversWithoutAChange(t *testing.T) {
 	if _, err := e.cc.Put("mirror-recover-other", "k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
-		if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c == nil || c.Reason != externaldomain.ReasonUnavailable {
-			return fmt.Errorf("conditions %+v", ed.Status.Conditions)
-		}
-		return nil
-	})
+	e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonUnavailable))
 	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
