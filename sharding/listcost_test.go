@@ -99,33 +99,45 @@ func readListCounts(t *testing.T, ring string, own *atomic.Int64, baseline bool)
 	return c
 }
 
-// checkListCost checks one phase's counts: every sync of the ring's
-// replicas is one of the caches they report starting, and the replicas'
-// caches for acquisitions are shared by the shards acquired together, not
-// one per shard. The syncs are the API server's own record (its audit log,
-// by holder identity): its /metrics count every client's, and a pair of
-// make test runs once saw 19 there against 2 caches, with nothing to tell
-// whose. (The audit log has a watch-list when it starts, the metrics when
-// it completes: a cache stopped before its sync completed is in the log
-// only, so the two need not agree.) The bounds come from what the run observed, however its
-// acquisitions happened to batch: a count bounded by a constant failed on a
-// loaded machine (19 syncs against 18).
+// checkListCost checks one phase's counts: the replicas' caches for
+// acquisitions are shared by the shards acquired together, not one per
+// shard. It logs the phase's syncs by the API server's audit log.
 func checkListCost(t *testing.T, phase string, d listCounts, replicas []string) {
 	t.Helper()
 	syncs, who := syncsBetween(t, d.from, d.to, replicas)
 	t.Logf("%s: %v; the ring's syncs in the API server's audit log: %d (%s)", phase, d, syncs, who)
-	caches := d.caches["acquisition"] + d.caches["compaction"] + d.caches["labeler"]
-	if float64(syncs) > caches {
-		// A sync nobody reports: an informer outside the batch caches,
-		// such as one per shard, or one that relisted.
-		t.Errorf("%s: the ring's replicas synced ConfigBindings %d times, they report %.0f caches (%v): %s", phase, syncs, caches, d, who)
-	}
-	if syncs < 1 || d.acquired < 1 || d.caches["acquisition"] < 1 {
-		t.Errorf("%s: nothing counted (%v, %d syncs in the audit log): the metrics or the log were not read", phase, d, syncs)
+	if d.acquired < 1 || d.caches["acquisition"] < 1 {
+		t.Errorf("%s: nothing counted (%v): the metrics were not read", phase, d)
 	}
 	// A cache per shard would be one per acquisition; batches share one.
 	if d.caches["acquisition"] > d.acquired/2 {
 		t.Errorf("%s: %.0f caches for %.0f shards acquired, want at most one per two (one cache per acquisition batch, not per shard)", phase, d.caches["acquisition"], d.acquired)
+	}
+}
+
+// checkSyncsAccounted checks a whole run's syncs: every sync of the ring's
+// replicas is one of the caches they report starting. The syncs are the
+// API server's own record (its audit log, by holder identity): its /metrics
+// count every client's, and a pair of make test runs once saw 19 there
+// against 2 caches, with nothing to tell whose. (The log has a watch-list
+// when it starts, the metrics when it completes, so the two need not
+// agree.) It is checked over the whole run, not per phase: under a load
+// that makes the ring churn, a cache counted in one phase sends its
+// watch-list in the next (a pair run saw 24 syncs against 36 caches, then
+// 47 against 37: 71 against 73 in all). The bounds come from what the run
+// observed, however its acquisitions happened to batch: a count bounded by
+// a constant failed on a loaded machine (19 syncs against 18).
+func checkSyncsAccounted(t *testing.T, d listCounts, replicas []string) {
+	t.Helper()
+	syncs, who := syncsBetween(t, d.from, d.to, replicas)
+	caches := d.caches["acquisition"] + d.caches["compaction"] + d.caches["labeler"]
+	if float64(syncs) > caches {
+		// A sync nobody reports: an informer outside the batch caches,
+		// such as one per shard, or one that relisted.
+		t.Errorf("the ring's replicas synced ConfigBindings %d times, they report %.0f caches (%v): %s", syncs, caches, d, who)
+	}
+	if syncs < 1 {
+		t.Errorf("no sync of the ring's replicas in the API server's audit log (%v): the log was not read", d)
 	}
 }
 
@@ -223,4 +235,5 @@ func TestFleetListsOncePerAcquisition(t *testing.T) {
 		t.Errorf("graceful leave: %d shards moved, the replicas report %.0f acquisitions", moved, d.acquired)
 	}
 	checkListCost(t, "graceful leave", d, ids)
+	checkSyncsAccounted(t, left.minus(start), ids)
 }
