@@ -179,8 +179,7 @@ func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
 func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }
 
 // acquired keeps the mirrors of the shard's domains current once its
-// informers know which domains its bindings use, and deletes the mirrors
-// an earlier holder left of domains no binding uses any more.
+// informers know which domains its bindings use.
 func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
 	go func() {
 		if !s.rep.WaitForSync(ctx, shard) {
@@ -195,9 +194,6 @@ func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
 		}
 		for _, k := range keys {
 			s.mirror.Ensure(shard, k.Domain)
-		}
-		if err := s.rec.CollectUnusedDomains(ctx, shard); err != nil && ctx.Err() == nil {
-			s.log.Error(err, "Collecting the mirrors of domains no binding of the shard reads", "shard", shard)
 		}
 	}()
 }

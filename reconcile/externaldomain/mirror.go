@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
-	"github.com/kshard/kshard/sharding"
 )
 
 // Condition type and reasons of an ExternalDomain.
@@ -342,27 +340,16 @@ func stop(loops map[loopKey]*loop) {
 }
 
 // Domains lists the domains mirrored for a shard, sorted: a controller checks them for objects
-// left when one of the shard's objects goes (ReleaseDomain). They are the domains it runs a loop
-// for and those with an ExternalDomain in the shard's cache: a mirror an earlier holder of the
-// shard wrote is this replica's to collect, though it never mirrored the domain itself.
-func (m *Mirror) Domains(ctx context.Context, shard int32) ([]string, error) {
+// left when one of the shard's objects goes (ReleaseDomain).
+func (m *Mirror) Domains(shard int32) []string {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	var out []string
 	for k := range m.loops {
 		if k.shard == shard {
 			out = append(out, k.domain)
 		}
 	}
-	m.mu.Unlock()
-	if reader, ok := m.opts.Shards.Reader(shard); ok {
-		var list configv1alpha1.ExternalDomainList
-		if err := reader.List(ctx, &list, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(shard))}); err != nil {
-			return nil, fmt.Errorf("listing the mirrors of shard %d: %w", shard, err)
-		}
-		for _, ed := range list.Items {
-			out = append(out, ed.Name)
-		}
-	}
 	slices.Sort(out)
-	return slices.Compact(out), nil
+	return out
 }
