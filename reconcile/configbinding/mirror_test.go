@@ -324,6 +324,36 @@ func TestMirrorRecoversWithoutAChange(t *testing.T) {
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 }
 
+// TestDeletedMirrorIsWrittenAgain: a mirror deleted while its loop runs
+// (by hand, or by the holder's own release while its cache still showed the
+// mirror to the loop the next binding started) is written again, though no
+// key changes. Before, the loop kept the object it last wrote and wrote
+// nothing until the domain next changed, and the domain's bindings stayed
+// pending.
+func TestDeletedMirrorIsWrittenAgain(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-deleted", mirrorMode)
+	const domain = "mirror-deleted"
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	before := e.mirrorOf(t, domain, mirrored("a", "v1"))
+
+	if err := e.c.Delete(context.Background(), before); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, func(ed *configv1alpha1.ExternalDomain) error {
+		if ed.UID == before.UID {
+			return fmt.Errorf("still the deleted mirror %s", ed.UID)
+		}
+		return mirrored("a", "v1")(ed)
+	})
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+}
+
 // TestMirrorResumesTheEpoch: the config center restarts (a new epoch, its
 // revisions start over) while a domain's shard changes hands, and its new
 // history has passed the mirror's revision by the time the new holder

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -54,6 +55,9 @@ var ErrDomainTooLarge = errors.New("domain too large for its mirror")
 // *externaldomain.Mirror implements it.
 type Mirrors interface {
 	Ensure(shard int32, domain string)
+	// Missing says the shard's cache has no mirror of the domain: a
+	// mirror deleted while its loop ran is written again.
+	Missing(shard int32, domain string)
 }
 
 // MirrorValues reads values from the shard's informer cache of
@@ -73,7 +77,11 @@ func (v MirrorValues) Get(ctx context.Context, shard int32, key externalcache.Ke
 	v.Mirrors.Ensure(shard, key.Domain)
 	var ed configv1alpha1.ExternalDomain
 	if err := reader.Get(ctx, types.NamespacedName{Name: key.Domain}, &ed); err != nil {
-		// Not mirrored yet: the mirror's creation requeues the binding.
+		// Not mirrored yet, or deleted: the mirror's creation requeues the
+		// binding.
+		if apierrors.IsNotFound(err) {
+			v.Mirrors.Missing(shard, key.Domain)
+		}
 		return externalcache.Lookup{State: externalcache.StatePending}
 	}
 	synced := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced)

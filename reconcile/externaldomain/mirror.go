@@ -165,6 +165,49 @@ type loopKey struct {
 type loop struct {
 	cancel context.CancelFunc // nil until started
 	done   chan struct{}
+
+	mu sync.Mutex
+	// missing: a reader found no mirror in the shard's cache since the
+	// syncer last looked (Missing).
+	missing bool
+	// interrupt ends the change-feed poll under way, so that a missing
+	// mirror is written again now rather than after the long poll.
+	interrupt context.CancelFunc
+}
+
+// pollContext is the context of one change-feed poll, which Missing ends
+// early. Call the returned function when the poll returned.
+func (l *loop) pollContext(ctx context.Context) (context.Context, func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	l.mu.Lock()
+	l.interrupt = cancel
+	l.mu.Unlock()
+	return pctx, func() {
+		l.mu.Lock()
+		l.interrupt = nil
+		l.mu.Unlock()
+		cancel()
+	}
+}
+
+// markMissing records that a reader found no mirror, and ends the poll
+// under way.
+func (l *loop) markMissing() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.missing = true
+	if l.interrupt != nil {
+		l.interrupt()
+	}
+}
+
+// takeMissing reports, and clears, a missing mark.
+func (l *loop) takeMissing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.missing
+	l.missing = false
+	return m
 }
 
 // New validates the options.
@@ -231,12 +274,30 @@ func (m *Mirror) ensureLocked(k loopKey) {
 func (m *Mirror) startLocked(k loopKey, l *loop) {
 	ctx, cancel := context.WithCancel(m.ctx)
 	l.cancel = cancel
-	s := &syncer{m: m, shard: k.shard, domain: k.domain, log: m.opts.Log.WithValues("shard", k.shard, "domain", k.domain)}
+	s := &syncer{m: m, loop: l, shard: k.shard, domain: k.domain, log: m.opts.Log.WithValues("shard", k.shard, "domain", k.domain)}
 	go func() {
 		defer close(l.done)
 		s.run(ctx)
 		m.forget(k, l)
 	}()
+}
+
+// Missing tells the domain's loop that a reader found no mirror of the
+// domain in the shard's cache. A loop that wrote the mirror, or resumed from
+// one, reads the API server and writes the mirror again if it is gone:
+// deleted by hand, or by this replica's own release of the domain while the
+// cache still showed it to the loop that the next binding of the domain
+// started. Without it the mirror would stay missing, and the domain's
+// bindings pending, until the domain next changes. A reader that finds the
+// mirror missing only because the cache has not seen its creation yet costs
+// one read of the API server.
+func (m *Mirror) Missing(shard int32, domain string) {
+	m.mu.Lock()
+	l := m.loops[loopKey{shard, domain}]
+	m.mu.Unlock()
+	if l != nil {
+		l.markMissing()
+	}
 }
 
 // forget removes a loop that ended by itself (its shard was lost).

@@ -20,6 +20,7 @@ import (
 // syncer keeps one domain's mirror current while its shard is held.
 type syncer struct {
 	m      *Mirror
+	loop   *loop
 	shard  int32
 	domain string
 	log    logr.Logger
@@ -31,7 +32,11 @@ type syncer struct {
 	// synced: the mirror holds what the polls applied. False until the
 	// first poll is written, and again after a resynchronisation, so that
 	// the next successful poll is written even when it changes nothing.
-	synced   bool
+	synced bool
+	// resumed: keys and since are a whole mirror the loop started from,
+	// not yet written by it; false again once a resynchronisation empties
+	// the keys.
+	resumed  bool
 	failures int
 	// health judges the domain's change feed; feedErr is its verdict as
 	// the mirror last said it (nil: healthy), and refreshed when every key
@@ -66,9 +71,27 @@ func (s *syncer) run(ctx context.Context) {
 	s.resume(ctx)
 	for ctx.Err() == nil {
 		start := time.Now()
-		changed, err := s.poll(ctx)
+		pctx, endPoll := s.loop.pollContext(ctx)
+		changed, err := s.poll(pctx)
+		interrupted := err != nil && pctx.Err() != nil
+		endPoll()
 		if ctx.Err() != nil {
 			return
+		}
+		if s.loop.takeMissing() {
+			s.verify(ctx)
+		}
+		if interrupted {
+			// Missing ended the poll, and nothing of it was applied: write
+			// a mirror that is gone now, when the keys held are whole.
+			if s.obj == nil && (s.synced || s.resumed) {
+				if werr := s.write(ctx, nil); errors.Is(werr, errLost) {
+					return
+				} else if werr != nil {
+					s.log.Info("Writing the mirror again failed; trying after the next poll", "error", werr.Error())
+				}
+			}
+			continue
 		}
 		// While the feed cannot be trusted, every key is fetched again
 		// every RefreshInterval: a change arrives that late, not never.
@@ -81,7 +104,8 @@ func (s *syncer) run(ctx context.Context) {
 			}
 		}
 		if err == nil || errors.Is(err, errFlapped) {
-			if healthChanged := s.judged(s.health.Err()); changed || !s.synced && err == nil || healthChanged {
+			// A mirror found gone (verify) is written again.
+			if healthChanged := s.judged(s.health.Err()); changed || !s.synced && err == nil || s.synced && s.obj == nil || healthChanged {
 				if werr := s.write(ctx, nil); werr != nil {
 					err = werr
 				} else if !errors.Is(err, errFlapped) {
@@ -153,7 +177,31 @@ func (s *syncer) resume(ctx context.Context) {
 		s.keys[k.Name] = k
 	}
 	s.since, s.epoch = ed.Status.Revision, ed.Status.Epoch
+	s.resumed = true
 	s.health.Resumed(s.epoch)
+}
+
+// verify reads the mirror from the API server once a reader found none in
+// the shard's cache, and forgets it when it is gone, so that the next write
+// creates it again. A mirror this loop never wrote or resumed from is
+// created by its first write anyway.
+func (s *syncer) verify(ctx context.Context) {
+	if s.obj == nil {
+		return
+	}
+	var ed configv1alpha1.ExternalDomain
+	switch err := s.m.opts.APIReader.Get(ctx, types.NamespacedName{Name: s.domain}, &ed); {
+	case apierrors.IsNotFound(err):
+		s.log.Info("Mirror gone (deleted while the loop ran); writing it again")
+		s.obj = nil
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.Info("Reading the mirror a reader did not find failed; looking again after the next poll", "error", err.Error())
+			s.loop.markMissing()
+		}
+	default:
+		s.obj = &ed
+	}
 }
 
 // poll applies one answer of the change feed: deleted keys leave, changed
@@ -176,8 +224,8 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 		}
 		s.log.Info("Config center lost its history (restarted?); resynchronising the mirror",
 			"hadRevision", s.since, "revision", cs.Revision, "hadEpoch", s.epoch, "epoch", cs.Epoch)
-		kept, synced := s.keys, s.synced
-		s.since, s.epoch, s.synced = 0, cs.Epoch, false
+		kept, synced, resumed := s.keys, s.synced, s.resumed
+		s.since, s.epoch, s.synced, s.resumed = 0, cs.Epoch, false, false
 		s.keys = map[string]configv1alpha1.MirroredKey{}
 		if cs, took, err = s.changes(ctx); err != nil {
 			return false, err
@@ -186,7 +234,7 @@ func (s *syncer) poll(ctx context.Context) (changed bool, err error) {
 			// Not a restart after all: the histories alternate. Keep the
 			// keys the mirror holds, as for a flap.
 			s.health.HistoryLost(s.epoch, cs.Epoch)
-			s.keys, s.synced = kept, synced
+			s.keys, s.synced, s.resumed = kept, synced, resumed
 			s.since, s.epoch = 0, cs.Epoch
 			return false, errFlapped
 		}
@@ -231,7 +279,10 @@ func (s *syncer) fetch(ctx context.Context, name string) (*configv1alpha1.Mirror
 		mirrorFetches.WithLabelValues("value", "ok").Inc()
 		return nil, nil
 	case err != nil:
-		mirrorFetches.WithLabelValues("value", "error").Inc()
+		if ctx.Err() == nil {
+			// Not counted: a poll that Missing or the loop's end cut short.
+			mirrorFetches.WithLabelValues("value", "error").Inc()
+		}
 		return nil, fmt.Errorf("fetching %s: %w", name, err)
 	}
 	mirrorFetches.WithLabelValues("value", "ok").Inc()
@@ -260,8 +311,8 @@ func (s *syncer) changes(ctx context.Context) (externalcache.ChangeSet, time.Dur
 	start := time.Now()
 	cs, err := s.m.opts.Source.Changes(ctx, s.domain, s.since)
 	if err != nil {
-		mirrorFetches.WithLabelValues("changes", "error").Inc()
 		if ctx.Err() == nil {
+			mirrorFetches.WithLabelValues("changes", "error").Inc()
 			s.health.Failed(err)
 		}
 		return cs, 0, fmt.Errorf("polling the change feed: %w", err)
