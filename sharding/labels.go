@@ -17,7 +17,9 @@ const (
 	// LabelDomain holds the business domain the shard was computed from, so
 	// a person can see why an object landed where it did.
 	LabelDomain = "kshard.dev/domain"
-	// LabelRing marks the Leases of one ring, so replicas watch only those.
+	// LabelRing marks the Leases of one ring, so replicas watch only those,
+	// and the cluster-scoped objects a ring's replicas write, which another
+	// ring's shards of the same number must leave alone.
 	LabelRing = "kshard.dev/ring"
 	// LabelLeaseKind tells member Leases from shard Leases.
 	LabelLeaseKind = "kshard.dev/lease-kind"

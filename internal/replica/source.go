@@ -157,7 +157,7 @@ func (s *mirrorSource) bind(mgr manager.Manager, rep *sharding.Replica, _ config
 		return fmt.Errorf("--external-source=%s needs sharding", SourceMirror)
 	}
 	m, err := externaldomain.New(externaldomain.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep, Ring: s.opts.Ring,
 		MaxBytes: s.opts.MirrorMaxBytes, MaxRetryAfter: s.opts.Cache.MaxRetryAfter, Log: s.log,
 		FeedHealth: s.opts.Cache.FeedHealth, RefreshInterval: s.opts.Cache.SoftTTL,
 	})
@@ -179,7 +179,8 @@ func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
 func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }
 
 // acquired keeps the mirrors of the shard's domains current once its
-// informers know which domains its bindings use.
+// informers know which domains its bindings use, and deletes the mirrors
+// an earlier holder left of domains no binding uses any more.
 func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
 	go func() {
 		if !s.rep.WaitForSync(ctx, shard) {
@@ -194,6 +195,9 @@ func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
 		}
 		for _, k := range keys {
 			s.mirror.Ensure(shard, k.Domain)
+		}
+		if err := s.rec.CollectUnusedDomains(ctx, shard); err != nil && ctx.Err() == nil {
+			s.log.Error(err, "Collecting the mirrors of domains no binding of the shard reads", "shard", shard)
 		}
 	}()
 }

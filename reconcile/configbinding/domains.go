@@ -18,8 +18,10 @@ import (
 // *externalcache.Cache (through CachedDomains) and *externaldomain.Mirror
 // implement it.
 type Domains interface {
-	// Domains lists the domains it keeps state for in shard.
-	Domains(shard int32) []string
+	// Domains lists the domains it keeps state for in shard, including
+	// state an earlier holder of the shard left (the mirror's
+	// ExternalDomains).
+	Domains(ctx context.Context, shard int32) ([]string, error)
 	// ReleaseDomain drops domain's state in shard; a later read of the
 	// domain starts afresh. Releasing a domain without state does nothing.
 	// It is called with a write context of the shard (Shards.WriteContext):
@@ -41,7 +43,11 @@ func (r *Reconciler) releaseUnusedDomains(ctx context.Context, reader client.Rea
 	if r.Domains == nil {
 		return nil
 	}
-	for _, domain := range r.Domains.Domains(shard) {
+	domains, err := r.Domains.Domains(ctx, shard)
+	if err != nil {
+		return fmt.Errorf("listing the domains of shard %d: %w", shard, err)
+	}
+	for _, domain := range domains {
 		used, err := domainUsed(ctx, reader, domain)
 		if err != nil {
 			return err
@@ -65,6 +71,19 @@ func (r *Reconciler) releaseUnusedDomains(ctx context.Context, reader client.Rea
 		}
 	}
 	return nil
+}
+
+// CollectUnusedDomains releases what the shard keeps for domains that no
+// binding of the shard reads, once the shard's informers have synced after
+// an acquisition. A domain whose last binding was deleted while another
+// replica held the shard, or while no replica did, left state (an
+// ExternalDomain) that no deletion this replica sees would release.
+func (r *Reconciler) CollectUnusedDomains(ctx context.Context, shard int32) error {
+	reader, ok := r.Shards.Reader(shard)
+	if !ok {
+		return nil
+	}
+	return r.releaseUnusedDomains(ctx, reader, shard)
 }
 
 // domainUsed reports whether a binding of the shard reads domain.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
 )
 
 // TestDeletedDomainsLeaveNothing: once the last binding of a domain is
@@ -117,4 +119,72 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMirrorsLeftByAnEarlierHolderAreCollected: a domain whose last binding
+// is deleted while no replica holds its shard leaves an ExternalDomain that
+// no deletion the next holder sees would release. The next holder collects
+// it once the shard's informers synced, keeps the mirror of a domain still
+// in use, and leaves alone another ring's mirror in the same shard (the
+// objects are cluster-scoped, and this package's tests run many rings at
+// once: before the ring label, their holders deleted each other's mirrors).
+func TestMirrorsLeftByAnEarlierHolderAreCollected(t *testing.T) {
+	t.Parallel()
+	e := startEnvWith(t, "orphans", mirrorMode)
+	const gone, kept, foreign = "orphans-gone", "orphans-kept", "orphans-foreign"
+	for _, d := range []string{gone, kept} {
+		if _, err := e.cc.Put(d, "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.deleteMirrors(t, gone, kept, foreign)
+	other := &configv1alpha1.ExternalDomain{Spec: configv1alpha1.ExternalDomainSpec{Domain: foreign}}
+	other.Name = foreign
+	other.Labels = map[string]string{
+		sharding.LabelShard: fmt.Sprint(sharding.ShardOf(gone, e.opts.Shards)), sharding.LabelRing: "another-ring",
+	}
+	if err := e.c.Create(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "gone", gone, "k")
+	e.create(t, "kept", kept, "k")
+	e.waitReason(t, "gone", configbinding.ReasonSynced)
+	e.waitReason(t, "kept", configbinding.ReasonSynced)
+	e.mirrorOf(t, gone, mirrored("k", "v"))
+
+	// The only replica leaves; the binding goes while nobody holds its
+	// shard.
+	e.stopFirst()
+	cb := &configv1alpha1.ConfigBinding{}
+	cb.Namespace, cb.Name = e.ns, "gone"
+	if err := e.c.Delete(context.Background(), cb); err != nil {
+		t.Fatal(err)
+	}
+	// The garbage collector deletes its ConfigMap (this control plane runs
+	// none): no event of the binding is left for the next holder to see.
+	cm := &corev1.ConfigMap{}
+	cm.Namespace, cm.Name = e.ns, "gone-config"
+	if err := e.c.Delete(context.Background(), cm); err != nil {
+		t.Fatal(err)
+	}
+	next := e.opts
+	next.Identity = "orphans-1"
+	e.startReplica(t, next)
+
+	controlplane.Eventually(t, 2*time.Minute, "the next holder collects the mirror of "+gone, func() error {
+		err := e.c.Get(context.Background(), client.ObjectKey{Name: gone}, &configv1alpha1.ExternalDomain{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("ExternalDomain %s: %v", gone, err)
+		}
+		return nil
+	})
+	// The foreign mirror sorts before the collected one.
+	if err := e.c.Get(context.Background(), client.ObjectKey{Name: foreign}, &configv1alpha1.ExternalDomain{}); err != nil {
+		t.Fatalf("another ring's mirror: %v", err)
+	}
+	if _, err := e.cc.Put(kept, "k", "changed"); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, kept, mirrored("k", "changed"))
+	e.waitData(t, "kept-config", map[string]string{"k": "changed"})
 }

@@ -38,7 +38,9 @@ func (v CachedValues) Get(_ context.Context, shard int32, key externalcache.Key)
 type CachedDomains struct{ Cache *externalcache.Cache }
 
 // Domains implements Domains.
-func (d CachedDomains) Domains(shard int32) []string { return d.Cache.Domains(shard) }
+func (d CachedDomains) Domains(_ context.Context, shard int32) ([]string, error) {
+	return d.Cache.Domains(shard), nil
+}
 
 // ReleaseDomain implements Domains; the cache writes nothing to the API
 // server, so the write context only says the shard is held.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/sharding"
 )
 
 // Condition type and reasons of an ExternalDomain.
@@ -67,6 +69,11 @@ type Options struct {
 	Source Source
 	// Shards tells which shards this replica holds. Required.
 	Shards Shards
+	// Ring names the ring whose replicas write the mirrors; each mirror
+	// carries it as a label. A holder collects only its own ring's mirrors:
+	// the objects are cluster-scoped, and another ring of the cluster (a
+	// second deployment, a test) has the same shard numbers. Required.
+	Ring string
 	// MaxBytes bounds a mirror's keys (names and values, plus a fixed
 	// overhead per key); a larger domain gets the TooLarge condition instead
 	// of a write the API server would reject. Defaults to 512 KiB, a third
@@ -111,6 +118,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Shards == nil {
 		errs = append(errs, errors.New("shards are required"))
+	}
+	if o.Ring == "" {
+		errs = append(errs, errors.New("ring is required"))
 	}
 	if o.MaxBytes == 0 {
 		o.MaxBytes = 512 << 10
@@ -401,16 +411,29 @@ func stop(loops map[loopKey]*loop) {
 }
 
 // Domains lists the domains mirrored for a shard, sorted: a controller checks them for objects
-// left when one of the shard's objects goes (ReleaseDomain).
-func (m *Mirror) Domains(shard int32) []string {
+// left when one of the shard's objects goes (ReleaseDomain). They are the domains it runs a loop
+// for and those with an ExternalDomain of its ring in the shard's cache: a mirror an earlier
+// holder of the shard wrote is this replica's to collect, though it never mirrored the domain.
+func (m *Mirror) Domains(ctx context.Context, shard int32) ([]string, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	var out []string
 	for k := range m.loops {
 		if k.shard == shard {
 			out = append(out, k.domain)
 		}
 	}
+	m.mu.Unlock()
+	if reader, ok := m.opts.Shards.Reader(shard); ok {
+		var list configv1alpha1.ExternalDomainList
+		if err := reader.List(ctx, &list, client.MatchingLabels{
+			sharding.LabelShard: strconv.Itoa(int(shard)), sharding.LabelRing: m.opts.Ring,
+		}); err != nil {
+			return nil, fmt.Errorf("listing the mirrors of shard %d: %w", shard, err)
+		}
+		for _, ed := range list.Items {
+			out = append(out, ed.Name)
+		}
+	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out), nil
 }

@@ -55,6 +55,7 @@ func (s *syncer) tryWrite(ctx context.Context, failure error) error {
 				Labels: map[string]string{
 					sharding.LabelShard:  strconv.Itoa(int(s.shard)),
 					sharding.LabelDomain: s.domain,
+					sharding.LabelRing:   s.m.opts.Ring,
 				},
 			},
 			Spec: configv1alpha1.ExternalDomainSpec{Domain: s.domain},
