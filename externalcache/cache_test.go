@@ -230,6 +230,9 @@ func TestStaleValueIsServedWhileOneRefreshRuns(t *testing.T) {
 	if l := h.wait(0, key); l.State != externalcache.StateFresh || string(l.Value) != "old" {
 		t.Fatalf("first Wait = %+v, want Fresh old", l)
 	}
+	// Notifications of a key still waiting to be delivered are delivered
+	// once: under load, the arrival's would otherwise take in the change's.
+	eventually(t, "OnUpdate for the arrival", func() bool { return h.updates.count(key) > 0 })
 	h.put(key.Domain, key.Name, "new") // no feed: only expiry can reveal it
 	if l := h.cache.Get(0, key); l.State != externalcache.StateFresh || string(l.Value) != "old" {
 		t.Fatalf("Get before soft expiry = %+v, want Fresh old", l)
@@ -416,6 +419,9 @@ func TestChangeFeedRefreshesWithoutExpiry(t *testing.T) {
 		t.Fatalf("Wait of a missing key = %+v", l)
 	}
 	eventually(t, "the feed runs", func() bool { return h.cache.Stats().FeedLoops == 1 })
+	// A notification not yet delivered takes in the next one of its key:
+	// wait for the arrivals', or a loaded machine counts one fewer.
+	eventually(t, "OnUpdate for the arrivals", func() bool { return h.updates.count(k) > 0 && h.updates.count(missing) > 0 })
 
 	if _, err := h.client.Put(ctx, k.Domain, k.Name, "v2"); err != nil {
 		t.Fatal(err)
@@ -714,6 +720,9 @@ func TestFailedFetchIsReportedOnceAndRecoversByItself(t *testing.T) {
 		t.Errorf("%d calls before giving up, want the 3 attempts", got)
 	}
 	eventually(t, "the failure is retried in later rounds", func() bool { return h.calls(key.Domain, key.Name) >= 9 })
+	// The notifier delivers from its own goroutine; a notification not yet
+	// delivered would take in the recovery's.
+	eventually(t, "OnUpdate for the failure", func() bool { return h.updates.count(key) > 0 })
 	if got := h.updates.count(key); got != 1 {
 		t.Errorf("OnUpdate fired %d times over several failed rounds, want once", got)
 	}
