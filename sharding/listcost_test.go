@@ -32,7 +32,9 @@ func bindingSyncs(t *testing.T) (syncs, scanned float64) {
 func quietSyncs(t *testing.T) (syncs, scanned float64) {
 	t.Helper()
 	syncs, scanned = bindingSyncs(t)
-	controlplane.Eventually(t, time.Minute, "no new sync of ConfigBindings for 3s", func() error {
+	// Under two make test runs at once, watches that time out relisted for
+	// over a minute.
+	controlplane.Eventually(t, 3*time.Minute, "no new sync of ConfigBindings for 3s", func() error {
 		time.Sleep(3 * time.Second)
 		s, sc := bindingSyncs(t)
 		if s != syncs {
@@ -211,7 +213,7 @@ func TestFleetListsOncePerAcquisition(t *testing.T) {
 	for _, r := range reps {
 		controlplane.Eventually(t, time.Minute, r.id+" ready", r.rep.Ready)
 	}
-	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
 	quietSyncs(t)
 	started := readListCounts(t, ring, &own, false)
 	checkListCost(t, "fleet start", started.minus(start), ids)

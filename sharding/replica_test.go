@@ -192,7 +192,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 		reps = append(reps, startReplica(t, rc))
 	}
 	expectRingHeld(t, c, ns, ring, ids)
-	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
 
 	total, maxHeld := 0, 0
 	for _, r := range reps {

@@ -2,12 +2,14 @@ package configbinding_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -352,6 +354,136 @@ func TestDeletedMirrorIsWrittenAgain(t *testing.T) {
 		return mirrored("a", "v1")(ed)
 	})
 	e.waitReason(t, "app", configbinding.ReasonSynced)
+}
+
+// TestRefusedMirrorWriteIsRetried: the API server refuses the mirror's
+// write of a change (an admission policy planted for it here; a timeout
+// under load does the same). The mirror tries the write again until it is
+// admitted, and never says the config center is unavailable: before, the
+// refusal was written on the mirror as "config center unavailable", and its
+// bindings said ExternalUnavailable.
+func TestRefusedMirrorWriteIsRetried(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center
+	e := startEnvWith(t, "mirror-refused", mirrorMode)
+	const domain = "mirror-refused"
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	e.mirrorOf(t, domain, mirrored("a", "v1"))
+
+	ctx := context.Background()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-" + domain},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{configv1alpha1.GroupVersion.Group}, APIVersions: []string{"*"},
+						Resources: []string{"externaldomains/status"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: "object.metadata.name != '" + domain + "' || !has(object.status.keys) || !object.status.keys.exists(k, k.value == 'v2')",
+				Message:    "planted refusal of the mirror's write of v2",
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}
+	for _, o := range []client.Object{policy, binding} {
+		if err := e.c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.c.Delete(context.Background(), o) })
+	}
+	// The policy is in force once it refuses a write of its own.
+	probe := &configv1alpha1.ExternalDomain{}
+	if err := e.c.Get(ctx, client.ObjectKey{Name: domain}, probe); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, time.Minute, "the planted policy refuses", func() error {
+		p := probe.DeepCopy()
+		p.Status.Keys = append(p.Status.Keys, configv1alpha1.MirroredKey{Name: "probe", Value: "v2"})
+		if err := e.c.Status().Update(ctx, p, client.DryRunAll); err == nil {
+			return errors.New("a write of v2 was admitted")
+		}
+		return nil
+	})
+
+	w, err := newWatchClient(t).Watch(ctx, &configv1alpha1.ExternalDomainList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	unavailable := make(chan string, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			ed, ok := ev.Object.(*configv1alpha1.ExternalDomain)
+			if !ok || ed.Name != domain {
+				continue
+			}
+			if c := meta.FindStatusCondition(ed.Status.Conditions, externaldomain.ConditionSynced); c != nil && c.Reason == externaldomain.ReasonUnavailable {
+				select {
+				case unavailable <- c.Message:
+				default:
+				}
+			}
+		}
+	}()
+
+	refusals := func() (float64, error) {
+		fams, err := cp.Metrics(ctx)
+		if err != nil {
+			return 0, err
+		}
+		f := fams["apiserver_validating_admission_policy_check_total"]
+		if f == nil {
+			return 0, errors.New("the API server exports no apiserver_validating_admission_policy_check_total")
+		}
+		var n float64
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "policy" && l.GetValue() == policy.Name {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return n, nil
+	}
+	before, err := refusals()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cc.Put(domain, "a", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, 2*time.Minute, "the API server refuses the mirror's write of v2 three times", func() error {
+		n, err := refusals()
+		if err != nil {
+			return err
+		}
+		if n-before < 3 {
+			return fmt.Errorf("%.0f refusals", n-before)
+		}
+		return nil
+	})
+	if err := e.c.Delete(ctx, binding); err != nil {
+		t.Fatal(err)
+	}
+	e.mirrorOf(t, domain, mirrored("a", "v2"))
+	e.waitData(t, "app-config", map[string]string{"a": "v2"})
+	select {
+	case msg := <-unavailable:
+		t.Errorf("the mirror said Unavailable for a write the API server refused: %s", msg)
+	default:
+	}
 }
 
 // TestMirrorResumesTheEpoch: the config center restarts (a new epoch, its

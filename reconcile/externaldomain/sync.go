@@ -106,15 +106,13 @@ func (s *syncer) run(ctx context.Context) {
 		if err == nil || errors.Is(err, errFlapped) {
 			// A mirror found gone (verify) is written again.
 			if healthChanged := s.judged(s.health.Err()); changed || !s.synced && err == nil || s.synced && s.obj == nil || healthChanged {
-				if werr := s.write(ctx, nil); werr != nil {
-					err = werr
-				} else if !errors.Is(err, errFlapped) {
+				if s.writeRetrying(ctx) != nil {
+					return
+				}
+				if !errors.Is(err, errFlapped) {
 					s.synced = true
 				}
 			}
-		}
-		if errors.Is(err, errLost) {
-			return
 		}
 		if errors.Is(err, errFlapped) {
 			s.flaps++
@@ -149,6 +147,29 @@ func (s *syncer) run(ctx context.Context) {
 				sleep(ctx, s.m.opts.MinPollInterval-el)
 			}
 		}
+	}
+}
+
+// writeRetrying writes the mirror until it is written, backing off between
+// tries. A failed write is the API server's failure (a timeout under load, a
+// refusal), not the config center's: the mirror does not say Unavailable for
+// it, as it did, and the feed is not polled meanwhile, since the write
+// carries every change taken in so far. It fails only when the shard is lost
+// (errLost) or the loop ends.
+func (s *syncer) writeRetrying(ctx context.Context) error {
+	for n := 1; ; n++ {
+		err := s.write(ctx, nil)
+		if err == nil || errors.Is(err, errLost) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := s.backoff(n, err)
+		if n == 1 {
+			s.log.Info("Writing the mirror failed; trying again", "error", err.Error(), "retryIn", d)
+		}
+		sleep(ctx, d)
 	}
 }
 
