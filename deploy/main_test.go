@@ -275,15 +275,31 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 				o.SetName(o.GetName() + "-" + namespace)
 			}
 		case "ValidatingAdmissionPolicy":
-			// Kustomize does not rewrite the ServiceAccount's namespace in
-			// the CEL expression: the test does, as a user renaming it must.
+			// Kustomize does not rewrite the namespace in the CEL
+			// expressions (the ServiceAccount's, the shard table's): the
+			// test does, as a user renaming it must.
 			o.SetName(o.GetName() + "-" + namespace)
 			conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
 			for _, c := range conds {
 				m := c.(map[string]any)
-				m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+namespace+":")
+				m["expression"] = strings.ReplaceAll(m["expression"].(string), "kshard-system", namespace)
 			}
 			if err := unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions"); err != nil {
+				t.Fatal(err)
+			}
+		case "MutatingAdmissionPolicy":
+			// Kustomize v0.21 does not know this kind is cluster-scoped and
+			// gives it the namespace, which the API server drops.
+			o.SetNamespace("")
+			o.SetName(o.GetName() + "-" + namespace)
+		case "MutatingAdmissionPolicyBinding":
+			o.SetNamespace("")
+			o.SetName(o.GetName() + "-" + namespace)
+			ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "spec", "policyName"); err != nil {
+				t.Fatal(err)
+			}
+			if err := unstructured.SetNestedField(o.Object, namespace, "spec", "paramRef", "namespace"); err != nil {
 				t.Fatal(err)
 			}
 		case "ValidatingAdmissionPolicyBinding":

@@ -55,7 +55,7 @@ func installBase(ctx context.Context, t testing.TB, c client.Client, components 
 	for _, o := range buildInNamespace(t, "base", ns, components...) {
 		switch o.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
 			objs = append(objs, o)
 		}
 	}

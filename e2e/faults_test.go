@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/replica"
 )
 
 // envFault is hack/cluster/fault.sh, through which the suite restarts the
@@ -105,7 +106,7 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace,
+	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
 		ReplicaUsers: []string{"system:serviceaccount:" + systemNamespace + ":" + serviceAccount}})
 	t.Logf("the API server's audit log: %s", e)
 	if !e.OK() {

@@ -22,6 +22,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -381,7 +382,7 @@ func checkAudit(t *testing.T, rec *recorder) {
 		t.Errorf("no API-server evidence: %v (a cluster started before make cluster wrote an audit log? restart it)", err)
 		return
 	}
-	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace,
+	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
 		ReplicaUsers: []string{"system:serviceaccount:" + systemNamespace + ":" + serviceAccount}})
 	t.Logf("the API server's audit log (%d events): %s", l.Events, e)
 	if e.Writes() == 0 || e.LeaseWrites == 0 {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -508,16 +509,16 @@ func (r *run) evidence() evidenceFor {
 	switch {
 	case r.pods != nil:
 		t := r.pods
-		ev.check = audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
+		ev.check = audit.CheckOptions{Ring: t.ring, LeaseNamespace: t.namespace, ShardTable: replica.DefaultShardTable, ReplicaUsers: []string{serviceAccountUser(t.namespace, t.serviceAccount)}}
 		ev.fencing = fencingClusters
 	case r.fencing != nil:
-		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ShardTable: replica.DefaultShardTable, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
 		ev.fencing = fencingBound
 		if !r.fencing.enforced {
 			ev.fencing = fencingUnbound
 		}
 	default:
-		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace}
+		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ShardTable: replica.DefaultShardTable}
 		ev.fencing = fencingNone
 	}
 	r.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kshard/kshard/internal/audit"
+	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -80,7 +81,7 @@ func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 		}
 		return p
 	}
-	opts := audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
+	opts := audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ShardTable: replica.DefaultShardTable, ReplicaUsers: []string{serviceAccountUser(LeaseNamespace, replicaServiceAccount)}}
 	read := func(path string) *WriteEvidence {
 		return writeEvidence(evidenceFor{log: path, check: opts, fencing: fencingBound})
 	}

@@ -166,6 +166,8 @@ type replicaConfig struct {
 	// replica that saw another test's objects would label and reconcile
 	// them. Only a test that runs alone may set it.
 	everyNamespace bool
+	// shardTable names the shard table the labeler keeps.
+	shardTable string
 }
 
 // tenureLog records OnAcquire ("+") and OnRelease ("-") per shard, in order.
@@ -262,6 +264,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Selector: rc.ownedSelector}},
 		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
 		StatefulSet:    rc.statefulSet,
+		ShardTable:     rc.shardTable,
 	}
 	if !rc.everyNamespace {
 		opts.Namespaces = []string{rc.namespace}

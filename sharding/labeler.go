@@ -300,9 +300,13 @@ func (l *labeler) lead(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("counting unlabeled objects: %w", err)
 	}
+	var table *shardTable
+	if r.opts.ShardTable != "" {
+		table = newShardTable(r)
+	}
 	ctl, err := controller.NewUnmanaged("kshard-labeler-"+r.opts.Ring, controller.Options{
 		Reconciler: reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-			return l.reconcile(ctx, c, req)
+			return l.reconcile(ctx, c, table, req)
 		}),
 		MaxConcurrentReconciles: r.opts.LabelerWorkers,
 		SkipNameValidation:      ptr.To(true),
@@ -317,15 +321,23 @@ func (l *labeler) lead(ctx context.Context) error {
 	l.log.Info("Labeling unlabeled objects as the elected labeler")
 	errs := make(chan error, 2)
 	r.metrics.caches.WithLabelValues("labeler").Inc()
+	var tableDone sync.WaitGroup
+	if table != nil {
+		tableDone.Go(func() { table.run(ctx) })
+	}
 	go func() { errs <- c.Start(ctx) }()
 	go func() { errs <- ctl.Start(ctx) }()
 	err = <-errs
 	<-errs
+	tableDone.Wait()
 	l.r.metrics.unlabeled.Set(0)
 	return err
 }
 
-func (l *labeler) reconcile(ctx context.Context, c client.Reader, req reconcile.Request) (reconcile.Result, error) {
+// reconcile labels one object, and adds its domain to the shard table (when
+// the ring keeps one), so that the next object of the domain is labeled at
+// admission.
+func (l *labeler) reconcile(ctx context.Context, c client.Reader, table *shardTable, req reconcile.Request) (reconcile.Result, error) {
 	obj, ok := l.r.opts.For.Object.DeepCopyObject().(client.Object)
 	if !ok {
 		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", l.r.opts.For.Object)
@@ -344,5 +356,12 @@ func (l *labeler) reconcile(ctx context.Context, c client.Reader, req reconcile.
 		return reconcile.Result{}, nil
 	}
 	domain := l.r.opts.Domain(obj)
-	return reconcile.Result{}, l.r.stampLabels(ctx, obj, domain, ShardOf(domain, l.r.opts.Shards))
+	shard := ShardOf(domain, l.r.opts.Shards)
+	if err := l.r.stampLabels(ctx, obj, domain, shard); err != nil {
+		return reconcile.Result{}, err
+	}
+	if table != nil {
+		table.add(domain, shard)
+	}
+	return reconcile.Result{}, nil
 }

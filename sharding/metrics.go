@@ -45,6 +45,14 @@ var (
 		Name: "kshard_labeler_leader",
 		Help: "1 while this replica holds the ring's labeler Lease and labels unlabeled objects.",
 	}, []string{"ring"})
+	shardTableDomains = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kshard_shard_table_domains",
+		Help: "Domains in the ring's shard table, which the API server labels at admission, as the labeling leader wrote it.",
+	}, []string{"ring"})
+	shardTableFull = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kshard_shard_table_full",
+		Help: "1 while the ring's shard table holds its 1 MiB of domain names: objects of domains new to it are labeled by the labeler.",
+	}, []string{"ring"})
 	cachesStarted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kshard_caches_started_total",
 		Help: "Informer caches this replica started, by reason: acquisition (a batch of shards acquired together), " +
@@ -59,12 +67,14 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
-		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch, cachesStarted)
+		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch, cachesStarted,
+		shardTableDomains, shardTableFull)
 }
 
 // ringMetrics are the metrics of one Replica, with its ring's label bound.
 type ringMetrics struct {
 	members, owned, unowned, unlabeled, labeler, mismatch prometheus.Gauge
+	tableDomains, tableFull                               prometheus.Gauge
 	objects                                               *prometheus.GaugeVec   // by shard
 	handovers                                             *prometheus.CounterVec // by direction and reason
 	caches                                                *prometheus.CounterVec // started, by reason
@@ -76,15 +86,17 @@ type ringMetrics struct {
 func newRingMetrics(ring string) ringMetrics {
 	l := prometheus.Labels{"ring": ring}
 	return ringMetrics{
-		members:   ringMembers.With(l),
-		owned:     shardsOwned.With(l),
-		unowned:   unownedShards.With(l),
-		unlabeled: unlabeledObjects.With(l),
-		labeler:   labelerLeader.With(l),
-		mismatch:  shardCountMismatch.With(l),
-		objects:   shardObjects.MustCurryWith(l),
-		handovers: shardHandovers.MustCurryWith(l),
-		caches:    cachesStarted.MustCurryWith(l),
-		acquire:   shardAcquireDuration.With(l),
+		members:      ringMembers.With(l),
+		owned:        shardsOwned.With(l),
+		unowned:      unownedShards.With(l),
+		unlabeled:    unlabeledObjects.With(l),
+		labeler:      labelerLeader.With(l),
+		mismatch:     shardCountMismatch.With(l),
+		tableDomains: shardTableDomains.With(l),
+		tableFull:    shardTableFull.With(l),
+		objects:      shardObjects.MustCurryWith(l),
+		handovers:    shardHandovers.MustCurryWith(l),
+		caches:       cachesStarted.MustCurryWith(l),
+		acquire:      shardAcquireDuration.With(l),
 	}
 }

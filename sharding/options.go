@@ -122,6 +122,17 @@ type Options struct {
 	// milliseconds of the API server's work; more workers wait on the server,
 	// not on the labeler. Defaults to 64.
 	LabelerWorkers int
+	// ShardTable names a ConfigMap in LeaseNamespace that the elected
+	// labeler keeps: every domain it labeled, with its shard. Given to a
+	// MutatingAdmissionPolicy as params (deploy/base's kshard-shard-label),
+	// it lets the API server stamp the shard label on the CREATE of an
+	// object of a known domain, which then costs no label patch and no wait
+	// for the labeler. The policy's expression must compute the domain as
+	// Domain does. Past 1 MiB of domain names and shard numbers (what keeps
+	// one ConfigMap below etcd's request limit), domains new to the table
+	// are labeled by the labeler only. The labeler needs get, create, update and patch on the
+	// ConfigMap. Empty, the default: no table.
+	ShardTable string
 	// BatchWindow is how long a cache waits for the next acquired shard
 	// to join it (one LIST and one watch per kind for all of them) before it
 	// starts: each join waits this long again, up to 10 windows from the
@@ -308,6 +319,11 @@ func (o *Options) validate() error {
 	}
 	if o.LeaseNamespace == "" {
 		errs = append(errs, errors.New("lease namespace is required"))
+	}
+	if o.ShardTable != "" {
+		if msgs := validation.IsDNS1123Subdomain(o.ShardTable); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("shard table %q: %s", o.ShardTable, strings.Join(msgs, "; ")))
+		}
 	}
 	if o.Shards < 1 || o.Shards > maxShards {
 		errs = append(errs, fmt.Errorf("shards must be in [1, %d], got %d", maxShards, o.Shards))

@@ -91,6 +91,7 @@ func newControllerCommand() *cobra.Command {
 	f.Int32Var(&opts.Shards, "shards", sharding.DefaultShards, "fixed shard count of the ring; every replica must agree")
 	f.StringVar(&opts.Identity, "replica-id", "", "this replica's name in the ring (default: $POD_NAME, else the hostname)")
 	f.StringVar(&opts.LeaseNamespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases (and of the StatefulSet)")
+	f.StringVar(&opts.ShardTable, "shard-table", replica.DefaultShardTable, "ConfigMap in --lease-namespace where the elected labeler records each domain's shard, so that deploy/base's kshard-shard-label admission policy labels an object of a known domain at its CREATE (no label patch)")
 	f.StringVar(&opts.StatefulSet, "statefulset", os.Getenv("STATEFULSET_NAME"), "StatefulSet the replicas run in, to tell a restart from a scale-down")
 	f.DurationVar(&opts.LeaseDuration, "lease-duration", sharding.DefaultLeaseDuration, "how long a shard stays with a replica that stopped renewing")
 	f.DurationVar(&opts.RenewDeadline, "renew-deadline", sharding.DefaultRenewDeadline, "a replica that cannot renew for this long stops the shard (fencing)")

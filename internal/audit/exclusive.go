@@ -26,6 +26,11 @@ type CheckOptions struct {
 	Ring string
 	// LeaseNamespace holds the ring's Leases. Required.
 	LeaseNamespace string
+	// ShardTable names the ring's shard table, a ConfigMap in
+	// LeaseNamespace that the labeler writes (sharding's
+	// Options.ShardTable): its writes belong to no shard, and are not
+	// checked. Empty: the ring keeps none.
+	ShardTable string
 	// Namespaces, when set, limit the check to objects in them: for a
 	// control plane that other rings share. Cluster-scoped objects
 	// (ExternalDomains) are checked only if "" is among them.
@@ -141,6 +146,9 @@ func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
 			continue
 		}
 		if !shardRes[w.Resource] || (len(opts.Namespaces) > 0 && !inScope[w.Namespace]) {
+			continue
+		}
+		if opts.ShardTable != "" && w.Resource == "configmaps" && w.Namespace == opts.LeaseNamespace && w.Name == opts.ShardTable {
 			continue
 		}
 		if w.Holder == "" && replicaUser[w.Username] {

@@ -74,12 +74,17 @@ func TestCheckExclusive(t *testing.T) {
 		auditLine(t, "patch", "configbindings", "app", "b", ua(b1), 200, 43, "3", nil),
 		// a write by a replica's user without a holder in its user agent
 		auditLine(t, "patch", "configbindings/status", "app", "b", "kubectl", 200, 44, "3", nil),
+		// the labeler's shard table belongs to no shard
+		auditLine(t, "patch", "configmaps", "kshard-system", "kshard-shard-table", ua(b1), 200, 45, "", nil),
+		// another ConfigMap without a shard is no shard's write, and cannot be ordered
+		auditLine(t, "patch", "configmaps", "kshard-system", "other", ua(b1), 200, 46, "", nil),
 	}
 	l, err := ReadAPILog(strings.NewReader(strings.Join(lines, "\n") + "\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := CheckExclusive(l, CheckOptions{Ring: "kshard", LeaseNamespace: "kshard-system", ReplicaUsers: []string{"system:serviceaccount:kshard-system:kshard"}})
+	e := CheckExclusive(l, CheckOptions{Ring: "kshard", LeaseNamespace: "kshard-system", ShardTable: "kshard-shard-table",
+		ReplicaUsers: []string{"system:serviceaccount:kshard-system:kshard"}})
 	var stray []uint64
 	for _, w := range e.Stray {
 		stray = append(stray, w.Version)
@@ -87,8 +92,8 @@ func TestCheckExclusive(t *testing.T) {
 	if got, want := fmt.Sprint(stray), "[22 31 41]"; got != want {
 		t.Errorf("stray writes at %v, want %s:\n%s", stray, want, e)
 	}
-	if len(e.Refused) != 1 || len(e.Unattributed) != 1 || e.LeaseWrites != 4 || e.Committed["configmaps"] != 7 {
-		t.Errorf("refused %d (want 1), unattributed %d (want 1), Lease writes %d (want 4), committed ConfigMap writes %d (want 7):\n%s",
+	if len(e.Refused) != 1 || len(e.Unattributed) != 2 || e.LeaseWrites != 4 || e.Committed["configmaps"] != 8 {
+		t.Errorf("refused %d (want 1), unattributed %d (want 2), Lease writes %d (want 4), committed ConfigMap writes %d (want 8):\n%s",
 			len(e.Refused), len(e.Unattributed), e.LeaseWrites, e.Committed["configmaps"], e)
 	}
 	if e.OK() {

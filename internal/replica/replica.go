@@ -60,6 +60,10 @@ const (
 	SourceMirror = "mirror"
 )
 
+// DefaultShardTable is the shard table deploy/base's kshard-shard-label
+// admission policy reads.
+const DefaultShardTable = "kshard-shard-table"
+
 // Options configure a replica. The zero value of each field takes the
 // default documented on its flag in cmd/kshard.
 type Options struct {
@@ -67,9 +71,12 @@ type Options struct {
 	Identity       string
 	LeaseNamespace string
 	Shards         int32
-	LeaseDuration  time.Duration
-	RenewDeadline  time.Duration
-	RetryPeriod    time.Duration
+	// ShardTable names the ConfigMap the labeler keeps for deploy/base's
+	// admission policy (sharding.Options.ShardTable).
+	ShardTable    string
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
 	// StatefulSet names the StatefulSet the replicas run in (restart versus
 	// scale-down decisions); empty outside one.
 	StatefulSet string
@@ -181,6 +188,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Shards == 0 {
 		o.Shards = sharding.DefaultShards
+	}
+	if o.ShardTable == "" {
+		o.ShardTable = DefaultShardTable
 	}
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = sharding.DefaultLeaseDuration
@@ -331,6 +341,7 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarna
 		Incarnation:    incarnation,
 		LeaseNamespace: opts.LeaseNamespace,
 		Shards:         opts.Shards,
+		ShardTable:     opts.ShardTable,
 		LeaseDuration:  opts.LeaseDuration,
 		RenewDeadline:  opts.RenewDeadline,
 		RetryPeriod:    opts.RetryPeriod,

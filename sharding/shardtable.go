@@ -1,0 +1,292 @@
+package sharding
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// AnnotationShardTableShards records the shard count a shard table's
+// entries were computed with. A labeler of another count starts the table
+// afresh, so the admission policy never labels by a count the ring left.
+const AnnotationShardTableShards = "kshard.dev/shards"
+
+// maxShardTableBytes bounds the table's domain names and shard numbers
+// together. The API server counts only a ConfigMap's values against its 1
+// MiB, but etcd takes at most 1.5 MiB in one request (its default
+// --max-request-bytes), and each entry costs a few bytes more once stored:
+// 1 MiB of names and numbers keeps the object below that.
+const maxShardTableBytes = 1 << 20
+
+// shardTableFlushInterval spaces the table's writes: the domains a create
+// storm brings in one interval cost one patch.
+const shardTableFlushInterval = 200 * time.Millisecond
+
+// shardTable is the ring's record of the domains its labeler has labeled,
+// each with its shard: a ConfigMap in the Lease namespace (Options.ShardTable)
+// that deploy/base's kshard-shard-label MutatingAdmissionPolicy takes as its
+// params. The API server then stamps the shard label on the CREATE of an
+// object whose domain is in the table, and the object costs no label patch
+// and no wait for the labeler; an object of a domain not in it yet is
+// labeled by the labeler as before, and its domain added.
+//
+// Only the labeler writes it, during its term, with merge patches of the
+// new entries: an entry follows from its domain and the shard count alone,
+// so two labelers that overlap for a moment write the same values. A table
+// of another shard count is started afresh. A table that reaches
+// maxShardTableBytes takes no more domains, which the labeler keeps labeling
+// (kshard_shard_table_full says so); a table deleted meanwhile is written
+// again, whole, by the next flush.
+type shardTable struct {
+	r    *Replica
+	name string
+	log  logr.Logger
+
+	mu      sync.Mutex
+	entries map[string]int32 // in the table, as last read or written
+	pending map[string]int32 // labeled, not yet in the table
+	bytes   int              // of entries' and pending's names and numbers
+	full    bool
+	// recheck: an object of a domain in the table came unlabeled, so the
+	// table may be gone (or the policy not installed, or its params not
+	// current yet); checked at most once per shardTableRecheckInterval.
+	recheck     bool
+	lastChecked time.Time
+	wake        chan struct{}
+}
+
+// shardTableRecheckInterval spaces the reads of the table that an
+// unlabeled object of a known domain asks for: in a create storm, many are
+// created before the API server's policy sees the entry that labels them.
+const shardTableRecheckInterval = 10 * time.Second
+
+func newShardTable(r *Replica) *shardTable {
+	return &shardTable{
+		r: r, name: r.opts.ShardTable, log: r.log.WithName("shard-table").WithValues("configMap", r.opts.ShardTable),
+		entries: map[string]int32{}, pending: map[string]int32{}, wake: make(chan struct{}, 1),
+	}
+}
+
+// load reads the table at the start of a term, and starts afresh one of
+// another shard count. A table that does not exist is created by the first
+// flush.
+func (t *shardTable) load(ctx context.Context) error {
+	var cm corev1.ConfigMap
+	err := t.r.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.r.opts.LeaseNamespace, Name: t.name}, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		t.log.Info("No shard table yet; writing one as domains are labeled")
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading shard table %s/%s: %w", t.r.opts.LeaseNamespace, t.name, err)
+	}
+	if got := cm.Annotations[AnnotationShardTableShards]; got != strconv.Itoa(int(t.r.opts.Shards)) {
+		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.r.opts.Shards)
+		return t.reset(ctx, &cm)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for domain, v := range cm.Data {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || int32(n) != ShardOf(domain, t.r.opts.Shards) {
+			// Someone edited it: the next flush writes the right shard.
+			t.pending[domain] = ShardOf(domain, t.r.opts.Shards)
+		} else {
+			t.entries[domain] = int32(n)
+		}
+		t.bytes += len(domain) + len(v)
+	}
+	t.full = t.bytes >= maxShardTableBytes
+	t.r.metrics.tableDomains.Set(float64(len(t.entries)))
+	t.r.metrics.tableFull.Set(boolGauge(t.full))
+	return nil
+}
+
+// reset replaces a table of another shard count with an empty one.
+func (t *shardTable) reset(ctx context.Context, cm *corev1.ConfigMap) error {
+	cm.Data, cm.BinaryData = nil, nil
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[AnnotationShardTableShards] = strconv.Itoa(int(t.r.opts.Shards))
+	if err := t.r.writer.Update(ctx, cm); err != nil {
+		return fmt.Errorf("starting shard table %s/%s afresh: %w", cm.Namespace, cm.Name, err)
+	}
+	return nil
+}
+
+// add records a domain the labeler labeled. It never blocks.
+func (t *shardTable) add(domain string, shard int32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.entries[domain]; ok {
+		if !t.recheck && time.Since(t.lastChecked) >= shardTableRecheckInterval {
+			t.recheck = true
+			t.kickLocked()
+		}
+		return
+	}
+	if _, ok := t.pending[domain]; ok {
+		return
+	}
+	size := len(domain) + len(strconv.Itoa(int(shard)))
+	if t.bytes+size > maxShardTableBytes {
+		if !t.full {
+			t.full = true
+			t.r.metrics.tableFull.Set(1)
+			t.log.Info("Shard table full: domains new to it are labeled by the labeler, not at admission",
+				"domains", len(t.entries)+len(t.pending), "bytes", t.bytes)
+		}
+		return
+	}
+	t.pending[domain] = shard
+	t.bytes += size
+	t.kickLocked()
+}
+
+func (t *shardTable) kickLocked() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run loads the table, then writes the pending domains until ctx (the
+// labeler's term) ends, one patch per flush interval at most. A failed read
+// or write is tried again at the next interval: the table only saves label
+// patches, so labeling never waits for it, and nothing is written to a
+// table not read yet (it may be of another shard count).
+func (t *shardTable) run(ctx context.Context) {
+	for {
+		err := t.load(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		t.log.Error(err, "Reading the shard table; trying again")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(shardTableFlushInterval):
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.wake:
+		}
+		if err := t.flush(ctx); err != nil && ctx.Err() == nil {
+			t.log.Error(err, "Writing the shard table; trying again")
+			select {
+			case t.wake <- struct{}{}:
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(shardTableFlushInterval):
+		}
+	}
+}
+
+// flush writes the pending domains: a merge patch of them, or the whole
+// table when it is gone. Asked to recheck, it writes the table whole when
+// it is gone, though nothing is pending.
+func (t *shardTable) flush(ctx context.Context) error {
+	t.mu.Lock()
+	batch := make(map[string]string, len(t.pending))
+	for d, n := range t.pending {
+		batch[d] = strconv.Itoa(int(n))
+	}
+	recheck := t.recheck
+	t.recheck = false
+	if recheck {
+		t.lastChecked = time.Now()
+	}
+	t.mu.Unlock()
+	shards := strconv.Itoa(int(t.r.opts.Shards))
+	if recheck && len(batch) == 0 {
+		var cm corev1.ConfigMap
+		err := t.r.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.r.opts.LeaseNamespace, Name: t.name}, &cm)
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		t.log.Info("Shard table gone; writing it again")
+		return t.create(ctx, batch, shards)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{AnnotationShardTableShards: shards}},
+		"data":     batch,
+	})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: t.r.opts.LeaseNamespace, Name: t.name}}
+	err = t.r.writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
+	if apierrors.IsNotFound(err) {
+		err = t.create(ctx, batch, shards)
+	}
+	if err != nil {
+		return fmt.Errorf("adding %d domains to shard table %s/%s: %w", len(batch), t.r.opts.LeaseNamespace, t.name, err)
+	}
+	t.mu.Lock()
+	for d := range batch {
+		t.entries[d] = t.pending[d]
+		delete(t.pending, d)
+	}
+	t.r.metrics.tableDomains.Set(float64(len(t.entries)))
+	t.mu.Unlock()
+	t.log.V(1).Info("Added domains to the shard table", "added", len(batch))
+	return nil
+}
+
+// create writes the table whole: every entry known, and batch.
+func (t *shardTable) create(ctx context.Context, batch map[string]string, shards string) error {
+	data := make(map[string]string, len(batch))
+	t.mu.Lock()
+	for d, n := range t.entries {
+		data[d] = strconv.Itoa(int(n))
+	}
+	t.mu.Unlock()
+	for d, v := range batch {
+		data[d] = v
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: t.r.opts.LeaseNamespace, Name: t.name,
+			Labels:      map[string]string{LabelRing: t.r.opts.Ring},
+			Annotations: map[string]string{AnnotationShardTableShards: shards},
+		},
+		Data: data,
+	}
+	err := t.r.writer.Create(ctx, cm)
+	if apierrors.IsAlreadyExists(err) {
+		return errors.New("created meanwhile; patching at the next flush")
+	}
+	return err
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
