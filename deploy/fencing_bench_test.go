@@ -20,6 +20,25 @@ import (
 	"github.com/kshard/kshard/sharding"
 )
 
+// reportLatency runs op b.N times and reports the percentiles of its
+// latency as the client saw it.
+func reportLatency(b *testing.B, op func(i int) error) {
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		start := time.Now()
+		if err := op(i); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(q(0.5), "p50-ms")
+	b.ReportMetric(q(0.99), "p99-ms")
+}
+
 // BenchmarkShardWritesPolicy measures what the kshard-shard-writes policy
 // costs a replica's write: status patches of one ConfigBinding by the pod
 // that holds its shard, through a ring of 64 shard Leases (the policy runs
@@ -77,22 +96,7 @@ func BenchmarkShardWritesPolicy(b *testing.B) {
 		}
 		return patch(replica, 1)
 	})
-	run := func(b *testing.B) {
-		lat := make([]time.Duration, 0, b.N)
-		b.ResetTimer()
-		for i := range b.N {
-			start := time.Now()
-			if err := patch(replica, i+2); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(start))
-		}
-		b.StopTimer()
-		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
-		b.ReportMetric(q(0.5), "p50-ms")
-		b.ReportMetric(q(0.99), "p99-ms")
-	}
+	run := func(b *testing.B) { reportLatency(b, func(i int) error { return patch(replica, i+2) }) }
 	inForce := func(want bool) func() error {
 		return func() error {
 			switch err := patch(stranger, 1); {

@@ -75,6 +75,21 @@ func mirrored(key, value string) func(*configv1alpha1.ExternalDomain) error {
 	}
 }
 
+// startMirroredApp starts a mirror-mode env named after domain, with key a
+// = v1 in the config center and one binding "app" of it Synced, and returns
+// the domain's mirror.
+func startMirroredApp(t *testing.T, domain string) (*env, *configv1alpha1.ExternalDomain) {
+	t.Helper()
+	e := startEnvWith(t, domain, mirrorMode)
+	e.deleteMirrors(t, domain)
+	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", domain, "a")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	return e, e.mirrorOf(t, domain, mirrored("a", "v1"))
+}
+
 // TestMirrorChangeReachesConfigMap: with --external-source=mirror a domain's
 // keys are mirrored into its ExternalDomain (sharded like its bindings), and
 // a config-center change reaches the mirror and then the ConfigMap.
@@ -300,15 +315,8 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 // change, and its bindings kept ExternalUnavailable.
 func TestMirrorRecoversWithoutAChange(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "mirror-recover", mirrorMode)
 	const domain = "mirror-recover"
-	e.deleteMirrors(t, domain)
-	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
-		t.Fatal(err)
-	}
-	e.create(t, "app", domain, "a")
-	e.waitReason(t, "app", configbinding.ReasonSynced)
-	e.mirrorOf(t, domain, mirrored("a", "v1"))
+	e, _ := startMirroredApp(t, domain)
 
 	if err := e.cc.SetFaults(configcenter.Faults{FailPolls: true}); err != nil {
 		t.Fatal(err)
@@ -334,15 +342,8 @@ func TestMirrorRecoversWithoutAChange(t *testing.T) {
 // pending.
 func TestDeletedMirrorIsWrittenAgain(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "mirror-deleted", mirrorMode)
 	const domain = "mirror-deleted"
-	e.deleteMirrors(t, domain)
-	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
-		t.Fatal(err)
-	}
-	e.create(t, "app", domain, "a")
-	e.waitReason(t, "app", configbinding.ReasonSynced)
-	before := e.mirrorOf(t, domain, mirrored("a", "v1"))
+	e, before := startMirroredApp(t, domain)
 
 	if err := e.c.Delete(context.Background(), before); err != nil {
 		t.Fatal(err)
@@ -364,15 +365,8 @@ func TestDeletedMirrorIsWrittenAgain(t *testing.T) {
 // bindings said ExternalUnavailable.
 func TestRefusedMirrorWriteIsRetried(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "mirror-refused", mirrorMode)
 	const domain = "mirror-refused"
-	e.deleteMirrors(t, domain)
-	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
-		t.Fatal(err)
-	}
-	e.create(t, "app", domain, "a")
-	e.waitReason(t, "app", configbinding.ReasonSynced)
-	e.mirrorOf(t, domain, mirrored("a", "v1"))
+	e, _ := startMirroredApp(t, domain)
 
 	ctx := context.Background()
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
