@@ -55,10 +55,14 @@ const fieldOwner = "kshard-loadtest"
 const baseRing = "kshard"
 
 // fencingKinds are the kinds of deploy/base the fencing needs (of the
-// admission policies, only audit.FencingPolicy's).
+// validating admission policies, only audit.FencingPolicy's), and the
+// shard-label policy's.
 var fencingKinds = map[string]bool{
 	"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true,
 	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	// The shard-label policy: the sharded fleets' create storms are
+	// labeled at admission, as on a cluster with deploy/base.
+	"MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
 }
 
 // fencing is deploy/base's identity and fencing as installed for the run's
@@ -196,6 +200,19 @@ func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 			m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+ns+":")
 		}
 		return unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions")
+	case "MutatingAdmissionPolicy":
+		// Kustomize v0.21 does not know the kind is cluster-scoped.
+		o.SetNamespace("")
+		o.SetName(o.GetName() + "-" + ns)
+	case "MutatingAdmissionPolicyBinding":
+		// Its param is the labeler's shard table in ns.
+		o.SetNamespace("")
+		o.SetName(o.GetName() + "-" + ns)
+		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
+			return err
+		}
+		return unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace")
 	case "ValidatingAdmissionPolicyBinding":
 		// One binding per shard, its param the shard's Lease by name
 		// (deploy/base/shard-writes-bindings.yaml, `kshard fencing`).

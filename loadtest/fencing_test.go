@@ -45,6 +45,13 @@ func TestFencingObjects(t *testing.T) {
 				t.Errorf("binding %s: policy %s, params in %s", o.GetName(), policy, ns)
 			}
 			params[name] = true
+		case "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
+			if o.GetNamespace() != "" || !strings.HasSuffix(o.GetName(), "-"+LeaseNamespace) {
+				t.Errorf("%s %s/%s: want cluster-scoped, named for %s", o.GetKind(), o.GetNamespace(), o.GetName(), LeaseNamespace)
+			}
+			if ns, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ns != LeaseNamespace {
+				t.Errorf("shard-label binding's table in %s, want %s", ns, LeaseNamespace)
+			}
 		case "ClusterRoleBinding", "RoleBinding":
 			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
 			for _, s := range subjects {
@@ -59,7 +66,7 @@ func TestFencingObjects(t *testing.T) {
 			t.Errorf("no binding takes Lease %s", sharding.ShardLeaseName(Ring, n))
 		}
 	}
-	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
+	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
 		t.Errorf("objects by kind %v", kinds)
 	}
 }

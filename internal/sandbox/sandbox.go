@@ -263,10 +263,13 @@ func (s *sandbox) run(parent context.Context) error {
 	if err := createNamespaces(ctx, c, LeaseNamespace, Namespace); err != nil {
 		return err
 	}
+	if err := installShardLabelPolicy(ctx, c); err != nil {
+		return err
+	}
 	if err := createBindings(ctx, c, sampleBindings(s.opts)); err != nil {
 		return err
 	}
-	s.out.printf("created %d ConfigBindings in namespace %s over %d domains in %s (unlabeled: the elected leader labels them)",
+	s.out.printf("created %d ConfigBindings in namespace %s over %d domains in %s (unlabeled: the elected leader labels them and records their domains, so the API server labels later ones at create)",
 		s.opts.Objects, Namespace, s.opts.Domains, since(start))
 
 	s.replicas, err = newSupervisor(supervisorOptions{
