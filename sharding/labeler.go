@@ -32,7 +32,10 @@ import (
 // no valid shard label. It runs on the elected leader only and watches only
 // those objects (selector: shard label not in [0, shards)), so it costs
 // nothing while every object is labeled, and no webhook sits on the write
-// path: a new object waits for one watch event and one patch instead.
+// path: a new object waits for one watch event and one patch instead. With
+// a shard table (Options.ShardTable, shardtable.go) it records each domain
+// it labels, so that the API server labels the domain's later objects at
+// admission and they wait for nothing.
 //
 // Only a replica in the ring may label: one whose shard count differed (a
 // rolling update changing --shards) or whose identity another process runs
