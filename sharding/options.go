@@ -130,8 +130,8 @@ type Options struct {
 	// for the labeler. The policy's expression must compute the domain as
 	// Domain does. Past 1 MiB of domain names and shard numbers (what keeps
 	// one ConfigMap below etcd's request limit), domains new to the table
-	// are labeled by the labeler only. The labeler needs get, create, update and patch on the
-	// ConfigMap. Empty, the default: no table.
+	// are labeled by the labeler only. The labeler needs get, create,
+	// update and patch on the ConfigMap. Empty, the default: no table.
 	ShardTable string
 	// BatchWindow is how long a cache waits for the next acquired shard
 	// to join it (one LIST and one watch per kind for all of them) before it

@@ -110,6 +110,9 @@ func (t *shardTable) load(ctx context.Context) error {
 	t.full = t.bytes >= maxShardTableBytes
 	t.r.metrics.tableDomains.Set(float64(len(t.entries)))
 	t.r.metrics.tableFull.Set(boolGauge(t.full))
+	if len(t.pending) > 0 {
+		t.kickLocked()
+	}
 	return nil
 }
 

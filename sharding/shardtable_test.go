@@ -103,8 +103,26 @@ func createWatched(t *testing.T, ns, name, domain string, labels map[string]stri
 		Spec: configv1alpha1.ConfigBindingSpec{Domain: domain, Keys: []configv1alpha1.ConfigKey{"k"},
 			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: name}},
 	}
-	if err := ww.Create(ctx, cb); err != nil {
-		t.Fatal(err)
+	// Until the API server has published the CRD's schema to its admission
+	// policies, a mutation of the kind fails the CREATE, failurePolicy
+	// Ignore notwithstanding ("Resource kind … not found. There can be a
+	// delay between when CustomResourceDefinitions are created and when
+	// they are available"): seconds on a control plane that just started.
+	start := time.Now()
+	for {
+		try := cb.DeepCopy()
+		err := ww.Create(ctx, try)
+		if err == nil {
+			cb = try // the CREATE response
+			break
+		}
+		if !strings.Contains(err.Error(), "There can be a delay between when CustomResourceDefinitions are created") || time.Since(start) > time.Minute {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Logf("the policy refused %s/%s's CREATE for %s: the CRD's schema was not yet published to it", ns, name, d.Round(100*time.Millisecond))
 	}
 	out := created{labels: cb.Labels}
 	last := cb.Labels[sharding.LabelShard]

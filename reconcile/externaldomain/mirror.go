@@ -185,9 +185,16 @@ type loop struct {
 	interrupt context.CancelFunc
 }
 
-// pollContext is the context of one change-feed poll, which Missing ends
-// early. Call the returned function when the poll returned.
-func (l *loop) pollContext(ctx context.Context) (context.Context, func()) {
+// pollContext is the context of one change-feed poll. Missing ends it early
+// only when the poll is interruptible: when the loop holds a mirror it may
+// have to write again. A loop that has written nothing yet creates the
+// mirror after its poll anyway, and the bindings of a new domain, each
+// finding no mirror, would otherwise cut its first poll short one after the
+// other. Call the returned function when the poll returned.
+func (l *loop) pollContext(ctx context.Context, interruptible bool) (context.Context, func()) {
+	if !interruptible {
+		return ctx, func() {}
+	}
 	pctx, cancel := context.WithCancel(ctx)
 	l.mu.Lock()
 	l.interrupt = cancel

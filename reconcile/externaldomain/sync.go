@@ -71,7 +71,7 @@ func (s *syncer) run(ctx context.Context) {
 	s.resume(ctx)
 	for ctx.Err() == nil {
 		start := time.Now()
-		pctx, endPoll := s.loop.pollContext(ctx)
+		pctx, endPoll := s.loop.pollContext(ctx, s.obj != nil)
 		changed, err := s.poll(pctx)
 		interrupted := err != nil && pctx.Err() != nil
 		endPoll()
