@@ -329,10 +329,10 @@ func TestAuditReconcileCheck(t *testing.T) {
 
 func TestPeakRSSAndMemoryCheck(t *testing.T) {
 	status := "Name:\tkshard\nVmPeak:\t 2000000 kB\nVmHWM:\t  307200 kB\nVmRSS:\t  204800 kB\n"
-	if b, ok := parsePeakRSS(status); !ok || b != 300<<20 {
+	if b, ok := parseStatusBytes(status, "VmHWM:"); !ok || b != 300<<20 {
 		t.Errorf("VmHWM %v (%v), want 300 MiB", b, ok)
 	}
-	if _, ok := parsePeakRSS("Name:\tkshard\n"); ok {
+	if _, ok := parseStatusBytes("Name:\tkshard\n", "VmHWM:"); ok {
 		t.Error("no VmHWM, yet a peak")
 	}
 

@@ -100,6 +100,14 @@ type fleet struct {
 	startEvent EventResult
 	// startObjects is the number of objects when the start settled.
 	startObjects int
+	// startSettledAPI is the API server's counts when the start settled,
+	// and startOwnSyncs the load tester's own initial syncs then: with
+	// apiStart, what the fleet's initial syncs cost.
+	startSettledAPI apiServerSample
+	startOwnSyncs   int64
+	// purpose says why a scenario runs the fleet, when its mode and size do
+	// not (the scale scenario's first reconcile of new objects).
+	purpose string
 
 	// storm is the fleet's create storm: its start on existing objects, or
 	// the scenario's creates while it ran.
@@ -203,7 +211,11 @@ func (f *fleet) label() string {
 	for _, n := range f.sizes {
 		sizes = append(sizes, fmt.Sprint(n))
 	}
-	return f.mode.Name + " ×" + strings.Join(sizes, "→")
+	label := f.mode.Name + " ×" + strings.Join(sizes, "→")
+	if f.purpose != "" {
+		label += " (" + f.purpose + ")"
+	}
+	return label
 }
 
 // processOf is the newest process of replica id started at or before at,

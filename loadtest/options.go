@@ -126,7 +126,8 @@ type Options struct {
 	// MemoryLimit is passed to every kshard replica (`--memory-limit`, a
 	// quantity such as 512Mi: the Go soft limit and the external cache are
 	// sized from it), and the report divides each replica's peak resident
-	// memory by it. Default 512Mi, the limit of deploy/base; "0" passes
+	// memory by it. Default 512Mi, the limit of deploy/base (the scale
+	// scenario's 4Gi: its singleton caches 100,000 objects); "0" passes
 	// none.
 	MemoryLimit string
 	// SettleTimeout bounds every wait for the fleet to settle (all shards

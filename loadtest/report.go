@@ -441,7 +441,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	if len(fl) > 1 {
 		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return memoryRatio(f.HeapEndMax, base.HeapEndMax) })
 	}
+	row("heap in use, whole fleet at the end of the load (sum of replicas)", func(f *FleetResult) string { return memoryText(f.HeapEndSum) })
+	if len(fl) > 1 {
+		row(fmt.Sprintf("… ÷ %s's", mdEscape(base.Fleet)), func(f *FleetResult) string { return memoryRatio(f.HeapEndSum, base.HeapEndSum) })
+	}
 	row("RSS per replica, peak (largest)", func(f *FleetResult) string { return memoryText(f.RSSPeakMax) })
+	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.APIServerRSSPeak > 0 }) {
+		row("kube-apiserver RSS, peak over the fleet's life", func(f *FleetResult) string { return memoryText(f.APIServerRSSPeak) })
+		row("etcd RSS, peak over the fleet's life", func(f *FleetResult) string { return memoryText(f.EtcdRSSPeak) })
+	}
 	row("peak resident memory ÷ memory limit (largest replica)", memoryLimitText)
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.StartObjects > 0 }) {
 		renderStartRows(row, fl)
@@ -671,6 +679,18 @@ func renderStartRows(row func(string, func(*FleetResult) string), fl []*FleetRes
 			return "n/a"
 		}
 		return fmt.Sprintf("%.0f", f.StartWrites)
+	})
+	row("… initial syncs of ConfigBindings during it (LISTs and watch-lists)", func(f *FleetResult) string {
+		if f.StartSyncs < 0 {
+			return noData
+		}
+		return fmt.Sprintf("%.0f", f.StartSyncs)
+	})
+	row("… ConfigBindings the API server scanned for them ÷ objects", func(f *FleetResult) string {
+		if f.StartScanned < 0 || f.StartObjects == 0 {
+			return noData
+		}
+		return fmt.Sprintf("%.2f×", f.StartScanned/float64(f.StartObjects))
 	})
 }
 

@@ -163,6 +163,13 @@ type FleetResult struct {
 	// during it, the load tester's own subtracted (it sends none then).
 	StartWritesCounted bool
 	StartWrites        float64
+	// StartScanned is the ConfigBindings the API server scanned for the
+	// initial syncs of the fleet's start (until it settled), and StartSyncs
+	// those syncs, the load tester's own subtracted; -1 when the API server
+	// was not read at both ends, or restarted in between. A replica's sync
+	// scans every object whatever its selector, so a fleet of N replicas
+	// and the labeler's cache scans each object N+1 times at best.
+	StartScanned, StartSyncs float64
 
 	Updates LatencySummary
 	// Throughput is generations seen Ready per second in the window;
@@ -204,6 +211,15 @@ type FleetResult struct {
 	// phase: the steady state, without the warm-up's garbage. Every memory
 	// figure is 0 without a sample, which a running process never shows.
 	HeapEndMax, HeapEndMean float64
+	// HeapPeakSum and HeapEndSum are the whole fleet's: the per-replica
+	// peaks summed, and the heaps at the end of the measured phase summed
+	// (what the fleet holds at once in the steady state).
+	HeapPeakSum, HeapEndSum float64
+	// APIServerRSSPeak and EtcdRSSPeak are the largest resident memory of
+	// the control plane's kube-apiserver and etcd over the fleet's life
+	// (VmRSS, sampled with the replicas); -1 on a cluster the load tester
+	// did not start, whose processes it cannot read.
+	APIServerRSSPeak, EtcdRSSPeak float64
 	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
 	// summed), -1 with sharding off, which does not export it, and when no
 	// scrape of the fleet had it.
@@ -313,6 +329,12 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
 	res.StartWritesCounted, res.StartWrites = f.startEvent.WritesCounted, f.startEvent.ObjectWrites
+	res.StartScanned, res.StartSyncs = -1, -1
+	if !f.apiStart.At.IsZero() && !f.startSettledAPI.At.IsZero() && f.startSettledAPI.sameServer(f.apiStart) {
+		api := f.startSettledAPI.minus(f.apiStart)
+		res.StartScanned = api.Scanned
+		res.StartSyncs = api.Syncs - float64(f.startOwnSyncs-f.ownSyncsStart)
+	}
 	from, to := f.loadFrom, f.loadTo
 	if from.IsZero() {
 		from, to = f.started, f.stopped
@@ -432,6 +454,13 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.MemoryLimit = float64(b)
 	}
 	res.HeapEndMax, res.HeapEndMean = maxMean(heapEnds)
+	for _, h := range heapPeaks {
+		res.HeapPeakSum += h
+	}
+	for _, h := range heapEnds {
+		res.HeapEndSum += h
+	}
+	res.APIServerRSSPeak, res.EtcdRSSPeak = r.controlPlanePeak(f.started, f.stopped)
 	if s := res.Window.Seconds(); s > 0 {
 		res.Reconciles /= s
 		res.CPUCores /= s

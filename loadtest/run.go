@@ -89,6 +89,11 @@ type run struct {
 	// scenario's.
 	restartAPIServer func(context.Context) error
 	restarts         []apiServerRestart
+	// controlPlanePIDs gives the pids of the kube-apiserver and etcd the
+	// load tester started (their memory is sampled); nil on a cluster it
+	// did not start. controlPlane are the samples.
+	controlPlanePIDs func() map[string]int
+	controlPlane     []controlPlaneSample
 
 	work       string
 	begin      time.Time
@@ -394,6 +399,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		}
 		cfg = cp.Config
 		r.restartAPIServer = cp.RestartAPIServer
+		r.controlPlanePIDs = cp.ProcessIDs
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	if r.opts.NodeFaults != "" {

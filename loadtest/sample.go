@@ -77,8 +77,12 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 			}
 		}
 	}
+	cpm, cpOK := r.sampleControlPlane(now)
 	reasons := r.tracker.reasons()
 	r.mu.Lock()
+	if cpOK {
+		r.controlPlane = append(r.controlPlane, cpm)
+	}
 	if !cs.At.IsZero() {
 		r.center = append(r.center, cs)
 	}
@@ -140,20 +144,69 @@ func (in *instance) delta(from, to time.Time, get func(replicaSample) float64) f
 	return get(end) - get(start)
 }
 
+// controlPlaneSample is the resident memory of the kube-apiserver and etcd
+// the load tester started, in bytes (0: not read).
+type controlPlaneSample struct {
+	At              time.Time
+	APIServer, Etcd float64
+}
+
+// sampleControlPlane reads the control plane's resident memory (VmRSS);
+// false on a cluster the load tester did not start, or when neither
+// process could be read.
+func (r *run) sampleControlPlane(now time.Time) (controlPlaneSample, bool) {
+	if r.controlPlanePIDs == nil {
+		return controlPlaneSample{}, false
+	}
+	pids := r.controlPlanePIDs()
+	s := controlPlaneSample{At: now}
+	s.APIServer, _ = readStatusBytes(pids["kube-apiserver"], "VmRSS:")
+	s.Etcd, _ = readStatusBytes(pids["etcd"], "VmRSS:")
+	return s, s.APIServer > 0 || s.Etcd > 0
+}
+
+// controlPlanePeak is the largest resident memory of the kube-apiserver and
+// of etcd sampled from from to to; -1 for a process without a sample.
+func (r *run) controlPlanePeak(from, to time.Time) (apiServer, etcd float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	apiServer, etcd = -1, -1
+	for _, s := range r.controlPlane {
+		if s.At.Before(from) || s.At.After(to) {
+			continue
+		}
+		if s.APIServer > 0 {
+			apiServer = max(apiServer, s.APIServer)
+		}
+		if s.Etcd > 0 {
+			etcd = max(etcd, s.Etcd)
+		}
+	}
+	return apiServer, etcd
+}
+
 // readPeakRSS reads a process's resident-memory high-water mark (VmHWM) on
 // Linux; false elsewhere, or once the process is gone.
-func readPeakRSS(pid int) (float64, bool) {
+func readPeakRSS(pid int) (float64, bool) { return readStatusBytes(pid, "VmHWM:") }
+
+// readStatusBytes reads one memory field of /proc/<pid>/status, in bytes;
+// false elsewhere than Linux, for pid 0, or once the process is gone.
+func readStatusBytes(pid int, field string) (float64, bool) {
+	if pid <= 0 {
+		return 0, false
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, false
 	}
-	return parsePeakRSS(string(b))
+	return parseStatusBytes(string(b), field)
 }
 
-// parsePeakRSS finds VmHWM in a /proc/<pid>/status, in bytes.
-func parsePeakRSS(status string) (float64, bool) {
+// parseStatusBytes finds a field given in kB ("VmHWM:", "VmRSS:") in a
+// /proc/<pid>/status, in bytes.
+func parseStatusBytes(status, field string) (float64, bool) {
 	for _, line := range strings.Split(status, "\n") {
-		v, ok := strings.CutPrefix(line, "VmHWM:")
+		v, ok := strings.CutPrefix(line, field)
 		if !ok {
 			continue
 		}

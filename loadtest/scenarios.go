@@ -344,6 +344,21 @@ func init() {
 		},
 	})
 	register(&scenario{
+		name:   "scale",
+		plain:  hasPlain(scaleFleets),
+		fleets: true,
+		doc: "At the scale that needs sharding (default 100,000 objects over 1,000 domains): the objects are created " +
+			"with no fleet running and reconciled once by a sharded ×4 fleet (the create storm at this size); then " +
+			"sharding off ×1, sharded ×4, sharded ×8 and the plain controller-runtime controller each start on them, " +
+			"Ready, as a restarted controller finds them (every replica at once), run 100 spec updates/s, and the " +
+			"sharded fleets meet a graceful leave, a join, a crash and a rejoin with no load. Per fleet: start → every " +
+			"object reconciled, heap of the largest replica and of the whole fleet against the singleton's, the objects " +
+			"the API server scanned for the start's initial syncs, the control plane's memory, Lease writes, " +
+			"end-to-end latency; the goals are stated as findings.",
+		defaults: scaleDefaults,
+		run:      runScale,
+	})
+	register(&scenario{
 		name: "handover",
 		doc: "Handover times with many objects (default 10,000) and no other load: a graceful scale-down 3 → 2 " +
 			"(SIGTERM to the highest ordinal after the StatefulSet's count drops, so it leaves the ring), a " +
@@ -536,16 +551,31 @@ func runHandover(ctx context.Context, r *run) error {
 	if err := r.createAll(ctx, nil); err != nil {
 		return err
 	}
-	n := r.opts.Replicas
-	f, err := r.startFleet(ctx, ModeSharded, n)
+	f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
 	if err != nil {
 		return err
 	}
-	// Each event's object writes count from a mark taken right before it:
-	// the load tester writes no ConfigBinding or ConfigMap meanwhile (only
-	// the StatefulSet's count), so they are the replicas' handover cost.
 	r.beginLoad(ctx, f)
-	before := f.loadWritesFrom
+	if err := r.handovers(ctx, f); err != nil {
+		return err
+	}
+	r.endLoad(ctx, f)
+	return r.endFleet(ctx, f)
+}
+
+// handovers runs a sharded fleet of n replicas through the handovers a
+// StatefulSet meets, with no load, each settled before the next: a graceful
+// scale-down to n-1 (SIGTERM to the highest ordinal after the StatefulSet's
+// count drops, so it leaves the ring), the scale-up back to n (a join), a
+// crash (SIGKILL to the second replica, not restarted: the survivors take
+// its shards when its Leases expire) and its rejoin.
+//
+// Each event's object writes count from a mark taken right before it: the
+// load tester writes no ConfigBinding or ConfigMap meanwhile (only the
+// StatefulSet's count), so they are the replicas' handover cost.
+func (r *run) handovers(ctx context.Context, f *fleet) error {
+	n := f.size()
+	before := r.markWritesOrLog(ctx)
 	at := time.Now()
 	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
 	if err := f.scaleTo(ctx, n-1); err != nil {
@@ -564,7 +594,7 @@ func runHandover(ctx context.Context, r *run) error {
 	s := f.slot(1)
 	before = r.markWritesOrLog(ctx)
 	r.mark("SIGKILL %s", s.id)
-	at, err = f.kill(ctx, s)
+	at, err := f.kill(ctx, s)
 	if err != nil {
 		return err
 	}
@@ -577,8 +607,7 @@ func runHandover(ctx context.Context, r *run) error {
 		return err
 	}
 	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, before, settleQuiet)
-	r.endLoad(ctx, f)
-	return r.endFleet(ctx, f)
+	return nil
 }
 
 func runOutage(ctx context.Context, r *run) error {

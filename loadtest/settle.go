@@ -58,7 +58,13 @@ type EventResult struct {
 // until they settle, and makes it the current fleet. The fleet's own
 // numbers (heap, LISTs) count from here.
 func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) {
+	return r.startFleetFor(ctx, mode, n, "")
+}
+
+// startFleetFor is startFleet for a fleet run for a purpose its label says.
+func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose string) (*fleet, error) {
 	f := r.newFleet(mode)
+	f.purpose = purpose
 	f.sizes = []int{n}
 	before, err := r.markWrites(ctx)
 	if err != nil {
@@ -76,6 +82,11 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 	}
 	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, before, settleQuiet)
 	f.startEvent, f.startObjects = ev, r.tracker.count()
+	if api, err := scrapeAPIServer(ctx, r.rc); err == nil {
+		f.startSettledAPI, f.startOwnSyncs = api, r.tracker.ownSyncs.Load()
+	} else {
+		r.log.Error(err, "Reading the API server's metrics at the end of a fleet's start")
+	}
 	// Objects that existed before the fleet make its start its create
 	// storm; without any, the scenario's creates will.
 	f.storm = stormOfStart(ev, f.startObjects)

@@ -39,7 +39,7 @@ func run() int {
 		seed uint64
 		// calibrateFor defaults to the real default, so that 0 can mean off.
 		calibrateFor time.Duration
-		// memoryLimit likewise, so that an empty one can mean none too.
+		// memoryLimit is empty for the scenario's default; "0" means none.
 		memoryLimit string
 		zo          = zap.Options{}
 	)
@@ -74,7 +74,7 @@ func run() int {
 	fs.StringVar(&o.Faults, "faults", "", "chaos: the fault kinds in rotation, comma-separated: kill, pause, clock, delay, partition, apiserver-restart on replica processes; force-delete, delete (and with --node-faults delay, partition, apiserver-restart) on --statefulset pods (default: all of the target's, in that order)")
 	fs.BoolVar(&o.NoFencing, "no-fencing", false, "leave deploy/base's kshard-shard-writes admission policy unbound, so the API server does not refuse a write by a replica that does not hold the shard's Lease (a delay fault's late writes then commit, and the write check fails)")
 	fs.DurationVar(&o.ClockOffset, "clock-offset", 0, "chaos: the Lease clock offset of a clock fault, ahead and behind in turn; above the lease duration (default 30s)")
-	fs.StringVar(&memoryLimit, "memory-limit", loadtest.DefaultMemoryLimit, "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none")
+	fs.StringVar(&memoryLimit, "memory-limit", "", "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none (default deploy/base's "+loadtest.DefaultMemoryLimit+"; scale: 4Gi)")
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
 	fs.DurationVar(&calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling (status patches from 64 workers on throwaway ConfigBindings) before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
@@ -118,9 +118,6 @@ func run() int {
 	}
 	o.Seed = seed
 	o.MemoryLimit = memoryLimit
-	if memoryLimit == "" {
-		o.MemoryLimit = "0" // Options' zero means the default
-	}
 	o.CalibrateFor = calibrateFor
 	if calibrateFor == 0 {
 		o.CalibrateFor = -1 // Options' zero means the default

@@ -1,0 +1,207 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// scaleFleets are the columns of the scale scenario: the classic single
+// active replica, whose heap the sharded fleets divide, two sharded fleets,
+// and the plain controller-runtime controller last (it leaves its own field
+// manager on every ConfigMap, which a kshard fleet after it would pay to
+// remove).
+var scaleFleets = []fleetSpec{{ModeSingleton, 1}, {ModeSharded, 4}, {ModeSharded, 8}, {ModePlain, 1}}
+
+// scaleFirstReconcile is the fleet that reconciles the scale scenario's new
+// objects once before the compared fleets start: the widest of them, so
+// the storm ends soonest.
+var scaleFirstReconcile = fleetSpec{ModeSharded, 4}
+
+// Goals of the scale scenario, from issue 25 and kubernetes-controller-
+// sharding's evaluation (a whole fleet's heap 1.24× the singleton's at 9,000
+// objects).
+const (
+	// goalHeap4 and goalHeap8 bound the largest replica's heap of a ×4 and a
+	// ×8 fleet against the singleton's; goalFleetHeap the whole fleet's.
+	goalHeap4, goalHeap8, goalFleetHeap = 0.30, 0.17, 1.15
+	// goalLeave bounds a graceful leave from the signal until every moved
+	// object was reconciled by its new owner; a crash is allowed the lease
+	// duration more.
+	goalLeave = 2 * time.Second
+)
+
+// scaleUpdatesPerSec is the scale scenario's default spec-update load,
+// whatever the object count.
+const scaleUpdatesPerSec = 100
+
+func scaleDefaults(o *Options) {
+	if o.Objects == 0 {
+		o.Objects = 100_000
+	}
+	if o.Domains == 0 {
+		o.Domains = 1000
+	}
+	if o.UpdateRate == 0 {
+		o.UpdateRate = scaleUpdatesPerSec / float64(o.Objects)
+	}
+	if o.CreateRate == 0 {
+		o.CreateRate = recreateRate
+	}
+	if o.MemoryLimit == "" {
+		// The singleton caches every object: deploy/base's 512Mi is
+		// sized for a replica's share, not for 100,000 objects.
+		o.MemoryLimit = "4Gi"
+	}
+	if o.SettleTimeout == 0 {
+		// The first reconcile of 100,000 objects writes 200,000 times.
+		o.SettleTimeout = 30 * time.Minute
+	}
+}
+
+// runScale creates the objects with no fleet running, has one sharded fleet
+// reconcile them once (the create storm at this size), then starts each
+// compared fleet on the objects already there, Ready, as a controller that
+// is restarted or redeployed finds them: its start is its initial syncs and
+// a reconcile of every object that should write nothing. Each fleet runs
+// the update load; a sharded fleet of several replicas then meets the
+// handovers (graceful leave, join, crash, rejoin) with no load, so their
+// writes are counted.
+func runScale(ctx context.Context, r *run) error {
+	specs := scaleFleets
+	if r.chosen != nil {
+		specs = r.chosen
+	}
+	if err := r.createAll(ctx, nil); err != nil {
+		return err
+	}
+	first, err := r.startFleetFor(ctx, scaleFirstReconcile.Mode, scaleFirstReconcile.Replicas, "first reconcile")
+	if err != nil {
+		return err
+	}
+	r.stopFleet(ctx, first)
+	for _, s := range specs {
+		f, err := r.startFleet(ctx, s.Mode, s.Replicas)
+		if err != nil {
+			return err
+		}
+		if err := r.withLoad(ctx, f, r.opts.Duration, nil); err != nil {
+			return err
+		}
+		if s.Mode.Sharded() && s.Replicas >= 2 {
+			if err := r.handovers(ctx, f); err != nil {
+				return err
+			}
+		}
+		if err := r.endFleet(ctx, f); err != nil {
+			return err
+		}
+	}
+	r.scaleFindings()
+	return nil
+}
+
+// scaleFindings states each goal of the scale scenario against what the run
+// measured: the heap a sharded fleet divides, the objects its initial syncs
+// scanned, and its handovers.
+func (r *run) scaleFindings() {
+	var single *FleetResult
+	for _, f := range r.fleets {
+		if f.result != nil && f.purpose == "" && f.mode.Name == ModeSingleton.Name && f.result.Replicas == 1 {
+			single = f.result
+		}
+	}
+	for _, f := range r.fleets {
+		res := f.result
+		if res == nil || f.purpose != "" {
+			continue
+		}
+		if f.mode.Sharded() && single != nil {
+			for _, g := range heapGoals(res, single) {
+				r.addFinding(g)
+			}
+		}
+		r.addFinding(scanFinding(res, f.mode.Sharded()))
+	}
+	for _, ev := range r.report.Events {
+		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
+			r.addFinding(g)
+		}
+	}
+}
+
+// heapGoals compares a sharded fleet's heap with the singleton's: its
+// largest replica at its peak and at the end of the load, and the whole
+// fleet at the end of the load.
+func heapGoals(f, single *FleetResult) []string {
+	goal := map[int]float64{4: goalHeap4, 8: goalHeap8}[f.Replicas]
+	var out []string
+	ratio := func(a, b float64) (float64, bool) { return a / b, a > 0 && b > 0 }
+	for _, x := range []struct {
+		what       string
+		a, b, goal float64
+	}{
+		{"largest replica's peak heap", f.HeapPeakMax, single.HeapPeakMax, goal},
+		{"largest replica's heap at the end of the load", f.HeapEndMax, single.HeapEndMax, goal},
+		{"whole fleet's heap at the end of the load", f.HeapEndSum, single.HeapEndSum, goalFleetHeap},
+	} {
+		q, ok := ratio(x.a, x.b)
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s: %s ÷ %s: no data", f.Fleet, x.what, single.Fleet))
+		case x.goal == 0:
+			out = append(out, fmt.Sprintf("%s: %s = %.2f× %s's (%s against %s; no goal at this size)", f.Fleet, x.what, q, single.Fleet, formatBytes(x.a), formatBytes(x.b)))
+		default:
+			out = append(out, fmt.Sprintf("%s: %s = %.2f× %s's (%s against %s): goal ≤ %.2f×, %s", f.Fleet, x.what, q, single.Fleet,
+				formatBytes(x.a), formatBytes(x.b), x.goal, metText(q <= x.goal)))
+		}
+	}
+	return out
+}
+
+// scanFinding states how many times the API server scanned each object for
+// a fleet's initial syncs, against N+1 for N replicas and the labeler's
+// cache.
+func scanFinding(f *FleetResult, sharded bool) string {
+	if f.StartScanned < 0 || f.StartObjects == 0 {
+		return fmt.Sprintf("%s: objects scanned for the initial syncs of its start: no data", f.Fleet)
+	}
+	per := f.StartScanned / float64(f.StartObjects)
+	if !sharded {
+		return fmt.Sprintf("%s: its start scanned each object %.2f times (%.0f syncs)", f.Fleet, per, f.StartSyncs)
+	}
+	bound := float64(f.Replicas + 1)
+	return fmt.Sprintf("%s: its start (every replica at once) scanned each object %.2f times (%.0f syncs): goal ≤ N+1 = %.0f, %s",
+		f.Fleet, per, f.StartSyncs, bound, metText(per <= bound))
+}
+
+// handoverGoal states a graceful leave's or a crash's settle time against
+// its goal, and a leave's object writes against 0.
+func handoverGoal(ev EventResult, lease time.Duration) (string, bool) {
+	var goal time.Duration
+	switch {
+	case strings.HasPrefix(ev.Name, "graceful scale-down"):
+		goal = goalLeave
+	case strings.HasPrefix(ev.Name, "crash of"):
+		goal = lease + goalLeave
+	default:
+		return "", false
+	}
+	if ev.Error != "" {
+		return fmt.Sprintf("%s: not settled (%s): goal ≤ %s, not met", ev.Name, ev.Error, goal), true
+	}
+	writes := "object writes not counted"
+	if ev.WritesCounted {
+		writes = fmt.Sprintf("%.0f object writes (goal 0: %s)", ev.ObjectWrites, metText(ev.ObjectWrites == 0))
+	}
+	return fmt.Sprintf("%s at %s: every moved object (%d in %d shards) reconciled by its new owner %s after the signal: goal ≤ %s, %s; %s",
+		ev.Name, fmtDur(ev.At), ev.Objects, ev.Moved, fmtDur(ev.Reconciled), goal, metText(ev.Reconciled <= goal), writes), true
+}
+
+func metText(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
+}
