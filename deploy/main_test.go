@@ -287,6 +287,29 @@ func buildWithFiles(t testing.TB, extra map[string][]byte, folder, namespace str
 			if err := unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions"); err != nil {
 				t.Fatal(err)
 			}
+		case "PriorityLevelConfiguration":
+			o.SetNamespace("")
+			o.SetName(o.GetName() + "-" + namespace)
+		case "FlowSchema":
+			// Kustomize rewrites no subject of a FlowSchema: the test
+			// does, as a user renaming the namespace must.
+			o.SetNamespace("")
+			o.SetName(o.GetName() + "-" + namespace)
+			ref, _, _ := unstructured.NestedString(o.Object, "spec", "priorityLevelConfiguration", "name")
+			if err := unstructured.SetNestedField(o.Object, ref+"-"+namespace, "spec", "priorityLevelConfiguration", "name"); err != nil {
+				t.Fatal(err)
+			}
+			rules, _, _ := unstructured.NestedSlice(o.Object, "spec", "rules")
+			for _, r := range rules {
+				for _, sub := range r.(map[string]any)["subjects"].([]any) {
+					if sa, ok := sub.(map[string]any)["serviceAccount"].(map[string]any); ok {
+						sa["namespace"] = namespace
+					}
+				}
+			}
+			if err := unstructured.SetNestedSlice(o.Object, rules, "spec", "rules"); err != nil {
+				t.Fatal(err)
+			}
 		case "MutatingAdmissionPolicy":
 			// Kustomize v0.21 does not know this kind is cluster-scoped and
 			// gives it the namespace, which the API server drops.

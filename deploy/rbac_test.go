@@ -55,7 +55,8 @@ func installBase(ctx context.Context, t testing.TB, c client.Client, components 
 	for _, o := range buildInNamespace(t, "base", ns, components...) {
 		switch o.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+			"FlowSchema", "PriorityLevelConfiguration":
 			objs = append(objs, o)
 		}
 	}

@@ -1,0 +1,86 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/promtext"
+)
+
+// TestSyncsHaveTheirOwnPriorityLevel: with deploy/base's FlowSchema, the
+// API server dispatches the replicas' LISTs and WATCHes of what they cache
+// in the kshard-syncs priority level, and their Lease requests elsewhere
+// (a relist queued there must not delay a renewal). It reads the API
+// server's own count of the requests each FlowSchema dispatched.
+func TestSyncsHaveTheirOwnPriorityLevel(t *testing.T) {
+	ctx := context.Background()
+	c := adminClient(t)
+	ns := installBase(ctx, t, c)
+	schema := "kshard-syncs-" + ns
+	sa := tokenClient(t, serviceAccountToken(ctx, t, ns, "kshard"))
+
+	// The API server applies a new FlowSchema asynchronously: LIST until
+	// the first lands in it.
+	controlplane.Eventually(t, time.Minute, "a ConfigBinding LIST dispatched by "+schema, func() error {
+		if err := sa.List(ctx, &configv1alpha1.ConfigBindingList{}); err != nil {
+			return err
+		}
+		if n := dispatched(ctx, t, schema); n < 1 {
+			return fmt.Errorf("%s dispatched %.0f requests", schema, n)
+		}
+		return nil
+	})
+	before := dispatched(ctx, t, schema)
+	// (ExternalDomains are the mirror component's, whose RBAC base lacks.)
+	lists := []client.ObjectList{&configv1alpha1.ConfigBindingList{}, &corev1.ConfigMapList{}}
+	for _, l := range lists {
+		if err := sa.List(ctx, l); err != nil {
+			t.Fatalf("listing %T as the ServiceAccount: %v", l, err)
+		}
+	}
+	afterLists := dispatched(ctx, t, schema)
+	if got := afterLists - before; got != float64(len(lists)) {
+		t.Errorf("%d LISTs of cached kinds: %s dispatched %.0f, want all of them", len(lists), schema, got)
+	}
+	const leaseRequests = 5
+	for range leaseRequests {
+		var l coordinationv1.Lease
+		// Whether it exists does not matter: the API server classifies a
+		// request before it authorizes or serves it.
+		_ = sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kshard-shard-0"}, &l)
+	}
+	if got := dispatched(ctx, t, schema) - afterLists; got != 0 {
+		t.Errorf("%d Lease GETs: %s dispatched %.0f of them, want none (renewals keep the default level)", leaseRequests, schema, got)
+	}
+}
+
+// dispatched reads how many requests the API server dispatched under a
+// FlowSchema (apiserver_flowcontrol_dispatched_requests_total); a metric
+// the server does not export fails the test, so that 0 means none.
+func dispatched(ctx context.Context, t *testing.T, flowSchema string) float64 {
+	t.Helper()
+	fams, err := cp.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "apiserver_flowcontrol_dispatched_requests_total"
+	fam, ok := fams[name]
+	if !ok {
+		t.Fatalf("the API server exports no %s", name)
+	}
+	var n float64
+	for _, m := range fam.GetMetric() {
+		if promtext.Label(m, "flow_schema") == flowSchema && promtext.Label(m, "priority_level") == flowSchema {
+			n += promtext.Value(m)
+		}
+	}
+	return n
+}
