@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -63,6 +64,10 @@ var fencingKinds = map[string]bool{
 	// The shard-label policy: the sharded fleets' create storms are
 	// labeled at admission, as on a cluster with deploy/base.
 	"MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
+	// The replicas' initial syncs in their own priority level, as on a
+	// cluster with deploy/base (the scale scenario compares an API server
+	// restart with and without it).
+	"FlowSchema": true, "PriorityLevelConfiguration": true,
 }
 
 // fencing is deploy/base's identity and fencing as installed for the run's
@@ -79,6 +84,9 @@ type fencing struct {
 	mu sync.Mutex
 	// tokens are the pod-bound tokens by replica identity.
 	tokens map[string]string
+	// flowSchema is deploy/base's FlowSchema as installed, for
+	// setFlowSchema.
+	flowSchema *unstructured.Unstructured
 }
 
 // installFencing applies deploy/base's ServiceAccount, RBAC (with the
@@ -101,6 +109,14 @@ func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 				return nil, fmt.Errorf("deleting %s %s (--no-fencing): %w", o.GetKind(), o.GetName(), err)
 			}
 			continue
+		}
+		if o.GetKind() == "FlowSchema" {
+			// A copy, through JSON (kustomize's numbers are ints, which
+			// DeepCopy refuses): Apply fills o in from the API server's
+			// answer.
+			if fe.flowSchema, err = jsonCopy(o); err != nil {
+				return nil, err
+			}
 		}
 		if err := r.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 			return nil, fmt.Errorf("applying %s %s of deploy/base: %w", o.GetKind(), o.GetName(), err)
@@ -200,6 +216,30 @@ func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 			m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+ns+":")
 		}
 		return unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions")
+	case "PriorityLevelConfiguration":
+		o.SetNamespace("")
+		o.SetName(o.GetName() + "-" + ns)
+	case "FlowSchema":
+		// Kustomize rewrites no FlowSchema subject.
+		o.SetNamespace("")
+		o.SetName(o.GetName() + "-" + ns)
+		ref, _, _ := unstructured.NestedString(o.Object, "spec", "priorityLevelConfiguration", "name")
+		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "priorityLevelConfiguration", "name"); err != nil {
+			return err
+		}
+		rules, _, err := unstructured.NestedSlice(o.Object, "spec", "rules")
+		if err != nil {
+			return err
+		}
+		for _, rule := range rules {
+			subjects, _ := rule.(map[string]any)["subjects"].([]any)
+			for _, sub := range subjects {
+				if sa, ok := sub.(map[string]any)["serviceAccount"].(map[string]any); ok {
+					sa["namespace"] = ns
+				}
+			}
+		}
+		return unstructured.SetNestedSlice(o.Object, rules, "spec", "rules")
 	case "MutatingAdmissionPolicy":
 		// Kustomize v0.21 does not know the kind is cluster-scoped.
 		o.SetNamespace("")
@@ -372,4 +412,38 @@ func (fe *fencing) rbacInForce(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// setFlowSchema applies deploy/base's FlowSchema, or deletes it, so that the
+// replicas' initial syncs queue in their own priority level or in the
+// cluster's default one (workload-low, with every other ServiceAccount).
+// The API server takes a change in asynchronously, within seconds.
+func (fe *fencing) setFlowSchema(ctx context.Context, on bool) error {
+	if fe.flowSchema == nil {
+		return errors.New("deploy/base has no FlowSchema")
+	}
+	o := fe.flowSchema.DeepCopy()
+	if on {
+		if err := fe.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying FlowSchema %s: %w", o.GetName(), err)
+		}
+		return nil
+	}
+	if err := fe.c.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting FlowSchema %s: %w", o.GetName(), err)
+	}
+	return nil
+}
+
+// jsonCopy copies an object through its JSON form.
+func jsonCopy(o *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	b, err := o.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("copying %s %s: %w", o.GetKind(), o.GetName(), err)
+	}
+	out := &unstructured.Unstructured{}
+	if err := out.UnmarshalJSON(b); err != nil {
+		return nil, fmt.Errorf("copying %s %s: %w", o.GetKind(), o.GetName(), err)
+	}
+	return out, nil
 }

@@ -89,7 +89,15 @@ func runScale(ctx context.Context, r *run) error {
 		if err := r.withLoad(ctx, f, r.opts.Duration, nil); err != nil {
 			return err
 		}
+		if s.Mode.Sharded() && s.Replicas == restartFleet(specs) {
+			if err := r.restartComparison(ctx, f); err != nil {
+				return err
+			}
+		}
 		if s.Mode.Sharded() && s.Replicas >= 2 {
+			// The handovers count their writes: the updates' last
+			// reconciles must be done first.
+			r.settle(ctx, f, "end of the updates to "+f.label(), time.Now(), settleLoad)
 			if err := r.handovers(ctx, f); err != nil {
 				return err
 			}
@@ -99,6 +107,104 @@ func runScale(ctx context.Context, r *run) error {
 		}
 	}
 	r.scaleFindings()
+	return nil
+}
+
+// restartFleet is the replica count of the sharded fleet whose API server
+// restarts the scale scenario compares: the largest, whose relists are the
+// most; 0 without a sharded fleet.
+func restartFleet(specs []fleetSpec) int {
+	n := 0
+	for _, s := range specs {
+		if s.Mode.Sharded() {
+			n = max(n, s.Replicas)
+		}
+	}
+	return n
+}
+
+// restartSettle is how long the comparison lets the fleet and the probe
+// run before each restart, and after it settled.
+const restartSettle = 15 * time.Second
+
+// restartComparison restarts the API server twice under the fleet's update
+// load: with deploy/base's kshard-syncs FlowSchema, so that the replicas'
+// relists queue in a priority level of their own, and without it, so that
+// they queue in workload-low with every other ServiceAccount's requests. A
+// probe, another ServiceAccount's client, lists a few ConfigMaps every
+// 100 ms throughout: its latency from the restart until the fleet settled is
+// what the relists cost other clients. The relists themselves are checked
+// against the API server's audit log (one sync per informer, noteRestart),
+// and the updates sent meanwhile must all become Ready.
+func (r *run) restartComparison(ctx context.Context, f *fleet) error {
+	if r.restartAPIServer == nil || r.fencing == nil {
+		r.addFinding("API server restarts: not run (the load tester did not start the API server, or the replicas run without deploy/base's identity)")
+		return nil
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	p, err := r.startProbe(ctx)
+	if err != nil {
+		return err
+	}
+	perSecond := float64(r.gen.existing()) * r.opts.UpdateRate
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.gen.updateFor(ctx, 1<<62, perSecond)
+	}()
+	defer func() { stop(); <-done }()
+	for _, withSchema := range []bool{true, false} {
+		if err := r.restartUnder(ctx, f, p, withSchema); err != nil {
+			return err
+		}
+	}
+	// Deployed as deploy/base has it for what follows.
+	return r.fencing.setFlowSchema(ctx, true)
+}
+
+// restartUnder restarts the API server once, with the replicas' FlowSchema
+// or without it, and states what the probe and the updates saw.
+func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withSchema bool) error {
+	how := "with deploy/base's kshard-syncs FlowSchema (the replicas' syncs in their own priority level)"
+	if !withSchema {
+		how = "without the FlowSchema (the replicas' syncs in workload-low, with the probe)"
+	}
+	if err := r.fencing.setFlowSchema(ctx, withSchema); err != nil {
+		return err
+	}
+	if err := sleep(ctx, restartSettle); err != nil {
+		return err
+	}
+	steadyFrom := time.Now()
+	r.mark("restart the API server, %s", map[bool]string{true: "with the FlowSchema", false: "without the FlowSchema"}[withSchema])
+	stopPoll := r.ring.poll(ctx)
+	at := time.Now()
+	if err := r.restartAPIServer(ctx); err != nil {
+		stopPoll()
+		return err
+	}
+	ready := time.Now()
+	ev := r.settle(ctx, f, fmt.Sprintf("restart of the API server %s, ready again after %s", how, round(ready.Sub(at))), at, settleHandover)
+	stopPoll()
+	settled := time.Now()
+	r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: settled})
+	if err := sleep(ctx, restartSettle); err != nil {
+		return err
+	}
+	steady, _ := p.between(steadyFrom.Add(-restartSettle), steadyFrom)
+	during, failed := p.between(ready, settled.Add(restartSettle))
+	updates := summarize(r.tracker.latencies(at, settled, writeUpdate))
+	settledText := "settled after " + fmtDur(ev.Reconciled)
+	if ev.Error != "" {
+		settledText = "not settled: " + ev.Error
+	}
+	r.addFinding(fmt.Sprintf("API server restart %s: %s; the probe (another ServiceAccount listing a few ConfigMaps every %s) "+
+		"before it p50 %s, p99 %s (%d requests); from the server's readiness until %s after the fleet settled p50 %s, p99 %s, max %s (%d requests, %d failed); "+
+		"spec updates sent from the restart until the fleet settled: %d, p99 %s, max %s until Ready",
+		how, settledText, probeInterval, fmtDur(steady.P50), fmtDur(steady.P99), steady.Count, restartSettle,
+		fmtDur(during.P50), fmtDur(during.P99), fmtDur(during.Max), during.Count, failed,
+		updates.Count, updates.dur(updates.P99), updates.dur(updates.Max)))
 	return nil
 }
 
