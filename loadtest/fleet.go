@@ -105,6 +105,9 @@ type fleet struct {
 	// apiStart, what the fleet's initial syncs cost.
 	startSettledAPI apiServerSample
 	startOwnSyncs   int64
+	// tableDomains is the domains in the labeler's shard table when the
+	// fleet started (-1: no table).
+	tableDomains int
 	// purpose says why a scenario runs the fleet, when its mode and size do
 	// not (the scale scenario's first reconcile of new objects).
 	purpose string

@@ -422,7 +422,7 @@ func parseFleets(s string) ([]fleetSpec, error) {
 		if mode.Plain && replicas != 1 {
 			return nil, fmt.Errorf("fleet %q: the plain controller runs one active replica", item)
 		}
-		out = append(out, fleetSpec{mode, replicas})
+		out = append(out, fleetSpec{Mode: mode, Replicas: replicas})
 	}
 	return out, nil
 }

@@ -457,6 +457,15 @@ func renderFleets(b *strings.Builder, rep *Report) {
 	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.Storm.Kind != "" }) {
 		renderStormRows(row, rep.Machine.Calibration)
 	}
+	row("shard table at the fleet's start: domains labeled at CREATE", func(f *FleetResult) string {
+		switch {
+		case f.Plain || !(Mode{Name: f.Mode, Args: f.Args}).Sharded():
+			return "n/a (no labeler)"
+		case f.ShardTableDomains < 0:
+			return "none (cold)"
+		}
+		return fmt.Sprint(f.ShardTableDomains)
+	})
 	row("create → labeled p50 / p99", func(f *FleetResult) string {
 		if f.Labeled.Count == 0 {
 			return noData

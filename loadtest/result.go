@@ -163,6 +163,12 @@ type FleetResult struct {
 	// during it, the load tester's own subtracted (it sends none then).
 	StartWritesCounted bool
 	StartWrites        float64
+	// ShardTableDomains is the domains in the labeler's shard table when a
+	// sharded fleet started: those whose objects the shard-label policy
+	// labels at their CREATE. -1 for no table (a cold start: the labeler
+	// labels every object of a new domain), and for fleets without a
+	// labeler.
+	ShardTableDomains int
 	// StartScanned is the ConfigBindings the API server scanned for the
 	// initial syncs of the fleet's start (until it settled), and StartSyncs
 	// those syncs, the load tester's own subtracted; -1 when the API server
@@ -330,6 +336,10 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
 	res.StartWritesCounted, res.StartWrites = f.startEvent.WritesCounted, f.startEvent.ObjectWrites
 	res.StartScanned, res.StartSyncs = -1, -1
+	res.ShardTableDomains = -1
+	if f.mode.Sharded() {
+		res.ShardTableDomains = f.tableDomains
+	}
 	if !f.apiStart.At.IsZero() && !f.startSettledAPI.At.IsZero() && f.startSettledAPI.sameServer(f.apiStart) {
 		api := f.startSettledAPI.minus(f.apiStart)
 		res.StartScanned = api.Scanned

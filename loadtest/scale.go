@@ -12,12 +12,12 @@ import (
 // and the plain controller-runtime controller last (it leaves its own field
 // manager on every ConfigMap, which a kshard fleet after it would pay to
 // remove).
-var scaleFleets = []fleetSpec{{ModeSingleton, 1}, {ModeSharded, 4}, {ModeSharded, 8}, {ModePlain, 1}}
+var scaleFleets = []fleetSpec{{Mode: ModeSingleton, Replicas: 1}, {Mode: ModeSharded, Replicas: 4}, {Mode: ModeSharded, Replicas: 8}, {Mode: ModePlain, Replicas: 1}}
 
 // scaleFirstReconcile is the fleet that reconciles the scale scenario's new
 // objects once before the compared fleets start: the widest of them, so
 // the storm ends soonest.
-var scaleFirstReconcile = fleetSpec{ModeSharded, 4}
+var scaleFirstReconcile = fleetSpec{Mode: ModeSharded, Replicas: 4}
 
 // Goals of the scale scenario, from issue 25 and kubernetes-controller-
 // sharding's evaluation (a whole fleet's heap 1.24× the singleton's at 9,000

@@ -14,9 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/replica"
 )
 
 // scenario is one named run.
@@ -71,6 +74,10 @@ func Scenarios() []ScenarioInfo {
 type fleetSpec struct {
 	Mode     Mode
 	Replicas int
+	// ColdTable deletes the labeler's shard table before the fleet starts,
+	// so that its create storm is labeled by the labeler, not at admission
+	// (what a storm of domains the cluster has never seen costs).
+	ColdTable bool
 }
 
 // shardingFleets are the columns of compare-sharding. The plain
@@ -79,7 +86,12 @@ type fleetSpec struct {
 // The plain controller-runtime fleet runs last: the ConfigMap fields it writes
 // stay owned by it, and the kshard fleet after it would pay to remove them
 // (a merge patch per rotated key), which is a migration's cost, not theirs.
-var shardingFleets = []fleetSpec{{ModeSingleton, 1}, {ModeSharded, 2}, {ModeSharded, 4}, {ModePlain, 1}}
+//
+// The first sharded fleet runs on a cold shard table (deleted before it
+// starts: every object of its storm waits for the labeler) and fills it;
+// the sharded fleets after it find every domain in it, as on a cluster
+// whose domains exist, and their objects are labeled at their CREATE.
+var shardingFleets = []fleetSpec{{Mode: ModeSingleton, Replicas: 1}, {Mode: ModeSharded, Replicas: 2, ColdTable: true}, {Mode: ModeSharded, Replicas: 2}, {Mode: ModeSharded, Replicas: 4}, {Mode: ModePlain, Replicas: 1}}
 
 // hasPlain says whether a list of fleets includes a plain mode.
 func hasPlain(specs []fleetSpec) bool {
@@ -338,7 +350,7 @@ func init() {
 		run: func(ctx context.Context, r *run) error {
 			specs := make([]fleetSpec, 0, len(externalModes))
 			for _, m := range externalModes {
-				specs = append(specs, fleetSpec{m, r.opts.Replicas})
+				specs = append(specs, fleetSpec{Mode: m, Replicas: r.opts.Replicas})
 			}
 			return r.compare(ctx, specs)
 		},
@@ -528,7 +540,14 @@ func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
 		} else if err := r.createAll(ctx, nil); err != nil {
 			return err
 		}
-		f, err := r.startFleet(ctx, s.Mode, s.Replicas)
+		purpose := ""
+		if s.ColdTable {
+			if err := r.deleteShardTable(ctx); err != nil {
+				return err
+			}
+			purpose = "cold shard table"
+		}
+		f, err := r.startFleetFor(ctx, s.Mode, s.Replicas, purpose)
 		if err != nil {
 			return err
 		}
@@ -540,6 +559,31 @@ func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
 		}
 	}
 	return nil
+}
+
+// deleteShardTable deletes the labeler's shard table, so that the next
+// fleet starts on a cold one.
+func (r *run) deleteShardTable(ctx context.Context) error {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}}
+	r.mark("delete the shard table")
+	if err := r.c.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting the shard table: %w", err)
+	}
+	return nil
+}
+
+// shardTableDomains counts the domains in the labeler's shard table; -1
+// when there is none.
+func (r *run) shardTableDomains(ctx context.Context) (int, error) {
+	var cm corev1.ConfigMap
+	err := r.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		return -1, nil
+	case err != nil:
+		return 0, fmt.Errorf("reading the shard table: %w", err)
+	}
+	return len(cm.Data), nil
 }
 
 func runHandover(ctx context.Context, r *run) error {

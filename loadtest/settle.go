@@ -65,6 +65,13 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose string) (*fleet, error) {
 	f := r.newFleet(mode)
 	f.purpose = purpose
+	if mode.Sharded() {
+		n, err := r.shardTableDomains(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f.tableDomains = n
+	}
 	f.sizes = []int{n}
 	before, err := r.markWrites(ctx)
 	if err != nil {
