@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +24,7 @@ import (
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/netfault"
+	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
 )
@@ -319,32 +321,31 @@ func probeFence(ctx context.Context, t *testing.T, c client.Client, ns, app stri
 }
 
 // policyDenials reads the API server's own count of requests the
-// shard-writes policy denied. A metric that is missing fails the test: a
-// count of zero must mean none.
+// shard-writes policy denied.
 func policyDenials(ctx context.Context, t *testing.T) float64 {
+	t.Helper()
+	return apiServerCount(ctx, t, "apiserver_validating_admission_policy_check_total", func(m *dto.Metric) bool {
+		return strings.HasPrefix(promtext.Label(m, "policy"), audit.FencingPolicy) && promtext.Label(m, "enforcement_action") == "deny"
+	})
+}
+
+// apiServerCount sums a counter of the API server's /metrics over the
+// series match accepts. A metric the server does not export fails the
+// test: a count of zero must mean none.
+func apiServerCount(ctx context.Context, t *testing.T, name string, match func(*dto.Metric) bool) float64 {
 	t.Helper()
 	fams, err := cp.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const name = "apiserver_validating_admission_policy_check_total"
 	fam, ok := fams[name]
 	if !ok {
 		t.Fatalf("the API server exports no %s", name)
 	}
 	var n float64
 	for _, m := range fam.GetMetric() {
-		var policy, action string
-		for _, l := range m.GetLabel() {
-			switch l.GetName() {
-			case "policy":
-				policy = l.GetValue()
-			case "enforcement_action":
-				action = l.GetValue()
-			}
-		}
-		if strings.HasPrefix(policy, audit.FencingPolicy) && action == "deny" {
-			n += m.GetCounter().GetValue()
+		if match(m) {
+			n += promtext.Value(m)
 		}
 	}
 	return n

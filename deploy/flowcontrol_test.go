@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -63,24 +64,10 @@ func TestSyncsHaveTheirOwnPriorityLevel(t *testing.T) {
 }
 
 // dispatched reads how many requests the API server dispatched under a
-// FlowSchema (apiserver_flowcontrol_dispatched_requests_total); a metric
-// the server does not export fails the test, so that 0 means none.
+// FlowSchema of the same name as its priority level.
 func dispatched(ctx context.Context, t *testing.T, flowSchema string) float64 {
 	t.Helper()
-	fams, err := cp.Metrics(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const name = "apiserver_flowcontrol_dispatched_requests_total"
-	fam, ok := fams[name]
-	if !ok {
-		t.Fatalf("the API server exports no %s", name)
-	}
-	var n float64
-	for _, m := range fam.GetMetric() {
-		if promtext.Label(m, "flow_schema") == flowSchema && promtext.Label(m, "priority_level") == flowSchema {
-			n += promtext.Value(m)
-		}
-	}
-	return n
+	return apiServerCount(ctx, t, "apiserver_flowcontrol_dispatched_requests_total", func(m *dto.Metric) bool {
+		return promtext.Label(m, "flow_schema") == flowSchema && promtext.Label(m, "priority_level") == flowSchema
+	})
 }
