@@ -166,7 +166,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		// already Ready at its generation (a new owner's cold cache) needs
 		// nothing else; any other gets a safety requeue in case a
 		// notification is lost.
-		if readyAt(&cb) {
+		if readyAt(&cb) && !res.deferred {
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
@@ -190,6 +190,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 			return reconcile.Result{RequeueAfter: staleRetry}, nil
 		}
 		return reconcile.Result{}, err
+	}
+	if res.deferred {
+		// A stale value served while its refresh found no room.
+		return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
 	}
 	if cond.Reason == ReasonSynced || cond.Reason == ReasonKeyNotFound || cond.Reason == ReasonDomainTooLarge {
 		// A created key, or a mirror that fits again, arrives through the
@@ -390,12 +394,25 @@ type resolution struct {
 	staleSince  time.Time
 	// feed is the unhealthy change feed of the domain, if any.
 	feed error
+	// deferred says a key needed a fetch the cache's full queue did not
+	// take: back-pressure of this replica's own, not the config center's
+	// failure, and no notification will come for it, so the binding looks
+	// again later and says nothing new meanwhile.
+	deferred bool
 }
 
 func (r *Reconciler) resolve(ctx context.Context, shard int32, cb *configv1alpha1.ConfigBinding) resolution {
 	res := resolution{data: map[string]string{}}
 	for _, k := range cb.Spec.Keys {
 		l := r.Values.Get(ctx, shard, externalcache.Key{Domain: cb.Spec.Domain, Name: string(k)})
+		if errors.Is(l.Err, externalcache.ErrQueueFull) {
+			// A replica's start asks for every key of its objects at
+			// once; a full queue is a wait, not an outage (the load
+			// tester's scale scenario saw a singleton's start make
+			// thousands of Ready bindings say ExternalUnavailable).
+			res.deferred = true
+			l.Err = nil
+		}
 		switch l.State {
 		case externalcache.StateFresh, externalcache.StateStale:
 			res.data[string(k)] = string(l.Value)
