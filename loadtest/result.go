@@ -232,7 +232,8 @@ type FleetResult struct {
 	HeldMax float64
 	// The API server's own counts for ConfigBindings over the fleet's life
 	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
-	// subtracted), objects scanned for them, bytes sent, and the watches
+	// subtracted), objects scanned for them (OwnSyncs × the objects at the
+	// fleet's start subtracted: each of them scans every object), bytes sent, and the watches
 	// open at the end (the load tester's own one subtracted). APICounted
 	// says the API server was read at both ends of the fleet's life; without
 	// it these, ScannedPerProcess and the write rates have no data.
@@ -342,8 +343,11 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	}
 	if !f.apiStart.At.IsZero() && !f.startSettledAPI.At.IsZero() && f.startSettledAPI.sameServer(f.apiStart) {
 		api := f.startSettledAPI.minus(f.apiStart)
-		res.StartScanned = api.Scanned
-		res.StartSyncs = api.Syncs - float64(f.startOwnSyncs-f.ownSyncsStart)
+		own := float64(f.startOwnSyncs - f.ownSyncsStart)
+		// Each of the load tester's own syncs (its watch relists when the
+		// API server drops it as a slow reader) scans every object too.
+		res.StartScanned = max(api.Scanned-own*float64(f.startObjects), 0)
+		res.StartSyncs = api.Syncs - own
 	}
 	from, to := f.loadFrom, f.loadTo
 	if from.IsZero() {
@@ -497,7 +501,8 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		api := f.apiEnd.minus(f.apiStart)
 		res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
 		res.Syncs = api.Syncs - float64(res.OwnSyncs)
-		res.Scanned, res.Bytes, res.OpenWatches = api.Scanned, api.Bytes, max(api.OpenWatches-1, 0)
+		res.Scanned = max(api.Scanned-float64(res.OwnSyncs)*float64(f.startObjects), 0)
+		res.Bytes, res.OpenWatches = api.Bytes, max(api.OpenWatches-1, 0)
 		if res.Processes > 0 {
 			res.ScannedPerProcess = res.Scanned / float64(res.Processes)
 		}
