@@ -327,6 +327,18 @@ func TestAuditReconcileCheck(t *testing.T) {
 	}
 }
 
+func TestCPUSecondsOfProcStat(t *testing.T) {
+	// A command name with a space and a parenthesis; utime 250 and stime
+	// 150 ticks.
+	stat := "4242 (kube apiserver)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 12 0 1000 1 1"
+	if got := parseCPUSeconds(stat); got != 4 {
+		t.Errorf("CPU seconds %v, want 4", got)
+	}
+	if got := parseCPUSeconds("4242 (x) S 1 2"); got != -1 {
+		t.Errorf("a short stat read %v, want -1", got)
+	}
+}
+
 func TestPeakRSSAndMemoryCheck(t *testing.T) {
 	status := "Name:\tkshard\nVmPeak:\t 2000000 kB\nVmHWM:\t  307200 kB\nVmRSS:\t  204800 kB\n"
 	if b, ok := parseStatusBytes(status, "VmHWM:"); !ok || b != 300<<20 {

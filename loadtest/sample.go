@@ -145,10 +145,15 @@ func (in *instance) delta(from, to time.Time, get func(replicaSample) float64) f
 }
 
 // controlPlaneSample is the resident memory of the kube-apiserver and etcd
-// the load tester started, in bytes (0: not read).
+// the load tester started, in bytes (0: not read), and the CPU time each
+// has used since it started, in seconds (-1: not read).
 type controlPlaneSample struct {
-	At              time.Time
-	APIServer, Etcd float64
+	At                    time.Time
+	APIServer, Etcd       float64
+	APIServerCPU, EtcdCPU float64
+	// APIServerPID says which process APIServerCPU is of: a restart starts
+	// its count over.
+	APIServerPID int
 }
 
 // sampleControlPlane reads the control plane's resident memory (VmRSS);
@@ -159,10 +164,74 @@ func (r *run) sampleControlPlane(now time.Time) (controlPlaneSample, bool) {
 		return controlPlaneSample{}, false
 	}
 	pids := r.controlPlanePIDs()
-	s := controlPlaneSample{At: now}
+	s := controlPlaneSample{At: now, APIServerPID: pids["kube-apiserver"]}
 	s.APIServer, _ = readStatusBytes(pids["kube-apiserver"], "VmRSS:")
 	s.Etcd, _ = readStatusBytes(pids["etcd"], "VmRSS:")
+	s.APIServerCPU = readCPUSeconds(pids["kube-apiserver"])
+	s.EtcdCPU = readCPUSeconds(pids["etcd"])
 	return s, s.APIServer > 0 || s.Etcd > 0
+}
+
+// controlPlaneCPU is the CPU time the kube-apiserver and etcd used from
+// from to to, in seconds, between the samples nearest inside those bounds;
+// false without two samples of the same processes there.
+func (r *run) controlPlaneCPU(from, to time.Time) (apiServer, etcd float64, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var first, last *controlPlaneSample
+	for i := range r.controlPlane {
+		s := &r.controlPlane[i]
+		if s.At.Before(from) || s.At.After(to) || s.APIServerCPU < 0 || s.EtcdCPU < 0 {
+			continue
+		}
+		if first == nil {
+			first = s
+		}
+		last = s
+	}
+	if first == nil || last == first || first.APIServerPID != last.APIServerPID {
+		return 0, 0, false
+	}
+	return last.APIServerCPU - first.APIServerCPU, last.EtcdCPU - first.EtcdCPU, true
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's CPU
+// times: 100 on every Linux Go supports.
+const clockTicks = 100
+
+// readCPUSeconds reads the user and system CPU time a process has used
+// (/proc/<pid>/stat utime + stime), in seconds; -1 elsewhere than Linux,
+// for pid 0, or once the process is gone.
+func readCPUSeconds(pid int) float64 {
+	if pid <= 0 {
+		return -1
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	return parseCPUSeconds(string(b))
+}
+
+// parseCPUSeconds finds utime and stime in a /proc/<pid>/stat; -1 when it
+// cannot. The command name, in parentheses, may hold spaces: the fields
+// are counted after its closing parenthesis.
+func parseCPUSeconds(stat string) float64 {
+	end := strings.LastIndexByte(stat, ')')
+	if end < 0 {
+		return -1
+	}
+	// After ")": state (field 3), …, utime (14), stime (15).
+	f := strings.Fields(stat[end+1:])
+	if len(f) < 13 {
+		return -1
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return (utime + stime) / clockTicks
 }
 
 // controlPlanePeak is the largest resident memory of the kube-apiserver and

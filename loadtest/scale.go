@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -73,6 +74,8 @@ func runScale(ctx context.Context, r *run) error {
 	if r.chosen != nil {
 		specs = r.chosen
 	}
+	// The goals of the fleets that ran, also when a later one failed.
+	defer r.scaleFindings()
 	if err := r.createAll(ctx, nil); err != nil {
 		return err
 	}
@@ -106,7 +109,6 @@ func runScale(ctx context.Context, r *run) error {
 			return err
 		}
 	}
-	r.scaleFindings()
 	return nil
 }
 
@@ -232,6 +234,10 @@ func (r *run) scaleFindings() {
 	}
 	for _, ev := range r.report.Events {
 		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
+			if api, etcd, ok := r.controlPlaneCPU(r.begin.Add(ev.At), r.begin.Add(ev.At+ev.Reconciled)); ok && ev.Reconciled > 0 {
+				g += fmt.Sprintf("; meanwhile kube-apiserver used %.1f and etcd %.1f CPU-seconds (%.1f and %.1f cores of the machine's %d)",
+					api, etcd, api/ev.Reconciled.Seconds(), etcd/ev.Reconciled.Seconds(), runtime.NumCPU())
+			}
 			r.addFinding(g)
 		}
 	}
