@@ -387,7 +387,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		start := time.Now()
 		r.apiAuditLog = filepath.Join(r.work, "apiserver-audit.log")
 		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
-			AuditLogPath: r.apiAuditLog})
+			AuditLogPath: r.apiAuditLog, RestartLogPath: filepath.Join(r.work, "logs", "kube-apiserver-restarted.log")})
 		if err != nil {
 			return nil, err
 		}

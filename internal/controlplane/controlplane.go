@@ -61,6 +61,11 @@ type Options struct {
 	// internal/audit checks the replicas' writes against.
 	AuditLogPath string
 
+	// RestartLogPath, when set, receives the output (klog) of every
+	// kube-apiserver RestartAPIServer starts, appended: what the server
+	// did while its clients relisted.
+	RestartLogPath string
+
 	// UseExistingCluster talks to the cluster of the current kubeconfig instead
 	// of starting one. Defaults to USE_EXISTING_CLUSTER=true in the environment.
 	UseExistingCluster *bool
@@ -110,6 +115,8 @@ type ControlPlane struct {
 	// apiServerDone when it exits; nil while envtest's own runs.
 	apiServer     *exec.Cmd
 	apiServerDone chan struct{}
+	// restartLog is Options.RestartLogPath.
+	restartLog string
 }
 
 // Start starts etcd and kube-apiserver on loopback ports, installs the CRDs
@@ -160,7 +167,7 @@ func Start(opts Options) (*ControlPlane, error) {
 		_ = env.Stop()
 		return nil, fmt.Errorf("starting control plane from %s: %w", opts.AssetsDir, err)
 	}
-	cp := &ControlPlane{Config: cfg, env: env}
+	cp := &ControlPlane{Config: cfg, env: env, restartLog: opts.RestartLogPath}
 	if opts.KubeconfigPath != "" {
 		if err := os.WriteFile(opts.KubeconfigPath, env.KubeConfig, 0o600); err != nil {
 			_ = env.Stop()

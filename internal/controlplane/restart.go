@@ -52,6 +52,15 @@ func (c *ControlPlane) RestartAPIServer(ctx context.Context) error {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = env
+	if c.restartLog != "" {
+		log, err := os.OpenFile(c.restartLog, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("restarting kube-apiserver: opening its log: %w", err)
+		}
+		// The child holds its own descriptor: ours closes now.
+		defer log.Close()
+		cmd.Stdout, cmd.Stderr = log, log
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("restarting kube-apiserver: %w", err)
 	}
