@@ -20,9 +20,9 @@ var scaleFleets = []fleetSpec{{Mode: ModeSingleton, Replicas: 1}, {Mode: ModeSha
 // the storm ends soonest.
 var scaleFirstReconcile = fleetSpec{Mode: ModeSharded, Replicas: 4}
 
-// Goals of the scale scenario, from issue 25 and kubernetes-controller-
-// sharding's evaluation (a whole fleet's heap 1.24× the singleton's at 9,000
-// objects).
+// Goals of the scale scenario (docs/scale.md), set against kubernetes-
+// controller-sharding's evaluation (a whole fleet's heap 1.24× the
+// singleton's at 9,000 objects).
 const (
 	// goalHeap4 and goalHeap8 bound the largest replica's heap of a ×4 and a
 	// ×8 fleet against the singleton's; goalFleetHeap the whole fleet's.
@@ -37,6 +37,7 @@ const (
 // whatever the object count.
 const scaleUpdatesPerSec = 100
 
+// scaleDefaults sets the scale scenario's own defaults on zero fields.
 func scaleDefaults(o *Options) {
 	if o.Objects == 0 {
 		o.Objects = 100_000
