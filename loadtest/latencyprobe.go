@@ -25,10 +25,10 @@ const probeServiceAccount = "loadtest-probe"
 // probeInterval is how often the probe sends a request.
 const probeInterval = 100 * time.Millisecond
 
-// latencyProbe is another client of the API server, there to be starved: it lists
-// the ConfigMaps of the Lease namespace (a few objects) every probeInterval
-// and records how long each took. Its latency during a fleet's relists is
-// what the fleet's syncs cost everybody else.
+// latencyProbe is another client of the API server, there to be starved:
+// it lists the ConfigMaps of the Lease namespace (a few objects) every
+// probeInterval and records how long each took. Its latency during a
+// fleet's relists is what the fleet's syncs cost everybody else.
 type latencyProbe struct {
 	c client.Client
 
