@@ -60,7 +60,9 @@ type shardTable struct {
 	full    bool
 	// recheck: an object of a domain in the table came unlabeled, so the
 	// table may be gone (or the policy not installed, or its params not
-	// current yet); checked at most once per shardTableRecheckInterval.
+	// current yet); checked at most once per shardTableRecheckInterval, and
+	// a recheck asked for sooner waits for it (dropping it would leave a
+	// deleted table unwritten until another such object came).
 	recheck     bool
 	lastChecked time.Time
 	wake        chan struct{}
@@ -134,7 +136,7 @@ func (t *shardTable) add(domain string, shard int32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.entries[domain]; ok {
-		if !t.recheck && time.Since(t.lastChecked) >= shardTableRecheckInterval {
+		if !t.recheck {
 			t.recheck = true
 			t.kickLocked()
 		}
@@ -191,6 +193,7 @@ func (t *shardTable) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.wake:
+		case <-t.recheckDue():
 		}
 		if err := t.flush(ctx); err != nil && ctx.Err() == nil {
 			t.log.Error(err, "Writing the shard table; trying again")
@@ -207,18 +210,29 @@ func (t *shardTable) run(ctx context.Context) {
 	}
 }
 
+// recheckDue fires when an asked-for recheck may run; nil when none is
+// asked for.
+func (t *shardTable) recheckDue() <-chan time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.recheck {
+		return nil
+	}
+	return time.After(time.Until(t.lastChecked.Add(shardTableRecheckInterval)))
+}
+
 // flush writes the pending domains: a merge patch of them, or the whole
-// table when it is gone. Asked to recheck, it writes the table whole when
-// it is gone, though nothing is pending.
+// table when it is gone. With a recheck due, it writes the table whole when
+// it is gone, though nothing is pending; one asked for sooner stays asked.
 func (t *shardTable) flush(ctx context.Context) error {
 	t.mu.Lock()
 	batch := make(map[string]string, len(t.pending))
 	for d, n := range t.pending {
 		batch[d] = strconv.Itoa(int(n))
 	}
-	recheck := t.recheck
-	t.recheck = false
+	recheck := t.recheck && time.Since(t.lastChecked) >= shardTableRecheckInterval
 	if recheck {
+		t.recheck = false
 		t.lastChecked = time.Now()
 	}
 	t.mu.Unlock()
