@@ -93,7 +93,9 @@ type run struct {
 	// load tester started (their memory is sampled); nil on a cluster it
 	// did not start. controlPlane are the samples.
 	controlPlanePIDs func() map[string]int
-	controlPlane     []controlPlaneSample
+	// cpPIDs are the pids last looked up (sampleControlPlane's).
+	cpPIDs       map[string]int
+	controlPlane []controlPlaneSample
 
 	work       string
 	begin      time.Time

@@ -156,20 +156,32 @@ type controlPlaneSample struct {
 	APIServerPID int
 }
 
-// sampleControlPlane reads the control plane's resident memory (VmRSS);
-// false on a cluster the load tester did not start, or when neither
-// process could be read.
+// sampleControlPlane reads the control plane's resident memory (VmRSS) and
+// CPU time; false on a cluster the load tester did not start, or when
+// neither process could be read. It runs on the sampler's goroutine only,
+// which alone uses r.cpPIDs: the processes are looked up (a walk of /proc)
+// only when one of them cannot be read, as after an API server restart.
 func (r *run) sampleControlPlane(now time.Time) (controlPlaneSample, bool) {
 	if r.controlPlanePIDs == nil {
 		return controlPlaneSample{}, false
 	}
-	pids := r.controlPlanePIDs()
+	s, complete := readControlPlane(now, r.cpPIDs)
+	if !complete {
+		r.cpPIDs = r.controlPlanePIDs()
+		s, _ = readControlPlane(now, r.cpPIDs)
+	}
+	return s, s.APIServer > 0 || s.Etcd > 0
+}
+
+// readControlPlane reads the processes of pids; complete says both were
+// read.
+func readControlPlane(now time.Time, pids map[string]int) (controlPlaneSample, bool) {
 	s := controlPlaneSample{At: now, APIServerPID: pids["kube-apiserver"]}
 	s.APIServer, _ = readStatusBytes(pids["kube-apiserver"], "VmRSS:")
 	s.Etcd, _ = readStatusBytes(pids["etcd"], "VmRSS:")
 	s.APIServerCPU = readCPUSeconds(pids["kube-apiserver"])
 	s.EtcdCPU = readCPUSeconds(pids["etcd"])
-	return s, s.APIServer > 0 || s.Etcd > 0
+	return s, s.APIServer > 0 && s.Etcd > 0 && s.APIServerCPU >= 0 && s.EtcdCPU >= 0
 }
 
 // controlPlaneCPU is the CPU time the kube-apiserver and etcd used from
