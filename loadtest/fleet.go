@@ -168,6 +168,8 @@ type instance struct {
 	// paused says it is stopped now (it is not scraped then).
 	pauses []window
 	paused bool
+	// cgroup names the process's cgroup of the CPU quota; "" without one.
+	cgroup string
 }
 
 // replicaProcess is one process of a replica, whoever started it: a child
@@ -444,6 +446,12 @@ func (f *fleet) start(s *slot) error {
 		memoryLimit: limit, clockOffset: in.clockOffset,
 		pprofAddr: s.pprofAddr, extra: o.ReplicaArgs,
 	})
+	if q := f.r.cpuQuota; q != nil {
+		var err error
+		if in.cgroup, bin, args, err = q.command(base, bin, args); err != nil {
+			return err
+		}
+	}
 	p, err := f.r.procs.start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
 	if err != nil {
 		return err

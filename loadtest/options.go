@@ -130,6 +130,13 @@ type Options struct {
 	// scenario's 4Gi: its singleton caches 100,000 objects); "0" passes
 	// none.
 	MemoryLimit string
+	// ReplicaCPU holds every replica process the load tester starts (the
+	// plain controller's too) to this much CPU, a quantity such as 50m, in
+	// a cgroup of its own (cgroup v1's CFS quota, as a container's CPU
+	// limit): so that a fleet of n replicas has n times one replica's CPU
+	// and the replicas, not the API server, are the bottleneck. Needs root
+	// on a cgroup v1 host. Default none (the capacity scenario's 50m).
+	ReplicaCPU string
 	// SettleTimeout bounds every wait for the fleet to settle (all shards
 	// held, every object reconciled and Ready). Default 5m: a busy two-core
 	// machine is slow, and a slow settle is a number, a stuck one a failure.
@@ -343,6 +350,9 @@ func (o *Options) validate(sc *scenario) error {
 	if _, err := o.memoryLimitBytes(); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := o.replicaMillicores(); err != nil {
+		errs = append(errs, err)
+	}
 	if _, err := parseFleets(o.Fleets); err != nil {
 		errs = append(errs, err)
 	}
@@ -367,7 +377,7 @@ func (o *Options) checkPodTarget(sc *scenario) error {
 	check(!sc.pods, "scenario %s starts replica processes of its own; on a StatefulSet's pods, basic and chaos run", sc.name)
 	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
 	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
-	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "", "replica arguments, profiles and a binary folder are for replica processes the load tester starts")
+	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "" || o.ReplicaCPU != "", "replica arguments, CPU quotas, profiles and a binary folder are for replica processes the load tester starts")
 	check(o.PauseFor != 0 || o.ClockOffset != 0 || o.RestartDelay != 0 || (o.DelayFor != 0 && o.NodeFaults == ""), "pauses, clock offsets, delays and restart delays need replica processes: on pods, chaos deletes pods (forced and with their grace period) and the StatefulSet recreates them at once, and with --node-faults delays or cuts a pod's network and restarts the API server")
 	return errors.Join(errs...)
 }
@@ -387,6 +397,18 @@ func (o *Options) memoryLimitBytes() (int64, error) {
 		return 0, fmt.Errorf("memory limit %q must be a quantity such as 512Mi, or 0 for none", o.MemoryLimit)
 	}
 	return q.Value(), nil
+}
+
+// replicaMillicores is ReplicaCPU in thousandths of a CPU, 0 for none.
+func (o *Options) replicaMillicores() (int64, error) {
+	if o.ReplicaCPU == "" || o.ReplicaCPU == "0" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(o.ReplicaCPU)
+	if err != nil || q.Sign() <= 0 {
+		return 0, fmt.Errorf("replica CPU %q must be a quantity such as 50m, or 0 for none", o.ReplicaCPU)
+	}
+	return q.MilliValue(), nil
 }
 
 // scenarioNames lists the scenarios, sorted, for messages.

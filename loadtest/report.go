@@ -297,6 +297,7 @@ func renderMarkdown(rep *Report) string {
 			p("- %s\n", mdEscape(f))
 		}
 	}
+	renderCapacity(&b, rep.Capacity)
 	if len(rep.Fleets) > 0 {
 		renderFleets(&b, rep)
 	}
@@ -661,6 +662,67 @@ func renderFleets(b *strings.Builder, rep *Report) {
 			p("\nThe load tester's own initial syncs of ConfigBindings (%d during %s: its watch resyncing) are subtracted from the sync counts above, not from the scanned objects and bytes.\n", f.OwnSyncs, mdEscape(f.Fleet))
 		}
 	}
+}
+
+// renderCapacity writes the capacity scenario's search: a summary row per
+// fleet, then every window.
+func renderCapacity(b *strings.Builder, caps []CapacityResult) {
+	if len(caps) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("\n## Capacity\n\nThe highest spec-update rate at which a window of load held both objectives: update → Ready p99 ≤ %s "+
+		"and 99 %% of work-queue waits ≤ %s (the replicas' workqueue_queue_duration_seconds), with every update Ready. "+
+		"The rate rises by ×%.1f until one window holds and one misses, then the bracket is bisected %d times.\n\n",
+		fmtDur(capacityObjective), fmtDur(capacityObjective), capacityStep, capacityBisections)
+	p("| fleet | capacity (updates/s) | lowest rate missed | ÷ (replicas × first fleet's per replica) | largest replica's objects ÷ mean | replicas' CPU with no load (cores) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	per := 0.0
+	if caps[0].Capacity > 0 {
+		per = caps[0].Capacity / float64(caps[0].Replicas)
+	}
+	for _, c := range caps {
+		eff := noData
+		if per > 0 && c.Capacity > 0 {
+			eff = fmt.Sprintf("%.2f", c.Capacity/(per*float64(c.Replicas)))
+		}
+		p("| %s | %.1f | %s | %s | %.2f | %s |\n", mdEscape(c.Fleet), c.Capacity, orNone(c.Missed), eff, c.SharesMax, coresText(c.IdleCores))
+	}
+	p("\n| fleet | rate asked | updates sent / Ready | update → Ready p99 | work-queue waits ≤ %s | replicas' CPU (cores) | CFS periods throttled | kube-apiserver CPU (cores) | window |\n"+
+		"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n", fmtDur(capacityObjective))
+	for _, c := range caps {
+		for _, w := range c.Windows {
+			verdict := "held"
+			if !w.Held {
+				verdict = "missed: " + w.Why
+			}
+			p("| %s | %.1f | %d / %d | %s | %s | %s | %s | %s | %s |\n", mdEscape(c.Fleet), w.Rate, w.Sent, w.Ready, fmtDur(w.P99),
+				shareText(w.QueueWithin), coresText(w.ReplicaCores), shareText(w.Throttled), coresText(w.APIServerCores), mdEscape(verdict))
+		}
+	}
+}
+
+// orNone is a rate, or "none" for 0.
+func orNone(v float64) string {
+	if v <= 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// shareText is a share as a percentage, or no data for a negative one.
+func shareText(v float64) string {
+	if v < 0 {
+		return noData
+	}
+	return pct(v)
+}
+
+// coresText is CPU cores, or no data for a negative figure.
+func coresText(v float64) string {
+	if v < 0 {
+		return noData
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 // renderStartRows writes how long each fleet's start took to reconcile the

@@ -44,6 +44,8 @@ type Report struct {
 	// phase of the run; Labeled is the part of a create until the elected
 	// leader's shard label shows.
 	Updates, Creates, Labeled LatencySummary
+	// Capacity is each fleet's capacity, for the capacity scenario.
+	Capacity []CapacityResult `json:",omitempty"`
 	// Findings are scenario-specific observations (an outage's effect, the
 	// HPA's decisions), one sentence each.
 	Findings []string
@@ -654,7 +656,9 @@ func (r *run) newReport(ctx context.Context) *Report {
 	total := float64(o.Objects) * o.UpdateRate
 	set := func(k, v string) { rep.Settings = append(rep.Settings, [2]string{k, v}) }
 	set("objects", fmt.Sprintf("%d ConfigBindings over %d domains (%s), %d of %d keys each", o.Objects, o.Domains, skewText(o), o.KeysPerObject, o.KeysPerDomain))
-	if r.sc.noLoad {
+	if r.sc.name == "capacity" {
+		set("load", fmt.Sprintf("creates at %g/s; spec updates to random objects in windows of %s, the first fleet's first at %g/s (--update-rate × objects), a later fleet's first at %.1f × its replicas × the first fleet's capacity per replica", o.CreateRate, o.Duration, o.UpdateRate*float64(o.Objects), capacityStartShare))
+	} else if r.sc.noLoad {
 		set("load", fmt.Sprintf("creates at %g/s; no continuous updates: the scenario's storms are the load", o.CreateRate))
 	} else {
 		set("load", fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, total, o.Duration))
@@ -716,6 +720,9 @@ func (r *run) newReport(ctx context.Context) *Report {
 			rotation = append(rotation, kinds[k])
 		}
 		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
+	}
+	if m, _ := o.replicaMillicores(); m > 0 {
+		set("replica CPU", fmt.Sprintf("%s per replica process: a cgroup of its own (cgroup v1 CFS), quota %s per %s period, entered before the replica binary runs", o.ReplicaCPU, time.Duration(m)*cpuQuotaPeriod/1000, cpuQuotaPeriod))
 	}
 	if r.pods != nil {
 		set("memory limit", o.MemoryLimit+" per replica, the container's limit")

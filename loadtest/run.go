@@ -117,6 +117,9 @@ type run struct {
 	cs          kubernetes.Interface
 	rc          rest.Interface
 	procs       *processes
+	// cpuQuota holds the replica processes to Options.ReplicaCPU; nil
+	// without one.
+	cpuQuota *cpuQuota
 	// pods is the StatefulSet whose pods are the replicas
 	// (Options.StatefulSet); nil when the load tester starts them as
 	// processes.
@@ -244,6 +247,18 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	defer r.closeProxies()
 	// Children stop before the cluster (defers run in reverse): replicas
 	// hand over while the API server still answers.
+	if m, _ := r.opts.replicaMillicores(); m > 0 {
+		if r.cpuQuota, err = newCPUQuota(m); err != nil {
+			return nil, err
+		}
+		// After the children stopped (defers run in reverse): a cgroup
+		// with a process in it cannot be removed.
+		defer func() {
+			if err := r.cpuQuota.remove(); err != nil {
+				r.progress.printf("%v", err)
+			}
+		}()
+	}
 	r.procs = newProcesses(func(err error) { cancel(err) })
 	defer func() {
 		r.progress.printf("stopping every child process ...")

@@ -55,6 +55,11 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 			if err != nil {
 				continue // starting or stopping: no sample this time
 			}
+			if in.cgroup != "" {
+				if t, err := r.cpuQuota.throttling(in.cgroup); err == nil {
+					smp.CFSPeriods, smp.CFSThrottled = float64(t.Periods), float64(t.Throttled)
+				}
+			}
 			f.mu.Lock()
 			if in := s.current(); in != nil && in.proc.running() {
 				in.samples = append(in.samples, smp)

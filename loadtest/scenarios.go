@@ -371,6 +371,18 @@ func init() {
 		run:      runScale,
 	})
 	register(&scenario{
+		name:     "capacity",
+		fleets:   true,
+		noLoad:   true,
+		defaults: capacityDefaults,
+		doc: "Scale-out efficiency: each replica held to the same CPU quota (--replica-cpu, default 50m, a cgroup " +
+			"of its own), so that the replicas and not the API server are the bottleneck, sharded fleets of 1, 2, 4 " +
+			"and 5 replicas each find the highest spec-update rate at which a window of load (--duration, default " +
+			"30s) holds update → Ready p99 ≤ 1s and work-queue wait p99 ≤ 1s; each capacity is divided by the " +
+			"replicas times the first fleet's per replica (goal for the largest: ≥ 0.90 of linear).",
+		run: runCapacity,
+	})
+	register(&scenario{
 		name: "handover",
 		doc: "Handover times with many objects (default 10,000) and no other load: a graceful scale-down 3 → 2 " +
 			"(SIGTERM to the highest ordinal after the StatefulSet's count drops, so it leaves the ring), a " +

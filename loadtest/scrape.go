@@ -196,6 +196,10 @@ type replicaSample struct {
 	// Metric is the value of an extra family the run asked for (the HPA's
 	// per-pod metric), summed.
 	Metric float64
+	// CFSPeriods and CFSThrottled are, for a process held to a CPU quota
+	// (Options.ReplicaCPU), the CFS periods it ran in and those that ended
+	// with its quota spent, from its cgroup; 0 without one.
+	CFSPeriods, CFSThrottled float64
 }
 
 // scrapeReplica reads a replica's metrics at url. extra names one more

@@ -75,6 +75,7 @@ func run() int {
 	fs.BoolVar(&o.NoFencing, "no-fencing", false, "leave deploy/base's kshard-shard-writes admission policy unbound, so the API server does not refuse a write by a replica that does not hold the shard's Lease (a delay fault's late writes then commit, and the write check fails)")
 	fs.DurationVar(&o.ClockOffset, "clock-offset", 0, "chaos: the Lease clock offset of a clock fault, ahead and behind in turn; above the lease duration (default 30s)")
 	fs.StringVar(&memoryLimit, "memory-limit", "", "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none (default deploy/base's "+loadtest.DefaultMemoryLimit+"; scale: 4Gi)")
+	fs.StringVar(&o.ReplicaCPU, "replica-cpu", "", "hold every replica process to this much CPU (a quantity such as 50m) in a cgroup of its own; needs root on a cgroup v1 host; 0 for none (default none; capacity: 50m)")
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
 	fs.DurationVar(&calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling (status patches from 64 workers on throwaway ConfigBindings) before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")

@@ -1,0 +1,365 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// capacityFleets are the columns of the capacity scenario: one sharded
+// replica, whose capacity the others are divided by, and 2, 4 and 5.
+var capacityFleets = []fleetSpec{{Mode: ModeSharded, Replicas: 1}, {Mode: ModeSharded, Replicas: 2}, {Mode: ModeSharded, Replicas: 4}, {Mode: ModeSharded, Replicas: 5}}
+
+// The capacity search and its objectives.
+const (
+	// capacityObjective bounds both the p99 of update → Ready and the p99
+	// of the work-queue wait in a window that holds.
+	capacityObjective = time.Second
+	// capacityStep is the factor of the ramp until one window holds and
+	// one misses; capacityBisections then halves the bracket (geometrically)
+	// this many times: the capacity is known within a factor of
+	// capacityStep^(1/2^capacityBisections), 1.026.
+	capacityStep       = 1.5
+	capacityBisections = 4
+	// capacityMaxWindows bounds the windows of one fleet.
+	capacityMaxWindows = 16
+	// capacityMinRate is the lowest rate tried: a fleet that misses the
+	// objectives below it has no capacity worth searching.
+	capacityMinRate = 0.5
+	// capacityStartRate is the first fleet's first rate (updates/s), unless
+	// --update-rate (per object) sets it.
+	capacityStartRate = 10
+	// capacityStartShare starts a later fleet at this share of n times the
+	// first fleet's capacity: below it, so that its first window likely
+	// holds and the next (× capacityStep) misses.
+	capacityStartShare = 0.9
+	// capacityRest separates windows, so that one's CPU and queue figures
+	// do not reach into the next.
+	capacityRest = 3 * time.Second
+	// capacityIdle is how long a fleet's CPU is measured with no load
+	// before its search.
+	capacityIdle = 15 * time.Second
+	// goalLinear is the issue's goal for the largest fleet: its capacity
+	// at least this share of n times one replica's.
+	goalLinear = 0.90
+)
+
+// capacityDefaults sets the capacity scenario's own defaults on zero
+// fields.
+func capacityDefaults(o *Options) {
+	defaultDuration(o, 30*time.Second)
+	if o.Objects == 0 {
+		// The objects' count matters little to a rate of updates; each
+		// fleet's start reconciles all of them on its quota.
+		o.Objects = 2000
+	}
+	if o.Domains == 0 {
+		// Many domains, so that a replica's share of the objects is close
+		// to its share of the shards: the ring balances shards, and a
+		// domain is never split.
+		o.Domains = 1000
+	}
+	if o.UpdateRate == 0 {
+		o.UpdateRate = capacityStartRate / float64(o.Objects)
+	}
+	if o.ReplicaCPU == "" {
+		o.ReplicaCPU = "50m"
+	}
+}
+
+// CapacityResult is one fleet's capacity: the highest spec-update rate at
+// which a window of the load still held both objectives.
+type CapacityResult struct {
+	Fleet    string
+	Replicas int
+	// Capacity is the highest rate (updates/s) whose window held; 0 when
+	// none did. Missed is the lowest rate that missed, 0 when none did: the
+	// capacity lies in [Capacity, Missed).
+	Capacity, Missed float64
+	// SharesMax is the largest replica's objects divided by the mean, at
+	// the end of the search: a fleet is as fast as its busiest replica.
+	SharesMax float64
+	// IdleCores is the CPU the replicas used together with no load, before
+	// the search (Lease renewals, the load tester's scrapes, the Go
+	// runtime): the part of each replica's quota no update gets. -1
+	// without data.
+	IdleCores float64
+	Windows   []CapacityWindow
+}
+
+// CapacityWindow is one window of load at one rate.
+type CapacityWindow struct {
+	// Rate is the rate asked (updates/s); Sent the updates sent in the
+	// window, Ready those that became Ready at their generation (or a
+	// later one) before the wait after it ended.
+	Rate        float64
+	Sent, Ready int
+	// P99 is update → Ready of the window's updates.
+	P99 time.Duration
+	// QueueWithin is the share of the replicas' work-queue waits within
+	// the objective (workqueue_queue_duration_seconds, whose buckets end at
+	// 1 s); -1 without data.
+	QueueWithin float64
+	// ReplicaCores and APIServerCores are the CPU the replicas (together)
+	// and kube-apiserver used, in cores; Throttled the share of the
+	// replicas' CFS periods that ended with the quota spent. -1 without
+	// data.
+	ReplicaCores, APIServerCores, Throttled float64
+	// Held says both objectives held; Why says which was missed.
+	Held bool
+	Why  string `json:",omitempty"`
+}
+
+// runCapacity finds each fleet's capacity in turn, on the same objects.
+func runCapacity(ctx context.Context, r *run) error {
+	specs := capacityFleets
+	if r.chosen != nil {
+		specs = r.chosen
+	}
+	defer r.capacityFindings()
+	if err := r.createAll(ctx, nil); err != nil {
+		return err
+	}
+	var first *CapacityResult
+	for _, s := range specs {
+		f, err := r.startFleet(ctx, s.Mode, s.Replicas)
+		if err != nil {
+			return err
+		}
+		start := r.opts.UpdateRate * float64(r.opts.Objects)
+		if first != nil && first.Capacity > 0 {
+			start = capacityStartShare * float64(s.Replicas) * first.Capacity / float64(first.Replicas)
+		}
+		r.beginLoad(ctx, f)
+		res, err := r.findCapacity(ctx, f, start)
+		r.endLoad(ctx, f)
+		r.mu.Lock()
+		r.report.Capacity = append(r.report.Capacity, res)
+		r.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if first == nil {
+			first = &res
+		}
+		if err := r.endFleet(ctx, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// findCapacity ramps the rate by capacityStep from start until one window
+// held and one missed, then bisects the bracket.
+func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (CapacityResult, error) {
+	res := CapacityResult{Fleet: f.label(), Replicas: f.size(), IdleCores: -1}
+	from := time.Now()
+	r.setPhase("%s with no load", f.label())
+	if err := sleep(ctx, capacityIdle); err != nil {
+		return res, err
+	}
+	if cores, ok := f.cores(from, time.Now()); ok {
+		res.IdleCores = cores
+	}
+	try := func(rate float64) (bool, error) {
+		w, err := r.capacityWindow(ctx, f, rate)
+		if err != nil {
+			return false, err
+		}
+		res.Windows = append(res.Windows, w)
+		r.progress.printf("%s  %s at %.1f updates/s: p99 %s, work-queue waits within %s %s: %s",
+			r.elapsed(), f.label(), rate, fmtDur(w.P99), capacityObjective, pct(w.QueueWithin), map[bool]string{true: "held", false: "missed (" + w.Why + ")"}[w.Held])
+		return w.Held, nil
+	}
+	rate := start
+	for (res.Capacity == 0 || res.Missed == 0) && len(res.Windows) < capacityMaxWindows && rate >= capacityMinRate {
+		held, err := try(rate)
+		if err != nil {
+			return res, err
+		}
+		if held {
+			res.Capacity = rate
+		} else {
+			res.Missed = rate
+		}
+		switch {
+		case res.Missed == 0:
+			rate *= capacityStep
+		case res.Capacity == 0:
+			rate /= capacityStep
+		}
+	}
+	for i := 0; i < capacityBisections && res.Capacity > 0 && res.Missed > 0 && len(res.Windows) < capacityMaxWindows; i++ {
+		mid := math.Sqrt(res.Capacity * res.Missed)
+		held, err := try(mid)
+		if err != nil {
+			return res, err
+		}
+		if held {
+			res.Capacity = mid
+		} else {
+			res.Missed = mid
+		}
+	}
+	res.SharesMax = f.sharesMax(time.Now())
+	return res, nil
+}
+
+// capacityWindow runs the update load at rate for the window (the run's
+// duration), waits until every update sent became Ready (bounded by the
+// settle timeout), and judges the window by its updates' p99 and the
+// replicas' work-queue waits.
+func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (CapacityWindow, error) {
+	w := CapacityWindow{Rate: rate, QueueWithin: -1, ReplicaCores: -1, APIServerCores: -1, Throttled: -1}
+	r.setPhase("%s at %.1f updates/s", f.label(), rate)
+	r.mark("%s: %.1f updates/s", f.label(), rate)
+	from := time.Now()
+	r.gen.updateFor(ctx, r.opts.Duration, rate)
+	to := time.Now()
+	deadline := to.Add(r.opts.SettleTimeout)
+	for {
+		n, _, _ := r.tracker.notReady()
+		if n == 0 || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, settlePoll); err != nil {
+			return w, err
+		}
+	}
+	// The replicas' last sample must be after the window's last reconcile.
+	if err := sleep(ctx, 2*r.opts.SampleInterval); err != nil {
+		return w, err
+	}
+	done := time.Now()
+	w.Sent = r.tracker.writesBetween(from, to, writeUpdate)
+	h := &histogram{}
+	for _, s := range r.tracker.samplesBetween(from, done, writeUpdate) {
+		if sent := s.Done.Add(-s.Latency); !sent.Before(from) && sent.Before(to) {
+			h.Observe(s.Latency)
+		}
+	}
+	w.Ready, w.P99 = h.Count(), h.Quantile(0.99)
+	var queue cumulative
+	var periods, throttled float64
+	for _, s := range f.runningSlots() {
+		f.mu.Lock()
+		in := s.current()
+		queue = queue.add(in.histogramDelta(from, done, func(x replicaSample) cumulative { return x.QueueWait }))
+		periods += in.delta(from, done, func(x replicaSample) float64 { return x.CFSPeriods })
+		throttled += in.delta(from, done, func(x replicaSample) float64 { return x.CFSThrottled })
+		f.mu.Unlock()
+	}
+	secs := done.Sub(from).Seconds()
+	if cores, ok := f.cores(from, done); ok {
+		w.ReplicaCores = cores
+	}
+	if periods > 0 {
+		w.Throttled = throttled / periods
+	}
+	if api, _, ok := r.controlPlaneCPU(from, done); ok {
+		w.APIServerCores = api / secs
+	}
+	if within, ok := shareWithin(queue, capacityObjective.Seconds()); ok {
+		w.QueueWithin = within
+	}
+	switch {
+	case w.Sent == 0:
+		w.Why = "no update sent"
+	case w.Ready < w.Sent:
+		w.Why = fmt.Sprintf("%d of %d updates not Ready %s after the window", w.Sent-w.Ready, w.Sent, r.opts.SettleTimeout)
+	case w.P99 > capacityObjective:
+		w.Why = fmt.Sprintf("update → Ready p99 %s", fmtDur(w.P99))
+	case w.QueueWithin < 0:
+		w.Why = "no work-queue wait sampled"
+	case w.QueueWithin < 0.99:
+		w.Why = fmt.Sprintf("%s of work-queue waits within %s", pct(w.QueueWithin), capacityObjective)
+	default:
+		w.Held = true
+	}
+	return w, sleep(ctx, capacityRest)
+}
+
+// cores is the CPU the running replicas used together from from until to
+// (their process_cpu_seconds_total), in cores.
+func (f *fleet) cores(from, to time.Time) (float64, bool) {
+	var cpu float64
+	slots := f.runningSlots()
+	for _, s := range slots {
+		f.mu.Lock()
+		cpu += s.current().delta(from, to, func(x replicaSample) float64 { return x.CPU })
+		f.mu.Unlock()
+	}
+	secs := to.Sub(from).Seconds()
+	return cpu / secs, len(slots) > 0 && secs > 0
+}
+
+// shareWithin is the share of a cumulative histogram's observations at or
+// below bound, which must be one of its bucket bounds (the share would
+// otherwise be a guess within a bucket).
+func shareWithin(h cumulative, bound float64) (float64, bool) {
+	if len(h.Counts) == 0 || h.Counts[len(h.Counts)-1] <= 0 {
+		return 0, false
+	}
+	for i, b := range h.Bounds {
+		if b == bound {
+			return h.Counts[i] / h.Counts[len(h.Counts)-1], true
+		}
+	}
+	return 0, false
+}
+
+// sharesMax is the largest running replica's objects (kshard_shard_objects,
+// its latest sample at or before now) divided by the mean; 0 without data.
+func (f *fleet) sharesMax(now time.Time) float64 {
+	var held []float64
+	for _, s := range f.runningSlots() {
+		f.mu.Lock()
+		if x, ok := s.current().at(now); ok {
+			held = append(held, max(x.Objects, 0))
+		}
+		f.mu.Unlock()
+	}
+	mx, mean := maxMean(held)
+	if mean <= 0 {
+		return 0
+	}
+	return mx / mean
+}
+
+// capacityFindings states each fleet's capacity against n times the first
+// fleet's, per replica, and the goal for the largest.
+func (r *run) capacityFindings() {
+	caps := r.report.Capacity
+	if len(caps) == 0 || caps[0].Capacity <= 0 {
+		r.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")
+		return
+	}
+	base := caps[0]
+	per := base.Capacity / float64(base.Replicas)
+	largest := 0
+	for _, c := range caps {
+		largest = max(largest, c.Replicas)
+	}
+	for _, c := range caps[1:] {
+		if c.Capacity <= 0 {
+			r.addFinding(fmt.Sprintf("%s: no window held", c.Fleet))
+			continue
+		}
+		eff := c.Capacity / (per * float64(c.Replicas))
+		// The bracket of each capacity bounds the ratio.
+		lo, hi := eff, eff
+		if c.Missed > 0 {
+			hi = c.Missed / (per * float64(c.Replicas))
+		}
+		if base.Missed > 0 {
+			lo = c.Capacity / (base.Missed / float64(base.Replicas) * float64(c.Replicas))
+		}
+		s := fmt.Sprintf("%s: capacity %.1f updates/s = %.2f of %d × %s's %.1f per replica (between %.2f and %.2f by the brackets of both searches); its largest replica held %.2f× the mean share of objects",
+			c.Fleet, c.Capacity, eff, c.Replicas, base.Fleet, per, lo, hi, c.SharesMax)
+		if c.Replicas == largest {
+			s += fmt.Sprintf(": goal ≥ %.2f of linear, %s", goalLinear, metText(eff >= goalLinear))
+		}
+		r.addFinding(s)
+	}
+}
