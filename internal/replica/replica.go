@@ -322,6 +322,13 @@ func namespaces(ns []string) map[string]cache.Config {
 	return out
 }
 
+// shardLabel is the shard a sharded replica's cache holds an object for:
+// its shard label.
+func shardLabel(o client.Object) (int32, bool) {
+	n, err := strconv.ParseInt(o.GetLabels()[sharding.LabelShard], 10, 32)
+	return int32(n), err == nil
+}
+
 func domainOf(o client.Object) string {
 	if cb, ok := o.(*configv1alpha1.ConfigBinding); ok {
 		return cb.Spec.Domain
@@ -345,7 +352,9 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarna
 		LeaseDuration:  opts.LeaseDuration,
 		RenewDeadline:  opts.RenewDeadline,
 		RetryPeriod:    opts.RetryPeriod,
-		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{configbinding.BindingPredicate()}},
+		For: sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{
+			configbinding.BindingPredicate(), src.initialList(shardLabel),
+		}},
 		Owns:           owns,
 		Domain:         domainOf,
 		Clock:          offsetClock{opts.LeaseClockOffset},
@@ -406,6 +415,7 @@ func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *con
 	toRequest := func(_ context.Context, o client.Object) []sharding.Request {
 		return []sharding.Request{{Shard: sharding.ShardOf(domainOf(o), opts.Shards), NamespacedName: client.ObjectKeyFromObject(o)}}
 	}
+	shardOfDomain := func(o client.Object) (int32, bool) { return sharding.ShardOf(domainOf(o), opts.Shards), true }
 	// A ConfigMap's request must carry its binding's shard, the one
 	// toRequest gives: the same object under two shards is two requests,
 	// which would write the binding's status and labels under both. The
@@ -424,7 +434,7 @@ func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *con
 		return toRequest(ctx, &cb)
 	}
 	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &configv1alpha1.ConfigBinding{},
-		handler.TypedEnqueueRequestsFromMapFunc(toRequest), configbinding.BindingPredicate())); err != nil {
+		handler.TypedEnqueueRequestsFromMapFunc(toRequest), configbinding.BindingPredicate(), src.initialList(shardOfDomain))); err != nil {
 		return err
 	}
 	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &corev1.ConfigMap{},

@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
@@ -30,6 +31,9 @@ type externalSource interface {
 	bind(mgr manager.Manager, rep *sharding.Replica, enqueuer configbinding.Enqueuer) error
 	// values is what Reconcile reads.
 	values() configbinding.Values
+	// initialList filters the create events of a cache's initial list of
+	// ConfigBindings, whose shards shardOf gives.
+	initialList(shardOf func(client.Object) (int32, bool)) predicate.Predicate
 	// knowledge answers the admission pre-check.
 	knowledge() configbinding.KeyKnowledge
 	// domains is the per-domain state values keep, which the reconciler
@@ -88,6 +92,12 @@ func (s *cacheSource) bind(mgr manager.Manager, rep *sharding.Replica, enqueuer 
 
 func (s *cacheSource) values() configbinding.Values {
 	return configbinding.CachedValues{Cache: s.cache}
+}
+
+// initialList drops a Ready binding's first event while its keys are on
+// their way: their arrival requeues it.
+func (s *cacheSource) initialList(shardOf func(client.Object) (int32, bool)) predicate.Predicate {
+	return configbinding.ColdCachePredicate(s.cache, shardOf)
 }
 
 func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
@@ -172,6 +182,12 @@ func (s *mirrorSource) values() configbinding.Values {
 	return configbinding.MirrorValues{Shards: s.rep, Mirrors: s.mirror}
 }
 
+// initialList passes every event: a mirror's first sight requeues its
+// domain's bindings, but the mirror may be in the shard's cache already.
+func (s *mirrorSource) initialList(func(client.Object) (int32, bool)) predicate.Predicate {
+	return predicate.Funcs{}
+}
+
 func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
 	return configbinding.MirrorKnowledge{Shards: s.rep, APIReader: s.apiReader, ShardCount: s.opts.Shards}
 }
@@ -218,6 +234,12 @@ func (directSource) bind(manager.Manager, *sharding.Replica, configbinding.Enque
 
 func (s directSource) values() configbinding.Values {
 	return directValues{Source: s.cc, Timeout: 10 * time.Second}
+}
+
+// initialList passes every event: the direct baseline waits for its values
+// inside Reconcile.
+func (directSource) initialList(func(client.Object) (int32, bool)) predicate.Predicate {
+	return predicate.Funcs{}
 }
 
 // knowledge: the direct baseline knows nothing without calling the config
