@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -228,18 +229,32 @@ func (s *shard) run(parent context.Context, reason string) {
 	s.mu.Unlock()
 	s.r.joinBatch(parent, s)
 
-	ticker := time.NewTicker(s.r.opts.RetryPeriod)
-	defer ticker.Stop()
+	// The first renewal comes at a random point of the retry period: shards
+	// acquired together (a replica's start takes all of its shards at once)
+	// would otherwise renew together ever after, a burst of Lease writes
+	// every period that the API server serves at once and that a replica
+	// held to a CPU limit pays with its reconciles stalled. Every renewal
+	// still comes within the renew deadline (above 1.2 × the period).
+	next := time.Now().Add(time.Duration(rand.Int64N(int64(s.r.opts.RetryPeriod))) + 1)
+	renewal := time.NewTimer(time.Until(next))
+	defer renewal.Stop()
 	var drained chan bool
 	releaseCh := s.releaseCh
 	for {
 		select {
-		case <-ticker.C:
+		case <-renewal.C:
 			if err := s.renew(ctx); err != nil {
 				s.fence(err)
 				s.r.metrics.handovers.WithLabelValues("release", "fenced").Inc()
 				return
 			}
+			// On the schedule, as a ticker: a slow renewal does not push
+			// the next one toward the deadline, and the periods it
+			// overran are skipped.
+			for now := time.Now(); !next.After(now); {
+				next = next.Add(s.r.opts.RetryPeriod)
+			}
+			renewal.Reset(time.Until(next))
 		case reason = <-releaseCh:
 			releaseCh = nil
 			drained = make(chan bool, 1)
