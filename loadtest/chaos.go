@@ -243,6 +243,9 @@ func (i injected) String() string {
 // inject runs one fault on replica s and waits for the fleet to settle
 // after it (a handover under load, from the fault's signal).
 func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
+	// The relist window of an API server restart ends before the next
+	// fault, whose recovery may sync caches of its own.
+	r.closeRestartWindow(ctx)
 	o := r.opts
 	switch ft.kind {
 	case faultForceDelete, faultDelete:
@@ -486,14 +489,20 @@ func restartNodeAPIServer(ctx context.Context, command string, cfg *rest.Config)
 	return nil
 }
 
-// apiServerRestart is one restart of the API server by the chaos
-// scenario: when it began, when the server answered again and when the
-// fleet settled after it. No Lease can be renewed or taken between At and
-// Ready: the unowned check excuses what the outage explains, and the
-// relist check counts syncs from At until a chaos interval after Settled,
-// before which no other fault comes.
+// apiServerRestart is one restart of the API server: when it began, when
+// the server answered again and when the fleet settled after it. No Lease
+// can be renewed or taken between At and Ready: the unowned check excuses
+// what the outage explains. The relist check counts syncs from At until
+// Counted, when the restarted server's own count of the syncs it completed
+// was read (closeRestartWindow: before the next fault, or at the end of the
+// run), or a chaos interval after Settled when none was read.
 type apiServerRestart struct {
 	At, Ready, Settled time.Time
+	Counted            time.Time
+	// Syncs is what the restarted server counted; CountErr why it could
+	// not be read.
+	Syncs    serverSyncs
+	CountErr string
 }
 
 // noteRestart records an API server restart, for the relist evidence and
@@ -502,6 +511,34 @@ func (r *run) noteRestart(x apiServerRestart) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.restarts = append(r.restarts, x)
+}
+
+// closeRestartWindow ends the relist window of the last API server
+// restart, if still open: it reads the initial syncs the restarted server
+// completed since it started, which are this window's (the server's
+// counters start over with its process).
+func (r *run) closeRestartWindow(ctx context.Context) {
+	r.mu.Lock()
+	n := len(r.restarts)
+	open := n > 0 && r.restarts[n-1].Counted.IsZero()
+	r.mu.Unlock()
+	if !open {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	syncs, err := scrapeServerSyncs(ctx, r.rc)
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	x := &r.restarts[n-1]
+	x.Counted, x.Syncs = now, syncs
+	switch {
+	case err != nil:
+		x.CountErr = err.Error()
+	case syncs.Started.Before(x.At.Add(-time.Second)):
+		x.CountErr = fmt.Sprintf("the API server read started at %s, before the restart at %s: its counts are not the restart's", syncs.Started.Format(time.StampMilli), x.At.Format(time.StampMilli))
+	}
 }
 
 // closeProxies closes the delay and partition faults' proxies.

@@ -389,9 +389,11 @@ func TestReadmeLink(t *testing.T) {
 	}
 }
 
-// TestRelistCheck: the relists after an API server restart pass at one per
-// informer, fail on a planted excess, and are not checked in a run without
-// a restart.
+// TestRelistCheck: the relists after an API server restart pass when the
+// server completed no more syncs than the audit log's informers may, also
+// when they attempted more (attempts the server ended early); they fail on
+// a planted excess of completed syncs, and with no data when the server's
+// count was not read. A run without a restart has no such check.
 func TestRelistCheck(t *testing.T) {
 	if _, ok := (&WriteEvidence{}).relistCheck(); ok {
 		t.Error("a run without an API server restart has a relist check")
@@ -400,14 +402,25 @@ func TestRelistCheck(t *testing.T) {
 	if c, _ := w.relistCheck(); c.Passed || !c.NoData {
 		t.Errorf("a log without any sync: %+v", c)
 	}
-	w = &WriteEvidence{Syncs: 30, Relists: []RelistEvidence{{At: time.Minute, Syncs: 9, Informers: 9}}}
-	if c, ok := w.relistCheck(); !ok || !c.Passed {
-		t.Errorf("one sync per informer: %+v", c)
+	counted := func(bindings float64) RelistEvidence {
+		return RelistEvidence{At: time.Minute, For: time.Minute, Syncs: 40, Informers: 9,
+			Excess:    []string{"kshard-1_ab synced configbindings … 5 times"},
+			Completed: map[string]float64{"configbindings": bindings, "configmaps": 4, "externaldomains": 0},
+			Allowed:   map[string]int{"configbindings": 9, "configmaps": 4}}
 	}
-	w.Relists = append(w.Relists, RelistEvidence{At: 2 * time.Minute, Syncs: 11, Informers: 9, Excess: []string{"kshard-1_ab synced configbindings … 3 times"}})
-	c, _ := w.relistCheck()
-	if c.Passed || !strings.Contains(c.Detail, "3 times") {
+	w = &WriteEvidence{Syncs: 30, Relists: []RelistEvidence{counted(9)}}
+	if c, ok := w.relistCheck(); !ok || !c.Passed {
+		t.Errorf("attempts beyond one per informer, syncs completed within: %+v", c)
+	}
+	w.Relists = append(w.Relists, counted(12))
+	if c, _ := w.relistCheck(); c.Passed || !strings.Contains(c.Detail, "configbindings 12 of 9 allowed") {
 		t.Errorf("a relist loop passed: %+v", c)
+	}
+	unread := counted(0)
+	unread.Completed, unread.CountErr = nil, "no apiserver_watch_list_duration_seconds in the API server's /metrics"
+	w.Relists = []RelistEvidence{unread}
+	if c, _ := w.relistCheck(); c.Passed || !c.NoData || !strings.Contains(c.Detail, "apiserver_watch_list_duration_seconds") {
+		t.Errorf("an unread count passed: %+v", c)
 	}
 }
 

@@ -316,6 +316,8 @@ func (r *run) run(parent context.Context) (*Report, error) {
 			scenarioErr = nil
 		}
 	}
+	// The last API server restart's relist window ends with the scenario.
+	r.closeRestartWindow(ctx)
 	// Stop whatever fleet still runs (an error left it), so its numbers are
 	// final, then stop sampling.
 	if f := r.currentFleet(); f != nil && f.result == nil {

@@ -195,6 +195,7 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 	if err := sleep(ctx, restartSettle); err != nil {
 		return err
 	}
+	r.closeRestartWindow(ctx)
 	steady, _ := p.between(steadyFrom.Add(-restartSettle), steadyFrom)
 	during, failed := p.between(ready, settled.Add(restartSettle))
 	updates := summarize(r.tracker.latencies(at, settled, writeUpdate))

@@ -372,6 +372,60 @@ func apiSampleOf(f families) (apiServerSample, error) {
 	return s, nil
 }
 
+// relistResources are the resources whose initial syncs after an API
+// server restart the relist check counts at the server: the ones the
+// replicas cache cluster-wide, and the load tester does not.
+var relistResources = []string{resourceBindings, resourceConfigMaps, "externaldomains"}
+
+// serverSyncs is the API server's own count of the initial syncs it
+// completed at cluster scope since its process started.
+type serverSyncs struct {
+	// Started is the process's start (process_start_time_seconds).
+	Started time.Time
+	// ByResource counts, per relistResources, LISTs answered 200 and
+	// watch-lists that sent their initial-events-end bookmark
+	// (apiserver_watch_list_duration_seconds observes a watch-list only
+	// then): an attempt the server refused or ended before its initial
+	// events is not one. Only cluster-scoped requests count: the
+	// replicas' informers are cluster-wide, the load tester's are in its
+	// own namespaces.
+	ByResource map[string]float64
+}
+
+// scrapeServerSyncs reads serverSyncs from the API server's /metrics.
+func scrapeServerSyncs(ctx context.Context, rc rest.Interface) (serverSyncs, error) {
+	body, err := rc.Get().AbsPath("/metrics").Stream(ctx)
+	if err != nil {
+		return serverSyncs{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	defer body.Close()
+	f, err := parseFamilies(body)
+	if err != nil {
+		return serverSyncs{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	return serverSyncsOf(f)
+}
+
+// serverSyncsOf computes serverSyncs from one scrape. A scrape without the
+// watch-list histogram is an error, not zero syncs: the load tester's own
+// informers complete watch-lists from the server's start, so it is there
+// unless the metric is gone or renamed.
+func serverSyncsOf(f families) (serverSyncs, error) {
+	for _, name := range []string{metricAPIWatchLists, metricAPIRequests, metricProcessStart} {
+		if _, ok := f[name]; !ok {
+			return serverSyncs{}, fmt.Errorf("no %s in the API server's /metrics", name)
+		}
+	}
+	sec := f.sum(metricProcessStart, nil)
+	out := serverSyncs{Started: time.Unix(0, int64(sec*1e9)), ByResource: map[string]float64{}}
+	for _, res := range relistResources {
+		lists := f.sum(metricAPIRequests, map[string]string{"verb": "LIST", "resource": res, "scope": "cluster", "code": "200"})
+		watchLists, _ := f.histogramSum(metricAPIWatchLists, map[string]string{"resource": res, "scope": "cluster"})
+		out.ByResource[res] = lists + watchLists
+	}
+	return out, nil
+}
+
 // objectResources are the resources whose writes ObjectWrites counts: the
 // objects the controller reconciles and the ones it writes for them.
 var objectResources = []string{resourceBindings, resourceConfigMaps}

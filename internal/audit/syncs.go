@@ -29,6 +29,9 @@ type Sync struct {
 	// Shards is the shard set the label selector names, nil for an
 	// informer that selects no shards (the labeler's, the ring's Leases).
 	Shards []int32
+	// ClusterWide says the request named no namespace, as the API
+	// server's metrics tell it (their scope "cluster").
+	ClusterWide bool
 	// Username and Holder are who synced, as for a Write.
 	Username, Holder string
 	// Received is when the API server received the request.
@@ -55,10 +58,11 @@ func syncOf(ev *event) (Sync, bool) {
 		return Sync{}, false
 	}
 	s := Sync{
-		Resource: ev.ObjectRef.Resource,
-		Group:    path + "?labelSelector=" + q.Get("labelSelector") + "&fieldSelector=" + q.Get("fieldSelector"),
-		Username: ev.User.Username,
-		Received: ev.Received.Time,
+		Resource:    ev.ObjectRef.Resource,
+		Group:       path + "?labelSelector=" + q.Get("labelSelector") + "&fieldSelector=" + q.Get("fieldSelector"),
+		ClusterWide: !strings.Contains(path, "/namespaces/"),
+		Username:    ev.User.Username,
+		Received:    ev.Received.Time,
 	}
 	s.Holder, _ = HolderOf(ev.UserAgent)
 	s.Shards = shardsSelected(q.Get("labelSelector"))
@@ -109,6 +113,8 @@ type RelistOptions struct {
 // window.
 type CacheGroupSyncs struct {
 	Holder, Resource, Group string
+	// ClusterWide says its requests named no namespace.
+	ClusterWide bool
 	// Syncs are its initial syncs in the window.
 	Syncs int
 	// Acquired says whether the process acquired a Lease that grants the
@@ -141,6 +147,13 @@ type Relists struct {
 	// Excess are the informers that synced more than Allowed: a relist
 	// loop, or a fault turned into a LIST storm.
 	Excess []CacheGroupSyncs
+	// AllowedClusterWide sums, per resource, what the cluster-wide
+	// informers that synced in the window may sync (Allowed): the bound of
+	// the syncs the API server itself counted as completed at cluster scope
+	// (an audit event of a watch-list shows its start, not whether its
+	// initial events ended, so an attempt the server ends early reads as
+	// a sync here).
+	AllowedClusterWide map[string]int
 }
 
 // OK reports whether no informer synced more than it may.
@@ -219,7 +232,7 @@ func CheckRelists(l *APILog, opts RelistOptions) *Relists {
 			acquired[w.LeaseHolder][n] = true
 		}
 	}
-	r := &Relists{ByHolder: map[string]int{}}
+	r := &Relists{ByHolder: map[string]int{}, AllowedClusterWide: map[string]int{}}
 	index := map[string]int{}
 	for _, s := range l.Syncs {
 		if s.Holder == "" || !in(s.Received) {
@@ -229,7 +242,7 @@ func CheckRelists(l *APILog, opts RelistOptions) *Relists {
 		k := s.Holder + " " + s.Resource + " " + s.Group
 		i, ok := index[k]
 		if !ok {
-			g := CacheGroupSyncs{Holder: s.Holder, Resource: s.Resource, Group: s.Group, Acquired: anyLease[s.Holder] && s.Shards == nil}
+			g := CacheGroupSyncs{Holder: s.Holder, Resource: s.Resource, Group: s.Group, ClusterWide: s.ClusterWide, Acquired: anyLease[s.Holder] && s.Shards == nil}
 			for _, n := range s.Shards {
 				if acquired[s.Holder][n] {
 					g.Acquired = true
@@ -244,6 +257,9 @@ func CheckRelists(l *APILog, opts RelistOptions) *Relists {
 	for _, g := range r.Groups {
 		if g.Syncs > g.Allowed() {
 			r.Excess = append(r.Excess, g)
+		}
+		if g.ClusterWide {
+			r.AllowedClusterWide[g.Resource] += g.Allowed()
 		}
 	}
 	return r

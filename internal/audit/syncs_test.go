@@ -82,6 +82,10 @@ func TestCheckRelists(t *testing.T) {
 	if r.ByHolder[a] != 3 || r.ByHolder[b] != 3 {
 		t.Errorf("syncs by holder %v, want 3 each", r.ByHolder)
 	}
+	// a's (1,2) and b's (3) may sync once, a's (5), acquired, twice.
+	if got := r.AllowedClusterWide["configbindings"]; got != 4 {
+		t.Errorf("the cluster-wide informers may complete %d syncs of configbindings, want 4", got)
+	}
 }
 
 // receivedAt moves an audit event to time at.
