@@ -75,7 +75,9 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 			if !ok || !s.rightShard(o) {
 				return
 			}
-			if passes(preds, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o, IsInInitialList: initial}) }) {
+			if passes(preds, func(p predicate.Predicate) bool {
+				return p.Create(event.CreateEvent{Object: o, IsInInitialList: initial})
+			}) {
 				s.enqueue(client.ObjectKeyFromObject(o), initial)
 			}
 		},
@@ -158,7 +160,9 @@ func (g *group) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, initial bool) {
 			o, ok := asObject(obj)
-			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool { return p.Create(event.CreateEvent{Object: o, IsInInitialList: initial}) }) {
+			if !ok || !passes(k.Predicates, func(p predicate.Predicate) bool {
+				return p.Create(event.CreateEvent{Object: o, IsInInitialList: initial})
+			}) {
 				return
 			}
 			enqueue(nil, o, initial)
