@@ -64,7 +64,15 @@ func capacityDefaults(o *Options) {
 		o.UpdateRate = capacityStartRate / float64(o.Objects)
 	}
 	if o.ReplicaCPU == "" {
+		// Below it, a replica holding all 64 shards misses Lease renewals
+		// during its first reconciles (at 25m it was fenced 479 times in
+		// its first minutes and never settled).
 		o.ReplicaCPU = "50m"
+	}
+	if o.SampleInterval == 0 {
+		// Each scrape costs the replica CPU of its quota; Prometheus scrapes
+		// every 15–30 s.
+		o.SampleInterval = 5 * time.Second
 	}
 }
 
