@@ -71,7 +71,7 @@ test-unit: ## The fast lane while editing: tests that need no control plane (-sh
 	$(call go_test,-short)
 
 .PHONY: lint
-lint: ## gofmt check and go vet, on the main module and the tools modules.
+lint: ## gofmt check of every Go file; go vet of the main module and hack/controlplane/etcd.
 	@files=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	if [[ -n $$files ]]; then echo "not gofmt-clean:"; echo "$$files"; exit 1; fi
 	go vet ./...
@@ -86,7 +86,7 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRDs into deploy/crd.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
 
 .PHONY: build
-build: ## Build the kshard, configcenter and loadtest binaries into bin/.
+build: ## Build every command of cmd/ (kshard, kshard-dev, configcenter, loadtest, plaincontroller, kshard-metrics-adapter) into bin/.
 	go build -o $(BIN)/ ./cmd/...
 
 ##@ Control plane

@@ -89,7 +89,8 @@ func (s *objectSet) keys(i int, j int64) []configv1alpha1.ConfigKey {
 }
 
 // object is the i-th ConfigBinding as first created. It carries no shard
-// label: stamping it is the elected leader's job.
+// label: stamping it is the labeler's job (or the API server's at CREATE,
+// for a domain in the shard table).
 func (s *objectSet) object(i int) *configv1alpha1.ConfigBinding {
 	return &configv1alpha1.ConfigBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: s.names[i]},

@@ -185,7 +185,7 @@ type replicaSample struct {
 	ExternalCalls float64
 	// Unlabeled is kshard_unlabeled_objects: the objects waiting for the
 	// elected labeler's shard label, as the labeler's watch counts them. Only
-	// the elected leader sets it; the others export 0; -1 when not exported.
+	// the labeler (the replica holding the labeler Lease) sets it; the others export 0; -1 when not exported.
 	Unlabeled float64
 	// Caches counts the informer caches the replica started, by reason
 	// (kshard_caches_started_total): each is one initial sync of

@@ -54,7 +54,7 @@ type tracker struct {
 	samples []latencySample
 	writes  []pendingWrite
 	// labeled are the moments the watch showed an object's first shard
-	// label, which the elected leader stamps.
+	// label, which the labeler stamps (or the API server at CREATE).
 	labeled []labelSample
 	// flaps are the moments an object's Ready condition went from True to
 	// not True while its generation stayed the same: a status change no

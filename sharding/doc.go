@@ -23,9 +23,11 @@
 // as "<replica>_<incarnation>", one incarnation per process, so a second
 // process with an identity in use waits instead of running the same shards.
 //
-// The elected leader labels objects whose shard label is missing or out of
-// range; any replica corrects an in-range wrong label it sees. No webhook sits
-// on the write path.
+// One replica at a time, the holder of the ring's labeler Lease, labels
+// objects whose shard label is missing or out of range (and, with a shard
+// table, records their domains, so that the API server labels later objects
+// of a known domain at CREATE); any replica corrects an in-range wrong label
+// it sees. No webhook sits on the write path.
 //
 // Usage, from a controller's main:
 //

@@ -29,7 +29,8 @@ import (
 )
 
 // labeler stamps the domain and shard labels on primary objects that have
-// no valid shard label. It runs on the elected leader only and watches only
+// no valid shard label. It runs on one replica at a time, the holder of the
+// ring's labeler Lease (client-go's leader election), and watches only
 // those objects (selector: shard label not in [0, shards)), so it costs
 // nothing while every object is labeled, and no webhook sits on the write
 // path: a new object waits for one watch event and one patch instead. With

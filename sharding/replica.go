@@ -24,9 +24,10 @@ import (
 )
 
 // Replica is one member of a ring: it keeps its member Lease, computes the
-// ring from the live members, claims the shards the ring gives it, runs a
-// cache per held shard and feeds their objects to the controller, and hands
-// shards over when the ring changes or the process stops.
+// ring from the live members, claims the shards the ring gives it, runs the
+// informer caches of its held shards (one per batch of shards acquired
+// together) and feeds their objects to the controller, and hands shards over
+// when the ring changes or the process stops.
 //
 // A Replica is a manager.Runnable that runs on every replica (it does not
 // need leader election), and the controller's event source.

@@ -92,8 +92,9 @@ func installShardLabelPolicy(ctx context.Context, c client.Client) error {
 // that shifts with i, so bindings of one domain overlap in keys and the
 // external cache serves the second reader of a key from memory.
 //
-// They carry no shard label: stamping it is the elected leader's job, and
-// watching it happen is part of the demo.
+// They carry no shard label: stamping it is the labeler's job (or the API
+// server's at CREATE, for a domain in the shard table), and watching it
+// happen is part of the demo.
 func sampleBindings(o Options) []*configv1alpha1.ConfigBinding {
 	width := len(fmt.Sprint(o.Objects - 1))
 	out := make([]*configv1alpha1.ConfigBinding, 0, o.Objects)

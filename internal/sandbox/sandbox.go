@@ -1,13 +1,14 @@
-// Package sandbox is the local kshard playground behind `make run` (`kshard
-// dev`): a real control plane on loopback with kshard's CRDs, the config
-// center in process, sample ConfigBindings, and three controller replicas as
-// child processes, with a live view and a scripted tour of handover (graceful
-// leave, join, crash).
+// Package sandbox is the local kshard playground behind `make run`
+// (`cmd/kshard-dev`): a real control plane on loopback with kshard's CRDs,
+// the config center in process, sample ConfigBindings, and three controller
+// replicas as child processes, with a live view and a scripted tour of
+// handover (graceful leave, join, crash).
 //
 // It exists so a newcomer sees kshard work with one command and no cluster:
-// shards spread over replicas, objects labeled by the elected leader and
-// reconciled from the external cache, and shards moving when a replica leaves,
-// joins or dies, with the time each move took. The replicas are real `kshard
+// shards spread over replicas, objects labeled (by the API server at CREATE
+// once their domain is known, by the labeler before), reconciled from the
+// external cache, and shards moving when a replica leaves, joins or dies,
+// with the time each move took. The replicas are real `kshard
 // controller` processes, so what the sandbox shows is what a StatefulSet would
 // do, down to SIGTERM and SIGKILL.
 package sandbox
@@ -269,7 +270,7 @@ func (s *sandbox) run(parent context.Context) error {
 	if err := createBindings(ctx, c, sampleBindings(s.opts)); err != nil {
 		return err
 	}
-	s.out.printf("created %d ConfigBindings in namespace %s over %d domains in %s (unlabeled: the elected leader labels them and records their domains, so the API server labels later ones at create)",
+	s.out.printf("created %d ConfigBindings in namespace %s over %d domains in %s (unlabeled: the labeler labels them and records their domains, so the API server labels later ones at create)",
 		s.opts.Objects, Namespace, s.opts.Domains, since(start))
 
 	s.replicas, err = newSupervisor(supervisorOptions{

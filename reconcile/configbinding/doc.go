@@ -5,9 +5,10 @@
 //
 //   - requests carry their shard; objects are read from that shard's cache,
 //     and the shard is re-checked before every write;
-//   - external values come from a non-blocking cache: a miss or an outage is
-//     a condition with a reason (Fetching, KeyNotFound, ExternalUnavailable),
-//     and the object is requeued when the key arrives, never in a hot loop;
+//   - external values come from a non-blocking cache: a value on its way
+//     writes nothing (the object is requeued when the key arrives, never in
+//     a hot loop), a missing key or an outage is a condition with a reason
+//     (KeyNotFound, ExternalUnavailable);
 //   - the ConfigMap is written with server-side apply only when it drifted,
 //     status with a patch guarded by resourceVersion, never a full Update;
 //   - "gone from my cache" is never treated as deleted: the owner reference
