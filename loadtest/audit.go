@@ -291,10 +291,13 @@ type RelistEvidence struct {
 	// an acquisition).
 	Excess []string `json:",omitempty"`
 	// Completed is the restarted server's count of completed cluster-wide
-	// syncs by resource; Allowed what the cluster-wide informers of the
-	// audit log may sync. CountErr says why Completed could not be read.
+	// syncs by resource; Allowed what the replicas' cluster-wide informers
+	// of the audit log may sync, and Others the cluster-wide syncs other
+	// clients started (on a cluster, its controller manager's), which the
+	// server counts too. CountErr says why Completed could not be read.
 	Completed map[string]float64 `json:",omitempty"`
 	Allowed   map[string]int     `json:",omitempty"`
+	Others    map[string]int     `json:",omitempty"`
 	CountErr  string             `json:",omitempty"`
 }
 
@@ -317,9 +320,13 @@ func (w *WriteEvidence) relistCheck() (Check, bool) {
 		}
 		var counts []string
 		for _, res := range relistResources {
-			done, allowed := r.Completed[res], r.Allowed[res]
-			counts = append(counts, fmt.Sprintf("%s %.0f of %d allowed", res, done, allowed))
-			if done > float64(allowed) {
+			done, allowed, others := r.Completed[res], r.Allowed[res], r.Others[res]
+			text := fmt.Sprintf("%s %.0f of %d allowed", res, done, allowed)
+			if others > 0 {
+				text = fmt.Sprintf("%s %.0f of %d allowed (%d to the replicas, %d started by other clients)", res, done, allowed+others, allowed, others)
+			}
+			counts = append(counts, text)
+			if done > float64(allowed+others) {
 				c.Passed = false
 			}
 		}
@@ -428,7 +435,7 @@ func writeEvidence(ev evidenceFor) *WriteEvidence {
 		}
 		r := audit.CheckRelists(l, audit.RelistOptions{Ring: opts.Ring, LeaseNamespace: opts.LeaseNamespace, From: x.At, To: to})
 		re := RelistEvidence{At: x.At.Sub(ev.begin), For: to.Sub(x.At), Syncs: r.Total(), Informers: len(r.Groups),
-			Completed: x.Syncs.ByResource, Allowed: r.AllowedClusterWide, CountErr: x.CountErr}
+			Completed: x.Syncs.ByResource, Allowed: r.AllowedClusterWide, Others: r.OthersClusterWide, CountErr: x.CountErr}
 		if x.Counted.IsZero() {
 			re.CountErr = "not read: the run ended without closing the restart's window"
 		}

@@ -154,6 +154,11 @@ type Relists struct {
 	// initial events ended, so an attempt the server ends early reads as
 	// a sync here).
 	AllowedClusterWide map[string]int
+	// OthersClusterWide counts, per resource, the cluster-wide syncs other
+	// clients started in the window (a controller manager's garbage
+	// collector lists every resource): the server counts their completed
+	// syncs too, at most these.
+	OthersClusterWide map[string]int
 }
 
 // OK reports whether no informer synced more than it may.
@@ -232,10 +237,16 @@ func CheckRelists(l *APILog, opts RelistOptions) *Relists {
 			acquired[w.LeaseHolder][n] = true
 		}
 	}
-	r := &Relists{ByHolder: map[string]int{}, AllowedClusterWide: map[string]int{}}
+	r := &Relists{ByHolder: map[string]int{}, AllowedClusterWide: map[string]int{}, OthersClusterWide: map[string]int{}}
 	index := map[string]int{}
 	for _, s := range l.Syncs {
-		if s.Holder == "" || !in(s.Received) {
+		if !in(s.Received) {
+			continue
+		}
+		if s.Holder == "" {
+			if s.ClusterWide {
+				r.OthersClusterWide[s.Resource]++
+			}
 			continue
 		}
 		r.ByHolder[s.Holder]++

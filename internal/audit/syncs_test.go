@@ -86,6 +86,10 @@ func TestCheckRelists(t *testing.T) {
 	if got := r.AllowedClusterWide["configbindings"]; got != 4 {
 		t.Errorf("the cluster-wide informers may complete %d syncs of configbindings, want 4", got)
 	}
+	// kubectl's LIST in the window; the one after it is not.
+	if got := r.OthersClusterWide["configbindings"]; got != 1 {
+		t.Errorf("other clients started %d cluster-wide syncs of configbindings, want 1", got)
+	}
 }
 
 // receivedAt moves an audit event to time at.
