@@ -63,18 +63,25 @@ var (
 		Name: "kshard_ring_shard_count_mismatch",
 		Help: "1 while this replica's shard count differs from the ring's, so it claims nothing.",
 	}, []string{"ring"})
+	ringSyncs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kshard_ring_syncs_total",
+		Help: "Passes of this replica's ring coordinator: each reads every ring Lease from the cache and recomputes " +
+			"the ring and the shards to claim or release. A change of holder or membership starts one at once; " +
+			"renewals only at the next expiry or retry period.",
+	}, []string{"ring"})
 )
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
 		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch, cachesStarted,
-		shardTableDomains, shardTableFull)
+		shardTableDomains, shardTableFull, ringSyncs)
 }
 
 // ringMetrics are the metrics of one Replica, with its ring's label bound.
 type ringMetrics struct {
 	members, owned, unowned, unlabeled, labeler, mismatch prometheus.Gauge
 	tableDomains, tableFull                               prometheus.Gauge
+	syncs                                                 prometheus.Counter
 	objects                                               *prometheus.GaugeVec   // by shard
 	handovers                                             *prometheus.CounterVec // by direction and reason
 	caches                                                *prometheus.CounterVec // started, by reason
@@ -94,6 +101,7 @@ func newRingMetrics(ring string) ringMetrics {
 		mismatch:     shardCountMismatch.With(l),
 		tableDomains: shardTableDomains.With(l),
 		tableFull:    shardTableFull.With(l),
+		syncs:        ringSyncs.With(l),
 		objects:      shardObjects.MustCurryWith(l),
 		handovers:    shardHandovers.MustCurryWith(l),
 		caches:       cachesStarted.MustCurryWith(l),

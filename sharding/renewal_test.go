@@ -82,3 +82,34 @@ func TestRenewalsSpreadOverThePeriod(t *testing.T) {
 		t.Errorf("no shard of %d first renewed within half a retry period (%s) of its acquisition: the renewals keep the phase of the acquisitions: %v", shards, rc.timing.retry/2, fmt.Sprint(first))
 	}
 }
+
+// TestRenewalsStartNoRingPass: every renewal of every Lease of a ring
+// reaches every replica's Lease watch, 16 a second here (16 shards and a
+// member, renewed every second). A renewal changes no holder: the
+// coordinator notes when it saw it and reads it at its next pass, which
+// comes at the latest a retry period later. So a replica at rest passes
+// about once per retry period, not once per renewal (before, ~17 a second:
+// each pass lists every Lease and recomputes the ring).
+func TestRenewalsStartNoRingPass(t *testing.T) {
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ring := "quiet"
+	rc := ringConfig(ns, ring, "quiet-0")
+	startReplica(t, rc)
+	expectRingHeld(t, c, ns, ring, []string{"quiet-0"})
+	time.Sleep(2 * rc.timing.retry) // the acquisitions' own passes
+	before, err := gathered("kshard_ring_syncs_total", ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const window = 5 * time.Second
+	time.Sleep(window)
+	after, err := gathered("kshard_ring_syncs_total", ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewals := float64(shardsOf(ring)+1) * float64(window/rc.timing.retry)
+	if passes, bound := after-before, 3*float64(window/rc.timing.retry); passes > bound {
+		t.Errorf("the coordinator passed %.0f times in %s of %.0f renewals and no change; want at most %.0f (one per retry period, with room)", passes, window, renewals, bound)
+	}
+}
