@@ -170,26 +170,26 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 	if cores, ok := f.cores(from, time.Now()); ok {
 		res.IdleCores = cores
 	}
-	try := func(rate float64) (bool, error) {
+	// try runs a window at rate and moves the bracket's edge it decides.
+	try := func(rate float64) error {
 		w, err := r.capacityWindow(ctx, f, rate)
 		if err != nil {
-			return false, err
+			return err
 		}
 		res.Windows = append(res.Windows, w)
 		r.progress.printf("%s  %s at %.1f updates/s: p99 %s, work-queue waits within %s %s: %s",
 			r.elapsed(), f.label(), rate, fmtDur(w.P99), capacityObjective, pct(w.QueueWithin), map[bool]string{true: "held", false: "missed (" + w.Why + ")"}[w.Held])
-		return w.Held, nil
-	}
-	rate := start
-	for (res.Capacity == 0 || res.Missed == 0) && len(res.Windows) < capacityMaxWindows && rate >= capacityMinRate {
-		held, err := try(rate)
-		if err != nil {
-			return res, err
-		}
-		if held {
+		if w.Held {
 			res.Capacity = rate
 		} else {
 			res.Missed = rate
+		}
+		return nil
+	}
+	rate := start
+	for (res.Capacity == 0 || res.Missed == 0) && len(res.Windows) < capacityMaxWindows && rate >= capacityMinRate {
+		if err := try(rate); err != nil {
+			return res, err
 		}
 		switch {
 		case res.Missed == 0:
@@ -199,15 +199,8 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 		}
 	}
 	for i := 0; i < capacityBisections && res.Capacity > 0 && res.Missed > 0 && len(res.Windows) < capacityMaxWindows; i++ {
-		mid := math.Sqrt(res.Capacity * res.Missed)
-		held, err := try(mid)
-		if err != nil {
+		if err := try(math.Sqrt(res.Capacity * res.Missed)); err != nil {
 			return res, err
-		}
-		if held {
-			res.Capacity = mid
-		} else {
-			res.Missed = mid
 		}
 	}
 	res.SharesMax = f.sharesMax(time.Now())

@@ -314,14 +314,9 @@ type apiServerSample struct {
 // scrapeAPIServer reads the API server's /metrics with the load tester's
 // credentials (an admin on the control plane it starts).
 func scrapeAPIServer(ctx context.Context, rc rest.Interface) (apiServerSample, error) {
-	body, err := rc.Get().AbsPath("/metrics").Stream(ctx)
+	f, err := apiServerFamilies(ctx, rc)
 	if err != nil {
-		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
-	}
-	defer body.Close()
-	f, err := parseFamilies(body)
-	if err != nil {
-		return apiServerSample{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+		return apiServerSample{}, err
 	}
 	s, err := apiSampleOf(f)
 	if err != nil {
@@ -394,16 +389,25 @@ type serverSyncs struct {
 
 // scrapeServerSyncs reads serverSyncs from the API server's /metrics.
 func scrapeServerSyncs(ctx context.Context, rc rest.Interface) (serverSyncs, error) {
+	f, err := apiServerFamilies(ctx, rc)
+	if err != nil {
+		return serverSyncs{}, err
+	}
+	return serverSyncsOf(f)
+}
+
+// apiServerFamilies reads and parses the API server's /metrics.
+func apiServerFamilies(ctx context.Context, rc rest.Interface) (families, error) {
 	body, err := rc.Get().AbsPath("/metrics").Stream(ctx)
 	if err != nil {
-		return serverSyncs{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
 	defer body.Close()
 	f, err := parseFamilies(body)
 	if err != nil {
-		return serverSyncs{}, fmt.Errorf("reading the API server's /metrics: %w", err)
+		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
-	return serverSyncsOf(f)
+	return f, nil
 }
 
 // serverSyncsOf computes serverSyncs from one scrape. A scrape without the
