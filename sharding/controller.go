@@ -3,6 +3,7 @@ package sharding
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -29,7 +30,9 @@ func (r Request) String() string { return fmt.Sprintf("%d/%s", r.Shard, r.Namesp
 // held: a request for a shard being drained or gone is dropped, and a drain
 // waits for the shard's in-flight reconciles before the Lease is released.
 //
-// A Replica feeds one controller: a second call is an error.
+// A Replica feeds one controller: a second call is an error. Give opts a
+// RateLimiter whose longest backoff you can wait for: controller-runtime's
+// default doubles a failing object's delay up to 1,000 s.
 func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error) {
 	r.mu.Lock()
 	taken := r.controller
@@ -91,6 +94,39 @@ func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, e
 	defer cancel()
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
+	refused := new(atomic.Bool)
+	ctx = context.WithValue(ctx, refusalKey{}, refused)
+	res, err := g.reconcile(ctx, s, req)
+	if err == nil && refused.Load() && s.active() {
+		// WriteContext said no, yet the shard is still held: its hold
+		// lapsed for a moment (a renewal whose success was recorded late,
+		// a pause the renewal loop outlived) and a reconciler that
+		// returned on the refusal would leave the object behind. Retry
+		// it once the next renewal had its chance; a shard that was
+		// fenced meanwhile drops the request, its next holder lists it.
+		retry := g.r.opts.RetryPeriod / 4
+		if res.RequeueAfter == 0 || res.RequeueAfter > retry {
+			res.RequeueAfter = retry
+		}
+		g.r.metrics.refusedRetries.Inc()
+	}
+	return res, err
+}
+
+// refusalKey marks a reconcile's context so that WriteContext can tell the
+// guard that it refused one of the reconcile's writes.
+type refusalKey struct{}
+
+// noteRefusal records on a guarded reconcile's context that a write was
+// refused.
+func noteRefusal(ctx context.Context) {
+	if refused, ok := ctx.Value(refusalKey{}).(*atomic.Bool); ok {
+		refused.Store(true)
+	}
+}
+
+// reconcile runs the inner reconciler, between audit records when asked.
+func (g *guard) reconcile(ctx context.Context, s *shard, req Request) (reconcile.Result, error) {
 	if g.audit == nil {
 		return g.inner.Reconcile(ctx, req)
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zapcore"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,6 +28,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,6 +73,9 @@ func TestMain(m *testing.M) {
 	}
 	flag.Parse()
 	setDefaultParallel(defaultParallel)
+	// The managers' own errors (a reconcile that failed, a cache that
+	// could not sync) reach the test's output; their chatter does not.
+	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel), zap.StacktraceLevel(zapcore.DPanicLevel)))
 	dir, err := os.MkdirTemp("", "kshard-sharding-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -215,6 +220,7 @@ func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 type replica struct {
 	id     string
 	rep    *sharding.Replica
+	trace  *reconcileTrace
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the manager returned, with err set
 	err    error
@@ -283,11 +289,16 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	rec := &statusReconciler{rep: rep, client: mgr.GetClient()}
-	if _, err := rep.NewController("recorder", rec, controller.TypedOptions[sharding.Request]{MaxConcurrentReconciles: 4}); err != nil {
+	rec := &statusReconciler{rep: rep, client: mgr.GetClient(), trace: &reconcileTrace{}}
+	// A reconcile that failed is retried within seconds, as kshard's own
+	// controller does within --requeue-max-delay: with controller-runtime's
+	// default (up to 1,000 s) an object whose reconciles failed a dozen
+	// times on a starved machine would wait past a test's patience.
+	limiter := workqueue.NewTypedItemExponentialFailureRateLimiter[sharding.Request](5*time.Millisecond, 5*time.Second)
+	if _, err := rep.NewController("recorder", rec, controller.TypedOptions[sharding.Request]{MaxConcurrentReconciles: 4, RateLimiter: limiter}); err != nil {
 		return nil, nil, err
 	}
-	return &replica{id: rc.id, rep: rep}, mgr, nil
+	return &replica{id: rc.id, rep: rep, trace: rec.trace}, mgr, nil
 }
 
 func startReplica(t testing.TB, rc replicaConfig) *replica {
@@ -303,7 +314,14 @@ func startReplica(t testing.TB, rc replicaConfig) *replica {
 	ctx, cancel := context.WithCancel(ctrl.LoggerInto(context.Background(), zap.New(zap.UseDevMode(true))))
 	r.cancel, r.done = cancel, make(chan struct{})
 	go func() { defer close(r.done); r.err = mgr.Start(ctx) }()
-	t.Cleanup(func() { r.cancel(); <-r.done })
+	t.Cleanup(func() {
+		if t.Failed() {
+			n, unsettled := r.trace.unsettled()
+			t.Logf("replica %s reconciled %d requests; %d unsettled: %s", r.id, n, len(unsettled), strings.Join(unsettled[:min(len(unsettled), 10)], " | "))
+		}
+		r.cancel()
+		<-r.done
+	})
 	return r
 }
 
@@ -314,20 +332,33 @@ func startReplica(t testing.TB, rc replicaConfig) *replica {
 type statusReconciler struct {
 	rep    *sharding.Replica
 	client client.Client
+	trace  *reconcileTrace
 }
 
-func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) (reconcile.Result, error) {
+func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) (res reconcile.Result, err error) {
+	outcome := "patched"
+	defer func() {
+		if err != nil {
+			outcome = "error: " + err.Error()
+		}
+		r.trace.record(req, outcome)
+	}()
 	reader, ok := r.rep.Reader(req.Shard)
 	if !ok {
+		outcome = "no reader"
 		return reconcile.Result{}, nil
 	}
 	var cb configv1alpha1.ConfigBinding
 	if err := reader.Get(ctx, req.NamespacedName, &cb); err != nil {
+		if apierrors.IsNotFound(err) {
+			outcome = "not in the shard's cache"
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	// A little work, so that overlapping reconciles would have a window.
 	time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 	if cb.Status.ObservedGeneration == cb.Generation && ptr.Deref(cb.Status.Shard, -1) == req.Shard && reconciledBy(&cb) == r.rep.Identity() {
+		outcome = "current"
 		return reconcile.Result{}, nil
 	}
 	patch := client.MergeFromWithOptions(cb.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -337,21 +368,59 @@ func (r *statusReconciler) Reconcile(ctx context.Context, req sharding.Request) 
 		Reason: "Reconciled", Message: r.rep.Identity(), ObservedGeneration: cb.Generation})
 	wctx, done, ok := r.rep.WriteContext(ctx, req.Shard)
 	if !ok {
+		outcome = "may not write"
 		return reconcile.Result{}, nil
 	}
-	err := r.client.Status().Patch(wctx, &cb, patch)
+	err = r.client.Status().Patch(wctx, &cb, patch)
 	done()
 	if err != nil {
 		if apierrors.IsConflict(err) {
 			// Our cache is behind: look again when it has caught up.
+			outcome = "conflict"
 			return reconcile.Result{RequeueAfter: 250 * time.Millisecond}, nil
 		}
 		if apierrors.IsNotFound(err) {
+			outcome = "deleted"
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// reconcileTrace keeps the last outcomes of each object's reconciles in one
+// replica, so that a test that finds an object never reconciled can say
+// whether its requests arrived and what became of them.
+type reconcileTrace struct {
+	mu     sync.Mutex
+	events map[sharding.Request][]string
+}
+
+func (tr *reconcileTrace) record(req sharding.Request, outcome string) {
+	if tr == nil {
+		return
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.events == nil {
+		tr.events = map[sharding.Request][]string{}
+	}
+	evs := append(tr.events[req], time.Now().Format("15:04:05.000")+" "+outcome)
+	tr.events[req] = evs[max(0, len(evs)-6):]
+}
+
+// unsettled names the requests whose last reconcile neither wrote status
+// nor found it current, with their recent outcomes.
+func (tr *reconcileTrace) unsettled() (requests int, out []string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for req, evs := range tr.events {
+		if last := evs[len(evs)-1]; !strings.HasSuffix(last, " patched") && !strings.HasSuffix(last, " current") {
+			out = append(out, fmt.Sprintf("%s: %s", req, strings.Join(evs, "; ")))
+		}
+	}
+	sort.Strings(out)
+	return len(tr.events), out
 }
 
 // conditionReconciledBy is the test reconciler's record of who reconciled an

@@ -69,19 +69,24 @@ var (
 			"the ring and the shards to claim or release. A change of holder or membership starts one at once; " +
 			"renewals only at the next expiry or retry period.",
 	}, []string{"ring"})
+	refusedRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kshard_refused_write_retries_total",
+		Help: "Reconciles retried because WriteContext refused a write while the shard stayed held: its hold had " +
+			"lapsed for a moment (a late renewal, a pause). Rising steadily, renewals are starved: give the replica CPU.",
+	}, []string{"ring"})
 )
 
 func init() {
 	metrics.Registry.MustRegister(ringMembers, shardsOwned, shardObjects, shardHandovers,
 		shardAcquireDuration, unownedShards, unlabeledObjects, labelerLeader, shardCountMismatch, cachesStarted,
-		shardTableDomains, shardTableFull, ringSyncs)
+		shardTableDomains, shardTableFull, ringSyncs, refusedRetries)
 }
 
 // ringMetrics are the metrics of one Replica, with its ring's label bound.
 type ringMetrics struct {
 	members, owned, unowned, unlabeled, labeler, mismatch prometheus.Gauge
 	tableDomains, tableFull                               prometheus.Gauge
-	syncs                                                 prometheus.Counter
+	syncs, refusedRetries                                 prometheus.Counter
 	objects                                               *prometheus.GaugeVec   // by shard
 	handovers                                             *prometheus.CounterVec // by direction and reason
 	caches                                                *prometheus.CounterVec // started, by reason
@@ -93,18 +98,19 @@ type ringMetrics struct {
 func newRingMetrics(ring string) ringMetrics {
 	l := prometheus.Labels{"ring": ring}
 	return ringMetrics{
-		members:      ringMembers.With(l),
-		owned:        shardsOwned.With(l),
-		unowned:      unownedShards.With(l),
-		unlabeled:    unlabeledObjects.With(l),
-		labeler:      labelerLeader.With(l),
-		mismatch:     shardCountMismatch.With(l),
-		tableDomains: shardTableDomains.With(l),
-		tableFull:    shardTableFull.With(l),
-		syncs:        ringSyncs.With(l),
-		objects:      shardObjects.MustCurryWith(l),
-		handovers:    shardHandovers.MustCurryWith(l),
-		caches:       cachesStarted.MustCurryWith(l),
-		acquire:      shardAcquireDuration.With(l),
+		members:        ringMembers.With(l),
+		owned:          shardsOwned.With(l),
+		unowned:        unownedShards.With(l),
+		unlabeled:      unlabeledObjects.With(l),
+		labeler:        labelerLeader.With(l),
+		mismatch:       shardCountMismatch.With(l),
+		tableDomains:   shardTableDomains.With(l),
+		tableFull:      shardTableFull.With(l),
+		syncs:          ringSyncs.With(l),
+		refusedRetries: refusedRetries.With(l),
+		objects:        shardObjects.MustCurryWith(l),
+		handovers:      shardHandovers.MustCurryWith(l),
+		caches:         cachesStarted.MustCurryWith(l),
+		acquire:        shardAcquireDuration.With(l),
 	}
 }

@@ -464,6 +464,11 @@ func (r *Replica) Holds(n int32) bool {
 // frozen VM) delays past it is cancelled rather than sent; a write already
 // sent reaches the API server LeaseDuration − RenewDeadline before anyone
 // else may take the shard. Call cancel when the write returned.
+//
+// A reconciler that is refused returns without an error: when the shard is
+// still held (its hold only lapsed for a moment), the sharded controller
+// retries the request within a quarter of the retry period; when it is not,
+// the request is dropped and the shard's next holder lists the object.
 func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, context.CancelFunc, bool) {
 	s := r.shard(n)
 	if s == nil {
@@ -471,6 +476,7 @@ func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, c
 	}
 	until, ok := s.holdUntil(time.Now())
 	if !ok {
+		noteRefusal(ctx)
 		return ctx, func() {}, false
 	}
 	wctx, cancel := context.WithDeadline(ctx, until)

@@ -2,6 +2,7 @@ package externaldomain
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -62,7 +63,7 @@ func (s *syncer) tryWrite(ctx context.Context, failure error) error {
 		}
 		wctx, done, ok := s.m.opts.Shards.WriteContext(ctx, s.shard)
 		if !ok {
-			return errLost
+			return refused(ctx)
 		}
 		err := c.Create(wctx, obj)
 		done()
@@ -84,7 +85,7 @@ func (s *syncer) tryWrite(ctx context.Context, failure error) error {
 	}
 	wctx, done, ok := s.m.opts.Shards.WriteContext(ctx, s.shard)
 	if !ok {
-		return errLost
+		return refused(ctx)
 	}
 	err := c.Status().Update(wctx, updated)
 	done()
@@ -160,4 +161,20 @@ func statusEqual(a, b *configv1alpha1.ExternalDomainStatus) bool {
 		}
 	}
 	return true
+}
+
+// errHoldLapsed is a write WriteContext refused while the loop still runs.
+var errHoldLapsed = errors.New("the shard's hold lapsed before the write; writing again after a backoff")
+
+// refused says what a write that WriteContext refused means. The shard's
+// release stops its loops (DropShard cancels ctx) before the Lease goes:
+// until then the shard is still held and its hold only lapsed for a moment
+// (a renewal whose success was recorded late, a pause the renewal loop
+// outlived), so the write is tried again rather than the domain given up,
+// which left its mirror unwritten until a binding of it next reconciled.
+func refused(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return errLost
+	}
+	return errHoldLapsed
 }

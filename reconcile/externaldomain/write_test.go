@@ -57,3 +57,26 @@ func TestDesiredStatus(t *testing.T) {
 		t.Fatalf("unavailable status %+v", st)
 	}
 }
+
+// refuser is a shard runtime whose hold has lapsed: it refuses every write.
+type refuser struct{ holder }
+
+func (refuser) WriteContext(ctx context.Context, _ int32) (context.Context, context.CancelFunc, bool) {
+	return ctx, func() {}, false
+}
+
+// TestRefusedWriteKeepsTheLoop: a write that WriteContext refuses while the
+// loop runs is retried (errHoldLapsed), not taken for the shard's end
+// (errLost), which stopped the domain's loop while its shard was still held;
+// once the release stopped the loop (ctx done) it is.
+func TestRefusedWriteKeepsTheLoop(t *testing.T) {
+	s := &syncer{m: &Mirror{opts: Options{Shards: refuser{}}}, shard: 3, domain: "d"}
+	if err := s.write(context.Background(), nil); !errors.Is(err, errHoldLapsed) {
+		t.Fatalf("a refused write of a running loop returned %v, want errHoldLapsed", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.write(ctx, nil); !errors.Is(err, errLost) {
+		t.Fatalf("a refused write of a stopped loop returned %v, want errLost", err)
+	}
+}
