@@ -8,6 +8,11 @@ BIN := $(CURDIR)/bin
 # A user's own KUBEBUILDER_ASSETS wins; otherwise the control plane we build.
 export KUBEBUILDER_ASSETS ?= $(BIN)/k8s
 CONTROLLER_GEN := $(BIN)/controller-gen
+# promtool and promql-selectors, built from the pinned Prometheus module
+# (hack/prometheus): the tests of the alert rules and shipped queries run
+# them from here.
+export PROMTOOL := $(BIN)/promtool
+export PROMQL_SELECTORS := $(BIN)/promql-selectors
 # -ldflags=-w: no DWARF in the test binaries. Nothing in a test run reads it
 # (stack traces and race reports use the symbol table), and writing it is
 # about a quarter of each race-instrumented binary's link (1.5 of 6 CPU
@@ -62,20 +67,21 @@ run: controlplane ## Start the local sandbox (control plane, config center, thre
 	$(BIN)/kshard-dev $(RUN_ARGS)
 
 .PHONY: test
-test: controlplane-if-needed ## Run every test with the race detector against a real control plane.
+test: controlplane-if-needed prometheus-tools ## Run every test with the race detector against a real control plane.
 	go vet ./...
 	$(call go_test)
 
 .PHONY: test-unit
-test-unit: ## The fast lane while editing: tests that need no control plane (-short), with the race detector.
+test-unit: prometheus-tools ## The fast lane while editing: tests that need no control plane (-short), with the race detector.
 	$(call go_test,-short)
 
 .PHONY: lint
-lint: ## gofmt check of every Go file; go vet of the main module and hack/controlplane/etcd.
+lint: ## gofmt check of every Go file; go vet of the main module, hack/controlplane/etcd and hack/prometheus.
 	@files=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	if [[ -n $$files ]]; then echo "not gofmt-clean:"; echo "$$files"; exit 1; fi
 	go vet ./...
 	cd hack/controlplane/etcd && go vet ./...
+	cd hack/prometheus && go vet ./...
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
@@ -102,6 +108,15 @@ controlplane-if-needed:
 	@if [[ "$${USE_EXISTING_CLUSTER:-}" == true ]]; then echo "using the cluster of the current kubeconfig"; \
 	elif [[ "$(KUBEBUILDER_ASSETS)" != "$(BIN)/k8s" ]]; then echo "using KUBEBUILDER_ASSETS=$(KUBEBUILDER_ASSETS)"; \
 	else $(MAKE) --no-print-directory controlplane; fi
+
+.PHONY: prometheus-tools
+prometheus-tools: $(PROMTOOL) $(PROMQL_SELECTORS) ## Build promtool and promql-selectors from the pinned Prometheus module into bin/.
+
+$(PROMTOOL): hack/prometheus/go.mod
+	cd hack/prometheus && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
+
+$(PROMQL_SELECTORS): hack/prometheus/go.mod $(wildcard hack/prometheus/cmd/promql-selectors/*.go)
+	cd hack/prometheus && go build -o $@ ./cmd/promql-selectors
 
 $(CONTROLLER_GEN): hack/tools/go.mod
 	cd hack/tools && go build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen

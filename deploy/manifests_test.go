@@ -443,35 +443,6 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
-// referencedMetrics lists the metric names that the alerts, the dashboard
-// and the autoscalers query and that a kshard replica must export.
-func referencedMetrics(t testing.TB) []string {
-	t.Helper()
-	var text strings.Builder
-	for _, folder := range []string{"monitoring", "autoscaling", "autoscaling/keda", "metrics-adapter"} {
-		for _, o := range build(t, folder) {
-			b, err := json.Marshal(o.Object)
-			if err != nil {
-				t.Fatal(err)
-			}
-			text.Write(b)
-		}
-	}
-	names := map[string]bool{}
-	for _, m := range regexp.MustCompile(`\b(?:kshard|controller_runtime|workqueue|process|go)_[a-z_]+`).FindAllString(text.String(), -1) {
-		names[m] = true
-	}
-	// Not exported by kshard: the name prometheus-adapter and
-	// kshard-metrics-adapter serve.
-	delete(names, "kshard_objects_held")
-	out := make([]string, 0, len(names))
-	for n := range names {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // TestMemoryLimitReachesReplica: the base's kshard container has a memory
 // limit and hands it to the replica (MEMORY_LIMIT from the downward API,
 // read by --memory-limit), which sizes the Go soft limit and the external
