@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -313,7 +314,7 @@ func (s *sandbox) run(parent context.Context) error {
 		"  go run ./cmd/kshard status --kubeconfig %s\n"+
 		"  tail -f %s\n"+
 		"  curl -s %s/v1/domains/%s/keys/%s",
-		s.kubeconfig, s.kubeconfig, filepath.Join(s.opts.Dir, "kshard-*.log"),
+		shown(s.kubeconfig), shown(s.kubeconfig), shown(filepath.Join(s.opts.Dir, "kshard-*.log")),
 		center.URL(), configcenter.SeedDomain(0), configcenter.SeedKey(0))
 	var timeout <-chan time.Time
 	if s.opts.Duration > 0 {
@@ -360,4 +361,19 @@ func round(d time.Duration) time.Duration {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(100 * time.Millisecond)
+}
+
+// shown is a path as the sandbox prints it for the user to paste: relative
+// to the working directory (where make run was typed) when it lies under
+// it, so that what it prints reads the same on every machine.
+func shown(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	rel, err := filepath.Rel(wd, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return path
+	}
+	return rel
 }
