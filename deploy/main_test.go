@@ -155,7 +155,7 @@ const fieldOwner = "kshard-deploy-test"
 
 // folders are the kustomize folders users apply, in an order in which each
 // one's namespace exists before it is applied.
-var folders = []string{"crd", "base", "configcenter", "kind", "node", "monitoring", "autoscaling", "autoscaling/keda",
+var folders = []string{"crd", "base", "configcenter", "kind", "node", "node-prometheus", "monitoring", "autoscaling", "autoscaling/keda",
 	"metrics-adapter", "autoscaling-adapter"}
 
 func deployDir(t testing.TB) string {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Writes the images `make cluster` imports, as docker archives, without a
 # container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
-# configcenter binaries, user 65532, like the Dockerfile's distroless image)
-# and the pause image (bin/node/pause, built from the Kubernetes module's C
+# configcenter binaries, user 65532, like the Dockerfile's distroless image),
+# prometheus:dev and the pause image (bin/node/pause, built from the Kubernetes module's C
 # source by hack/node/build.sh). $1 is the bin folder (default bin/).
 set -euo pipefail
 
@@ -19,6 +19,12 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 "$bin/image/image" -tag kshard:dev -o "$bin/images/kshard.tar" -user 65532:65532 -entrypoint /kshard \
 	-add "/kshard=$bin/image/kshard" -add "/kshard-metrics-adapter=$bin/image/kshard-metrics-adapter" \
 	-add "/configcenter=$bin/image/configcenter"
+# prometheus:dev, for deploy/node-prometheus: Prometheus from the pinned
+# module (hack/prometheus), static, no web UI assets (the API is what the
+# end-to-end suite reads).
+(cd "$repo/hack/prometheus" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+"$bin/image/image" -tag prometheus:dev -o "$bin/images/prometheus.tar" -user 65532:65532 -entrypoint /bin/prometheus \
+	-add "/bin/prometheus=$bin/image/prometheus"
 # registry.k8s.io/pause is the name containerd's sandbox_image gives; it is
 # imported, never pulled. 65535 is upstream's pause user.
 "$bin/image/image" -tag registry.k8s.io/pause:3.10.2 -o "$bin/images/pause.tar" -user 65535:65535 -entrypoint /pause \

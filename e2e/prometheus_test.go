@@ -1,0 +1,388 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kshard/kshard/sharding"
+)
+
+// The node's Prometheus (deploy/node-prometheus).
+const (
+	monitoringNamespace = "monitoring"
+	prometheusService   = "prometheus-k8s"
+	// metricsServiceName is the name the replicas' metrics certificate is
+	// valid for and Prometheus verifies (deploy/monitoring's ServiceMonitor).
+	metricsServiceName = "kshard-metrics.kshard-system.svc"
+)
+
+// installMetricsCert makes what cert-manager makes with deploy/metrics-cert:
+// Secret kshard-metrics-cert (tls.crt, tls.key and ca.crt of a CA of its
+// own) for the metrics Service's name, which the e2e overlay mounts into the
+// replicas (--metrics-cert-dir). It returns the CA, PEM, for Prometheus.
+func (s *suite) installMetricsCert(ctx context.Context, t *testing.T) []byte {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kshard e2e metrics CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: metricsServiceName},
+		DNSNames: []string{metricsServiceName}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	s.ensureNamespace(ctx, t, systemNamespace)
+	s.put(ctx, t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: systemNamespace, Name: "kshard-metrics-cert"},
+		Type: corev1.SecretTypeTLS, Data: map[string][]byte{
+			"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}),
+			"tls.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+			"ca.crt":  caPEM,
+		}})
+	return caPEM
+}
+
+func (s *suite) ensureNamespace(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	_, err := s.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating namespace %s: %v", name, err)
+	}
+}
+
+// put creates a Secret or ConfigMap, or replaces the one there.
+func (s *suite) put(ctx context.Context, t *testing.T, obj interface {
+	GetNamespace() string
+	GetName() string
+}) {
+	t.Helper()
+	var err error
+	switch o := obj.(type) {
+	case *corev1.Secret:
+		if _, err = s.cs.CoreV1().Secrets(o.Namespace).Create(ctx, o, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			_, err = s.cs.CoreV1().Secrets(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+		}
+	case *corev1.ConfigMap:
+		if _, err = s.cs.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+			_, err = s.cs.CoreV1().ConfigMaps(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+		}
+	default:
+		t.Fatalf("put: %T", obj)
+	}
+	if err != nil {
+		t.Fatalf("writing %s/%s: %v", obj.GetNamespace(), obj.GetName(), err)
+	}
+}
+
+// shippedRules is deploy/monitoring's PrometheusRule as the rule file
+// Prometheus loads: its groups.
+func (s *suite) shippedRules(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.repo, "deploy", "monitoring", "prometheusrule.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule struct {
+		Spec struct {
+			Groups []any `json:"groups"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &rule); err != nil || len(rule.Spec.Groups) == 0 {
+		t.Fatalf("deploy/monitoring/prometheusrule.yaml: %d groups (%v)", len(rule.Spec.Groups), err)
+	}
+	out, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// installPrometheus runs deploy/node-prometheus with the shipped rules and
+// the replicas' CA, and waits until it scrapes every replica: over TLS
+// verified for the metrics Service's name, with its token, which the
+// replicas accept only for an identity bound to kshard-metrics-reader.
+func (s *suite) installPrometheus(ctx context.Context, t *testing.T, caPEM []byte, replicas int) {
+	t.Helper()
+	start := time.Now()
+	s.ensureNamespace(ctx, t, monitoringNamespace)
+	s.put(ctx, t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: monitoringNamespace, Name: "kshard-rules"},
+		Data: map[string]string{"kshard.yaml": s.shippedRules(t)}})
+	s.put(ctx, t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: monitoringNamespace, Name: "kshard-metrics-ca"},
+		Data: map[string]string{"ca.crt": string(caPEM)}})
+	s.run(ctx, t, "apply", "--server-side", "-k", filepath.Join(s.repo, "deploy", "node-prometheus"))
+	// A new CA or rules: the pod reads them at start.
+	s.run(ctx, t, "-n", monitoringNamespace, "rollout", "restart", "deployment/prometheus")
+	s.run(ctx, t, "-n", monitoringNamespace, "rollout", "status", "deployment/prometheus", "--timeout=5m")
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		up, err := s.promQuery(ctx, `up{job="kshard-metrics"} == 1`)
+		return err == nil && len(up) == replicas, nil
+	})
+	if err != nil {
+		targets, _ := s.promGet(ctx, "/api/v1/targets", nil)
+		t.Fatalf("Prometheus does not scrape all %d replicas: %v\n%s", replicas, err, targets)
+	}
+	rules, err := s.promGet(ctx, "/api/v1/rules", map[string]string{"type": "alert"})
+	if err != nil || strings.Count(rules, `"type":"alerting"`) < 9 {
+		t.Fatalf("Prometheus has not loaded the shipped alerts (%v): %s", err, rules)
+	}
+	t.Logf("Prometheus scrapes all %d replicas (TLS verified, its token) and evaluates the shipped alerts, %s after it was applied",
+		replicas, time.Since(start).Round(time.Second))
+}
+
+// promGet calls Prometheus's HTTP API through the API server's service
+// proxy (the node's pod network is not routed to the host).
+func (s *suite) promGet(ctx context.Context, path string, params map[string]string) (string, error) {
+	b, err := s.cs.CoreV1().Services(monitoringNamespace).ProxyGet("http", prometheusService, "9090", path, params).DoRaw(ctx)
+	return string(b), err
+}
+
+// sample is one series of an instant or range query.
+type sample struct {
+	Metric map[string]string `json:"metric"`
+	Value  [2]any            `json:"value"`  // an instant query's
+	Values [][2]any          `json:"values"` // a range query's
+}
+
+// promQuery runs an instant query and returns its series.
+func (s *suite) promQuery(ctx context.Context, q string) ([]sample, error) {
+	return s.promData(ctx, "/api/v1/query", map[string]string{"query": q})
+}
+
+func (s *suite) promData(ctx context.Context, path string, params map[string]string) ([]sample, error) {
+	body, err := s.promGet(ctx, path, params)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+		Data   struct {
+			Result []sample `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(body), &resp); err != nil {
+		return nil, fmt.Errorf("prometheus %s: %w: %s", path, err, body)
+	}
+	if resp.Status != "success" {
+		return nil, fmt.Errorf("prometheus %s %v: %s", path, params, resp.Error)
+	}
+	return resp.Data.Result, nil
+}
+
+// alertStates reads, from Prometheus's own ALERTS series, when an alert was
+// pending or firing between from and to: the raw samples (one per
+// evaluation), by their own timestamps, not a range query's steps, which
+// would repeat a sample from before from.
+func (s *suite) alertStates(ctx context.Context, alert string, from, to time.Time) (map[string][]time.Time, error) {
+	window := to.Sub(from).Truncate(time.Second) + time.Second
+	series, err := s.promData(ctx, "/api/v1/query", map[string]string{
+		"query": fmt.Sprintf(`ALERTS{alertname=%q}[%ds]`, alert, int(window.Seconds())),
+		"time":  strconv.FormatFloat(float64(to.UnixMilli())/1000, 'f', 3, 64),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]time.Time{}
+	for _, sr := range series {
+		for _, v := range sr.Values {
+			if ts, ok := v[0].(float64); ok && !time.UnixMilli(int64(ts*1000)).Before(from) {
+				out[sr.Metric["alertstate"]] = append(out[sr.Metric["alertstate"]], time.UnixMilli(int64(ts*1000)))
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkUnownedAlert: during a takeover the unowned-shards alert, its two
+// minutes not reached, never fired, and once the shards are held again it is
+// resolved; whether an evaluation saw the shards unowned (they are for about
+// a second) is reported.
+func (s *suite) checkUnownedAlert(ctx context.Context, t *testing.T, killed time.Time) {
+	t.Helper()
+	const alert = "KshardUnownedShards"
+	var states map[string][]time.Time
+	// Resolved: no ALERTS sample any more. Prometheus evaluates every
+	// second; a few evaluations settle it.
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		now, err := s.promQuery(ctx, fmt.Sprintf(`ALERTS{alertname=%q}`, alert))
+		return err == nil && len(now) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s is still active after the takeover: %v", alert, err)
+	}
+	resolvedBy := time.Now()
+	if states, err = s.alertStates(ctx, alert, killed, resolvedBy); err != nil {
+		t.Fatal(err)
+	}
+	if len(states["firing"]) > 0 {
+		t.Errorf("%s fired during a takeover of seconds: %v", alert, states["firing"])
+	}
+	pending := states["pending"]
+	if len(pending) == 0 {
+		t.Logf("%s did not go pending: the shards were unowned for less than a scrape and an evaluation", alert)
+		return
+	}
+	t.Logf("%s pending from %s to %s after the kill (%d evaluations), resolved before %s",
+		alert, pending[0].Sub(killed).Round(100*time.Millisecond), pending[len(pending)-1].Sub(killed).Round(100*time.Millisecond),
+		len(pending), resolvedBy.Sub(killed).Round(time.Second))
+}
+
+// dashboardQueries are the dashboard's main panels, as Grafana sends them
+// for namespace kshard-system: each returns data on a running ring.
+var dashboardQueries = map[string]string{
+	"Shards owned per replica": `sum by (pod) (kshard_shards_owned{job="kshard-metrics", namespace="kshard-system"})`,
+	"Unowned shards":           `max(kshard_unowned_shards{job="kshard-metrics", namespace="kshard-system"})`,
+	"Objects per replica":      `sum by (pod) (kshard_shard_objects{job="kshard-metrics", namespace="kshard-system"})`,
+	"Reconcile rate":           `sum by (pod) (rate(controller_runtime_reconcile_total{job="kshard-metrics", namespace="kshard-system", controller="configbinding"}[1m]))`,
+	"Work-queue wait":          `histogram_quantile(0.99, sum by (le) (rate(workqueue_queue_duration_seconds_bucket{job="kshard-metrics", namespace="kshard-system", name="configbinding"}[1m])))`,
+	"Cache lookups by result":  `sum by (result) (rate(kshard_externalcache_requests_total{job="kshard-metrics", namespace="kshard-system"}[1m]))`,
+	"External calls by code":   `sum by (code) (rate(kshard_external_calls_total{job="kshard-metrics", namespace="kshard-system"}[1m]))`,
+	"Memory":                   `sum by (pod) (process_resident_memory_bytes{job="kshard-metrics", namespace="kshard-system"})`,
+}
+
+// checkDashboard: every main panel's query returns series from the real
+// Prometheus, and the shards owned add up to the ring's.
+func (s *suite) checkDashboard(ctx context.Context, t *testing.T) {
+	t.Helper()
+	for panel, q := range dashboardQueries {
+		var got []sample
+		err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			var err error
+			got, err = s.promQuery(ctx, q)
+			return err == nil && len(got) > 0, nil
+		})
+		if err != nil {
+			t.Errorf("dashboard panel %q has no data: %v\n  %s", panel, err, q)
+		}
+	}
+	owned, err := s.promQuery(ctx, `sum(kshard_shards_owned{job="kshard-metrics", namespace="kshard-system"})`)
+	if err != nil || len(owned) != 1 {
+		t.Fatalf("sum of shards owned: %v %v", owned, err)
+	}
+	if owned[0].Value[1] != strconv.Itoa(int(shards)) {
+		t.Errorf("Prometheus sums %v shards owned, the ring has %d", owned[0].Value[1], shards)
+	}
+	t.Logf("the dashboard's %d main queries return data; Prometheus sums %v shards owned", len(dashboardQueries), owned[0].Value[1])
+}
+
+// testUnownedAlert: shards unowned for longer than a scrape make the
+// unowned-shards alert go pending in the real Prometheus, and holding them
+// again resolves it. A takeover after a crash leaves shards unowned for
+// about a second (the sigkill step reports whether an evaluation caught
+// it), so the outage is made on purpose: a member Lease of a replica that
+// runs nothing (kshard-9: a replica hung with only its member renewal
+// alive), which the ring gives shards its holders release and nobody
+// claims, for as long as the suite renews it.
+func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
+	ctx := stepContext(t, 10*time.Minute)
+	const alert, ghost = "KshardUnownedShards", statefulSet + "-9"
+	leases := s.cs.CoordinationV1().Leases(systemNamespace)
+	name := sharding.MemberLeaseName(ring, ghost)
+	now := metav1.NewMicroTime(time.Now())
+	member := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: systemNamespace,
+			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindMember},
+			Annotations: map[string]string{sharding.AnnotationShards: strconv.Itoa(int(shards))}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(sharding.HolderIdentity(ghost, "e2e")),
+			LeaseDurationSeconds: ptr.To(int32(leaseDuration.Seconds())), AcquireTime: &now, RenewTime: &now},
+	}
+	if _, err := leases.Create(ctx, member, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating the member Lease of %s: %v", ghost, err)
+	}
+	joined := time.Now()
+	left := false
+	leave := func() {
+		if !left {
+			left = true
+			if err := leases.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting the member Lease of %s: %v", ghost, err)
+			}
+		}
+	}
+	t.Cleanup(leave)
+	renew := func(ctx context.Context) error {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(time.Now()))
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	}
+	var pendingAt time.Time
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := renew(ctx); err != nil {
+			return false, err
+		}
+		got, err := s.promQuery(ctx, fmt.Sprintf(`ALERTS{alertname=%q, alertstate="pending"}`, alert))
+		if err == nil && len(got) > 0 {
+			pendingAt = time.Now()
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		unowned, _ := s.promQuery(ctx, `max(kshard_unowned_shards{job="kshard-metrics"})`)
+		t.Fatalf("%s did not go pending while %s held a ring place and ran nothing: %v (unowned shards: %v)", alert, ghost, err, unowned)
+	}
+	leave()
+	left2 := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := s.promQuery(ctx, fmt.Sprintf(`ALERTS{alertname=%q}`, alert))
+		return err == nil && len(got) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%s still active after %s left the ring: %v", alert, ghost, err)
+	}
+	resolved := time.Now()
+	states, err := s.alertStates(ctx, alert, joined, resolved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(states["firing"]) > 0 {
+		t.Errorf("%s fired within %s of the outage, before its 2 minutes", alert, resolved.Sub(joined).Round(time.Second))
+	}
+	s.settle(ctx, t, 3)
+	t.Logf("%s joined the ring and ran nothing: %s pending %s later (%d evaluations pending in all); %s left, and the alert was resolved %s after",
+		ghost, alert, pendingAt.Sub(joined).Round(100*time.Millisecond), len(states["pending"]), ghost, resolved.Sub(left2).Round(100*time.Millisecond))
+}
