@@ -13,6 +13,11 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # them from here.
 export PROMTOOL := $(BIN)/promtool
 export PROMQL_SELECTORS := $(BIN)/promql-selectors
+# Prometheus's own build tags for leaving out every service discovery but
+# Kubernetes's (the cloud SDKs): on an empty build cache promtool,
+# promql-selectors and the node's Prometheus compile in 3 min 32 s with them
+# against 9 min 28 s without (hack/image/build.sh uses the same).
+PROMETHEUS_TAGS := remove_all_sd,enable_kubernetes_sd
 # -ldflags=-w: no DWARF in the test binaries. Nothing in a test run reads it
 # (stack traces and race reports use the symbol table), and writing it is
 # about a quarter of each race-instrumented binary's link (1.5 of 6 CPU
@@ -113,10 +118,10 @@ controlplane-if-needed:
 prometheus-tools: $(PROMTOOL) $(PROMQL_SELECTORS) ## Build promtool and promql-selectors from the pinned Prometheus module into bin/.
 
 $(PROMTOOL): hack/prometheus/go.mod
-	cd hack/prometheus && go build -o $@ github.com/prometheus/prometheus/cmd/promtool
+	cd hack/prometheus && go build -tags $(PROMETHEUS_TAGS) -o $@ github.com/prometheus/prometheus/cmd/promtool
 
 $(PROMQL_SELECTORS): hack/prometheus/go.mod $(wildcard hack/prometheus/cmd/promql-selectors/*.go)
-	cd hack/prometheus && go build -o $@ ./cmd/promql-selectors
+	cd hack/prometheus && go build -tags $(PROMETHEUS_TAGS) -o $@ ./cmd/promql-selectors
 
 $(CONTROLLER_GEN): hack/tools/go.mod
 	cd hack/tools && go build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen
