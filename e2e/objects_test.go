@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,8 +81,18 @@ func (s *suite) createObjects(ctx context.Context, t *testing.T) {
 					Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: objectName(i)},
 				},
 			}
-			if err := s.c.Create(gctx, cb); err != nil {
-				return fmt.Errorf("creating %s/%s: %w", cb.Namespace, cb.Name, err)
+			var err error
+			werr := wait.PollUntilContextTimeout(gctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				switch err = s.c.Create(ctx, cb.DeepCopy()); {
+				case err == nil || apierrors.IsAlreadyExists(err):
+					return true, nil
+				case schemaNotReady(err):
+					return false, nil
+				}
+				return false, err
+			})
+			if werr != nil {
+				return fmt.Errorf("creating %s/%s: %w (last: %v)", cb.Namespace, cb.Name, werr, err)
 			}
 			return nil
 		})
@@ -153,4 +164,12 @@ func (ch *churn) stop() int {
 	ch.cancel()
 	ch.done.Wait()
 	return ch.updates
+}
+
+// schemaNotReady is the API server's refusal of a kind whose CRD it has
+// just created: Established, yet for moments its field manager has no schema
+// for it and a create fails with "Resource kind … not found" (seen on a fresh
+// node right after the installation, for some of 32 concurrent creates).
+func schemaNotReady(err error) bool {
+	return meta.IsNoMatchError(err) || strings.Contains(err.Error(), "There can be a delay between when CustomResourceDefinitions are created")
 }

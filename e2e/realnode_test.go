@@ -23,7 +23,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/audit"
-	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
@@ -89,17 +88,6 @@ func testDeploy(t *testing.T, s *suite, _ *recorder) {
 	var err error
 	if s.c, err = client.New(s.cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
 		t.Fatal(err)
-	}
-	// Established is not enough: for moments after it the API server still
-	// refuses to create the kind ("Resource kind … not found"), until the
-	// CRD's schema has reached its field manager. A dry run tells.
-	probe := &configv1alpha1.ConfigBinding{ObjectMeta: metav1.ObjectMeta{Namespace: systemNamespace, Name: "e2e-probe"},
-		Spec: configv1alpha1.ConfigBindingSpec{Domain: configcenter.SeedDomain(0), Keys: []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(configcenter.SeedKey(0))},
-			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: "e2e-probe"}}}
-	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		return s.c.Create(ctx, probe.DeepCopy(), client.DryRunAll) == nil, nil
-	}); err != nil {
-		t.Fatalf("the API server does not create ConfigBindings: %v", s.c.Create(ctx, probe.DeepCopy(), client.DryRunAll))
 	}
 	s.run(ctx, t, "-n", systemNamespace, "rollout", "status", "deployment/configcenter", "--timeout=5m")
 	s.scaleTo(ctx, t, 3)
