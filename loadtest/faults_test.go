@@ -171,7 +171,7 @@ func TestRingWatchClockOffset(t *testing.T) {
 	ahead := testProcess(t0, 30*time.Second, true)   // kshard-0's first process
 	behind := testProcess(t0, -30*time.Second, true) // kshard-1's
 	procs := map[string][]*instance{"kshard-0": {ahead}, "kshard-1": {behind}}
-	w := newRingState(Ring, func(replica string, at time.Time) *instance {
+	w := newRingState(Ring, sharding.DefaultShards, func(replica string, at time.Time) *instance {
 		var newest *instance
 		for _, in := range procs[replica] {
 			if !in.proc.startTime().After(at) {
@@ -230,7 +230,7 @@ func TestRingWatchClockOffset(t *testing.T) {
 func TestRingPoll(t *testing.T) {
 	now := time.Now()
 	proc := testProcess(now.Add(-time.Minute), 0, true)
-	w := newRingState(Ring, func(string, time.Time) *instance { return proc })
+	w := newRingState(Ring, sharding.DefaultShards, func(string, time.Time) *instance { return proc })
 	lease := func(rv, holder string) *coordinationv1.Lease {
 		l := shardLeaseObject(0, holder, now, now)
 		l.ResourceVersion = rv

@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -31,6 +32,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/internal/shardwrites"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -97,7 +99,7 @@ type fencing struct {
 // Cluster-scoped objects get the namespace as a name suffix, so that they
 // do not clash with a kshard installed on the cluster.
 func (r *run) installFencing(ctx context.Context) (*fencing, error) {
-	objs, err := fencingObjects(LeaseNamespace, Ring)
+	objs, err := fencingObjects(LeaseNamespace, Ring, r.opts.Shards)
 	if err != nil {
 		return nil, fmt.Errorf("building deploy/base's fencing: %w", err)
 	}
@@ -137,7 +139,7 @@ func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 // fencingObjects builds deploy/base with the mirror component into
 // namespace ns and returns its objects of fencingKinds, renamed for ns and
 // ring.
-func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
+func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return nil, err
@@ -185,7 +187,23 @@ func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
 			// when: not what the load tester measures.
 			continue
 		}
-		if err := renameFor(o, ns, ring); err != nil {
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			// deploy/base binds its 64 shards; the run's count is bound
+			// below, as `kshard fencing --shards` writes them.
+			continue
+		}
+		if err := renameFor(o, ns, ring, shards); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+		out = append(out, o)
+	}
+	for _, b := range shardwrites.Bindings(baseRing, ns, shards) {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&b)
+		if err != nil {
+			return nil, fmt.Errorf("binding %s: %w", b.Name, err)
+		}
+		o := &unstructured.Unstructured{Object: m}
+		if err := renameFor(o, ns, ring, shards); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 		out = append(out, o)
@@ -197,7 +215,7 @@ func fencingObjects(ns, ring string) ([]*unstructured.Unstructured, error) {
 // what kustomize's `namespace:` leaves to the user (the user name in the
 // policy's CEL; the bindings' params, which `kshard fencing --ring
 // --lease-namespace` would write).
-func renameFor(o *unstructured.Unstructured, ns, ring string) error {
+func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) error {
 	switch o.GetKind() {
 	case "ClusterRole":
 		o.SetName(o.GetName() + "-" + ns)
@@ -265,7 +283,7 @@ func renameFor(o *unstructured.Unstructured, ns, ring string) error {
 			return err
 		}
 		lease, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
-		n, ok := sharding.ParseShardLeaseName(baseRing, lease, sharding.DefaultShards)
+		n, ok := sharding.ParseShardLeaseName(baseRing, lease, shards)
 		if !ok {
 			return fmt.Errorf("its param %q is no shard Lease of ring %s", lease, baseRing)
 		}

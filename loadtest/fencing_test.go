@@ -20,53 +20,57 @@ func TestFencingObjects(t *testing.T) {
 	if _, err := controlplane.RepoRoot(); err != nil {
 		t.Skip(err)
 	}
-	objs, err := fencingObjects(LeaseNamespace, Ring)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]int{}
-	params := map[string]bool{}
-	for _, o := range objs {
-		kinds[o.GetKind()]++
-		switch o.GetKind() {
-		case "ValidatingAdmissionPolicy":
-			if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace {
-				t.Errorf("policy %s", o.GetName())
-			}
-			conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
-			if len(conds) == 0 || !strings.Contains(conds[0].(map[string]any)["expression"].(string), "'"+serviceAccountUser(LeaseNamespace, replicaServiceAccount)+"'") {
-				t.Errorf("policy's match conditions %v: want the load tester's ServiceAccount", conds)
-			}
-		case "ValidatingAdmissionPolicyBinding":
-			policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
-			name, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
-			ns, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace")
-			if policy != audit.FencingPolicy+"-"+LeaseNamespace || ns != LeaseNamespace {
-				t.Errorf("binding %s: policy %s, params in %s", o.GetName(), policy, ns)
-			}
-			params[name] = true
-		case "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
-			if o.GetNamespace() != "" || !strings.HasSuffix(o.GetName(), "-"+LeaseNamespace) {
-				t.Errorf("%s %s/%s: want cluster-scoped, named for %s", o.GetKind(), o.GetNamespace(), o.GetName(), LeaseNamespace)
-			}
-			if ns, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ns != LeaseNamespace {
-				t.Errorf("shard-label binding's table in %s, want %s", ns, LeaseNamespace)
-			}
-		case "ClusterRoleBinding", "RoleBinding":
-			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
-			for _, s := range subjects {
-				if m := s.(map[string]any); m["namespace"] != LeaseNamespace {
-					t.Errorf("%s %s binds %v", o.GetKind(), o.GetName(), m)
+	// The run's shard count, not deploy/base's: a ring of 16 is fenced by
+	// 16 bindings.
+	for _, shards := range []int32{sharding.DefaultShards, 16} {
+		objs, err := fencingObjects(LeaseNamespace, Ring, shards)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds := map[string]int{}
+		params := map[string]bool{}
+		for _, o := range objs {
+			kinds[o.GetKind()]++
+			switch o.GetKind() {
+			case "ValidatingAdmissionPolicy":
+				if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace {
+					t.Errorf("policy %s", o.GetName())
+				}
+				conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
+				if len(conds) == 0 || !strings.Contains(conds[0].(map[string]any)["expression"].(string), "'"+serviceAccountUser(LeaseNamespace, replicaServiceAccount)+"'") {
+					t.Errorf("policy's match conditions %v: want the load tester's ServiceAccount", conds)
+				}
+			case "ValidatingAdmissionPolicyBinding":
+				policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+				name, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
+				ns, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace")
+				if policy != audit.FencingPolicy+"-"+LeaseNamespace || ns != LeaseNamespace {
+					t.Errorf("binding %s: policy %s, params in %s", o.GetName(), policy, ns)
+				}
+				params[name] = true
+			case "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
+				if o.GetNamespace() != "" || !strings.HasSuffix(o.GetName(), "-"+LeaseNamespace) {
+					t.Errorf("%s %s/%s: want cluster-scoped, named for %s", o.GetKind(), o.GetNamespace(), o.GetName(), LeaseNamespace)
+				}
+				if ns, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ns != LeaseNamespace {
+					t.Errorf("shard-label binding's table in %s, want %s", ns, LeaseNamespace)
+				}
+			case "ClusterRoleBinding", "RoleBinding":
+				subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+				for _, s := range subjects {
+					if m := s.(map[string]any); m["namespace"] != LeaseNamespace {
+						t.Errorf("%s %s binds %v", o.GetKind(), o.GetName(), m)
+					}
 				}
 			}
 		}
-	}
-	for n := range sharding.DefaultShards {
-		if !params[sharding.ShardLeaseName(Ring, n)] {
-			t.Errorf("no binding takes Lease %s", sharding.ShardLeaseName(Ring, n))
+		for n := range shards {
+			if !params[sharding.ShardLeaseName(Ring, n)] {
+				t.Errorf("no binding takes Lease %s", sharding.ShardLeaseName(Ring, n))
+			}
 		}
-	}
-	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
-		t.Errorf("objects by kind %v", kinds)
+		if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ValidatingAdmissionPolicyBinding"] != int(shards) || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
+			t.Errorf("objects by kind %v", kinds)
+		}
 	}
 }

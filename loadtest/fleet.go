@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -442,7 +443,7 @@ func (f *fleet) start(s *slot) error {
 	args := replicaArgs(f.mode, replicaConfig{
 		kubeconfig: kubeconfig, id: s.id, centerURL: f.r.centerURL,
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
-		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
+		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod, shards: o.Shards,
 		memoryLimit: limit, clockOffset: in.clockOffset,
 		pprofAddr: s.pprofAddr, extra: o.ReplicaArgs,
 	})
@@ -471,6 +472,8 @@ type replicaConfig struct {
 	// none.
 	audit                                     string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
+	// shards is --shards, which a plain mode, having no ring, does not get.
+	shards int32
 	// memoryLimit is --memory-limit, empty for none; clockOffset is
 	// --lease-clock-offset, a fault. Neither reaches a plain mode, which has
 	// no such flag.
@@ -510,6 +513,7 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 	args := append([]string{"controller"}, common...)
 	args = append(args,
 		"--ring", Ring,
+		"--shards", strconv.Itoa(int(c.shards)),
 		"--statefulset", StatefulSet,
 		"--audit-log", c.audit,
 	)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/sharding"
 )
 
 // TestChecksWithoutDataFail: a check with nothing to decide on fails as
@@ -68,7 +70,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 // or a 0 B read as a measurement.
 func TestEmptyResultsSayNoData(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{objects: map[string]*objectState{}}}
+	r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}}
 	f := &fleet{mode: ModeSharded, sizes: []int{2}, started: t0, stopped: t0.Add(time.Minute), loadFrom: t0.Add(10 * time.Second), loadTo: t0.Add(50 * time.Second),
 		apiStart: apiServerSample{At: t0}, startEvent: EventResult{Name: "start of sharded ×2"},
 		slots: []*slot{
@@ -163,7 +165,7 @@ func TestMissingFamiliesAreNoData(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	result := func(s replicaSample) *FleetResult {
 		s.At = t0.Add(30 * time.Second)
-		r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{objects: map[string]*objectState{}}}
+		r := &run{opts: Options{MemoryLimit: "512Mi"}, tracker: &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}}
 		return r.fleetResult(&fleet{mode: ModeSharded, sizes: []int{1}, started: t0, stopped: t0.Add(time.Minute),
 			slots: []*slot{{id: "kshard-0", instances: []*instance{{proc: &container{done: make(chan struct{})}, samples: []replicaSample{s}}}}}})
 	}

@@ -86,6 +86,11 @@ type Options struct {
 	// LeaseDuration, RenewDeadline and RetryPeriod are passed to every
 	// replica. Default: the sharding package's defaults (15s, 10s, 5s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Shards is the ring's shard count: passed to every replica (--shards),
+	// bound as that many fencing bindings, and what the ring and label
+	// checks judge by. On a StatefulSet the pods' --shards is read instead.
+	// Default: the sharding package's (64).
+	Shards int32
 	// ChaosInterval is the time between crashes in the chaos scenario.
 	// Default 30s.
 	ChaosInterval time.Duration
@@ -264,6 +269,9 @@ func (o *Options) setDefaults(sc *scenario) error {
 	}
 	setInt(&o.ValueBytes, 256)
 	setDuration(&o.Latency, 5*time.Millisecond)
+	if o.Shards == 0 {
+		o.Shards = sharding.DefaultShards
+	}
 	setDuration(&o.LeaseDuration, sharding.DefaultLeaseDuration)
 	setDuration(&o.RenewDeadline, sharding.DefaultRenewDeadline)
 	setDuration(&o.RetryPeriod, sharding.DefaultRetryPeriod)
@@ -319,6 +327,7 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.KeysPerObject < 1 || o.KeysPerObject > 64, "keys per object %d must be within 1..64 (the API's limit)", o.KeysPerObject)
 	check(o.KeysPerDomain <= o.KeysPerObject, "keys per domain %d must exceed keys per object %d, so that an update can change an object's keys", o.KeysPerDomain, o.KeysPerObject)
 	check(o.Replicas < 1 || o.Replicas > 64, "replicas %d must be within 1..64", o.Replicas)
+	check(o.Shards < 1 || o.Shards > 4096, "shards %d must be within 1..4096", o.Shards)
 	check(!finite(o.CreateRate) || o.CreateRate <= 0, "create rate %v must be a positive number of objects per second", o.CreateRate)
 	check(!finite(o.UpdateRate) || o.UpdateRate < 0, "update rate %v must be a non-negative number of updates per object per second", o.UpdateRate)
 	check(o.Skew != SkewUniform && o.Skew != SkewZipf, "skew %q must be %q or %q", o.Skew, SkewUniform, SkewZipf)

@@ -261,6 +261,14 @@ func (t *podTarget) readTemplate(sts *appsv1.StatefulSet, o *Options) error {
 			*p = d
 		}
 	}
+	o.Shards = sharding.DefaultShards // kshard controller's default
+	if v, ok := flags["shards"]; ok {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 1 {
+			return fmt.Errorf("container %s: --shards %q is not a shard count", c.Name, v)
+		}
+		o.Shards = int32(n)
+	}
 	port := "8443"
 	if addr, ok := flags["metrics-bind-address"]; ok {
 		_, port, _ = net.SplitHostPort(addr)

@@ -689,7 +689,7 @@ func (r *run) newReport(ctx context.Context) *Report {
 	default:
 		set("API server audit log", r.apiAuditLog+", read by the write check")
 	}
-	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; 64 shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod))
+	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; %d shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, o.Shards))
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}

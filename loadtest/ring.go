@@ -49,8 +49,9 @@ const ringPoll = 100 * time.Millisecond
 // process's offset and subtracts it, so every time it keeps is the machine's
 // clock, the one the audit logs and the load tester use.
 type ringWatch struct {
-	// ring names the ring whose Leases it follows.
-	ring string
+	// ring names the ring whose Leases it follows, of count shards.
+	ring  string
+	count int32
 	// processOf finds the newest process of a replica started at or before
 	// a time: the process behind a holder identity first seen then.
 	processOf func(replica string, at time.Time) *instance
@@ -140,8 +141,8 @@ type ownershipPoint struct {
 const unowned = "<unowned>"
 
 // newRingWatch follows the Leases of ring in namespace ns.
-func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, processOf func(string, time.Time) *instance, byHolder func(string) *instance) (*ringWatch, error) {
-	w := newRingState(ring, processOf)
+func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, count int32, processOf func(string, time.Time) *instance, byHolder func(string) *instance) (*ringWatch, error) {
+	w := newRingState(ring, count, processOf)
 	w.byHolder = byHolder
 	c, err := cache.New(cfg, cache.Options{
 		Scheme:            replica.Scheme(),
@@ -186,8 +187,8 @@ func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, proces
 }
 
 // newRingState is a ring watch with nothing seen yet, not watching.
-func newRingState(ring string, processOf func(string, time.Time) *instance) *ringWatch {
-	return &ringWatch{ring: ring, processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
+func newRingState(ring string, count int32, processOf func(string, time.Time) *instance) *ringWatch {
+	return &ringWatch{ring: ring, count: count, processOf: processOf, shards: map[int32]shardLease{}, members: map[string]memberLease{}, unownedSince: map[int32]time.Time{},
 		holderHistory: map[int32][]holderChange{}, writers: map[string]*instance{}, lastHolder: map[string]string{}, version: map[string]uint64{}}
 }
 
@@ -326,7 +327,7 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 			w.members[name] = st
 		}
 	case sharding.LeaseKindShard:
-		n, ok := sharding.ParseShardLeaseName(w.ring, l.Name, sharding.DefaultShards)
+		n, ok := sharding.ParseShardLeaseName(w.ring, l.Name, w.count)
 		if !ok {
 			return
 		}
@@ -369,7 +370,7 @@ func (w *ringWatch) tick(now time.Time) {
 		w.guarded++
 	}
 	count := map[string]int{}
-	for n := range sharding.DefaultShards {
+	for n := range w.count {
 		h := w.owner(n, now)
 		if h == "" {
 			count[unowned]++
@@ -476,7 +477,7 @@ func (w *ringWatch) holdersNow(now time.Time) map[int32]string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := map[int32]string{}
-	for n := range sharding.DefaultShards {
+	for n := range w.count {
 		if h := w.owner(n, now); h != "" {
 			out[n] = h
 		}
@@ -529,10 +530,10 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 	if len(members) == 0 {
 		return false, "no running live member", nil
 	}
-	ring := sharding.NewRing(sharding.DefaultShards, members)
+	ring := sharding.NewRing(w.count, members)
 	moved = map[int32]movedShard{}
 	var unownedShards, wrong []int32
-	for n := range sharding.DefaultShards {
+	for n := range w.count {
 		h := w.owner(n, now)
 		switch {
 		case h == "":

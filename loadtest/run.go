@@ -285,14 +285,14 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.startCenter(ctx); err != nil {
 		return nil, err
 	}
-	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig)); err != nil {
+	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig), r.opts.Shards); err != nil {
 		return nil, err
 	}
 	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
 	if r.pods != nil {
 		ns, ring, byHolder = r.pods.namespace, r.pods.ring, r.instanceOfHolder
 	}
-	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.processOf, byHolder); err != nil {
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.opts.Shards, r.processOf, byHolder); err != nil {
 		return nil, err
 	}
 	r.audit = newAuditTail()

@@ -110,8 +110,9 @@ func init() {
 	register(&scenario{
 		name: "basic",
 		pods: true,
-		doc: "A sharded fleet (default 3 replicas) starts; the objects are created at the create rate (the elected " +
-			"leader labels them, their shards' holders reconcile them); then spec updates run for the duration. " +
+		doc: "A sharded fleet (default 3 replicas) starts; the objects are created at the create rate (labeled at " +
+			"CREATE by the API server, or by the labeler for a domain new to the shard table; their shards' holders " +
+			"reconcile them); then spec updates run for the duration. " +
 			"The steady-state baseline the other scenarios are read against.",
 		run: func(ctx context.Context, r *run) error {
 			f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)

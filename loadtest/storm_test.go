@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/sharding"
 )
 
 func TestCeilingRate(t *testing.T) {
@@ -128,7 +129,7 @@ func TestHoldersAt(t *testing.T) {
 }
 
 func TestLabelLatenciesPerFleet(t *testing.T) {
-	tr := &tracker{objects: map[string]*objectState{}}
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
 	t0 := time.Now()
 	unlabeled := func(name string) *configv1alpha1.ConfigBinding {
 		cb := binding(1, 0, false, "")

@@ -49,6 +49,8 @@ type latencySample struct {
 // was seen Ready completes when any later generation is Ready, as a reader
 // of the status would see it.
 type tracker struct {
+	// shards is the ring's shard count, which the objects' labels name.
+	shards  int32
 	mu      sync.Mutex
 	objects map[string]*objectState
 	samples []latencySample
@@ -100,8 +102,8 @@ type pendingWrite struct {
 
 // newTracker starts watching the ConfigBindings of the load tester's
 // namespace.
-func newTracker(ctx context.Context, cfg *rest.Config) (*tracker, error) {
-	t := &tracker{objects: map[string]*objectState{}}
+func newTracker(ctx context.Context, cfg *rest.Config, shards int32) (*tracker, error) {
+	t := &tracker{objects: map[string]*objectState{}, shards: shards}
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &syncCounter{next: rt, n: &t.ownSyncs} })
 	c, err := cache.New(cfg, cache.Options{
@@ -224,7 +226,7 @@ func (t *tracker) observe(obj any) {
 	s.generation = max(s.generation, cb.Generation)
 	was := s.shard
 	s.shard = -1
-	if n, ok := sharding.ParseShardLabel(cb.Labels, sharding.DefaultShards); ok {
+	if n, ok := sharding.ParseShardLabel(cb.Labels, t.shards); ok {
 		s.shard = n
 	}
 	if was < 0 && s.shard >= 0 && (!s.createdAt.IsZero() || s.seenUnlabeled) {

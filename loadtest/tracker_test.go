@@ -8,6 +8,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/reconcile/configbinding"
+	"github.com/kshard/kshard/sharding"
 )
 
 // binding is a ConfigBinding as the watch shows it: at generation gen, its
@@ -25,7 +26,7 @@ func binding(gen, observed int64, ready bool, reason string) *configv1alpha1.Con
 }
 
 func TestTrackerLatency(t *testing.T) {
-	tr := &tracker{objects: map[string]*objectState{}}
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
 	t0 := time.Now()
 	// Created at generation 1, seen Ready at 1.
 	tr.wrote("ns/x", 1, t0, writeCreate)
@@ -77,7 +78,7 @@ func TestTrackerLatency(t *testing.T) {
 const reasonNotReady = "Fetching"
 
 func TestTrackerFlaps(t *testing.T) {
-	tr := &tracker{objects: map[string]*objectState{}}
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
 	t0 := time.Now()
 	tr.observe(binding(1, 1, true, configbinding.ReasonSynced))
 	// A spec change: the stale True for generation 1, then Fetching for 2,

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +66,11 @@ func run() int {
 	fs.DurationVar(&o.OutageAfter, "outage-after", 0, "config-center outage start, into each measured phase (external-outage: duration/3)")
 	fs.DurationVar(&o.OutageFor, "outage-for", 0, "config-center outage length; 0 means none (external-outage: duration/3)")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", 0, "replicas' lease duration, whole seconds (default 15s)")
+	fs.Func("shards", "the ring's shard count, passed to every replica and fenced shard by shard (default 64); on --statefulset the pods' --shards is read instead", func(v string) error {
+		n, err := strconv.ParseInt(v, 10, 32)
+		o.Shards = int32(n)
+		return err
+	})
 	fs.DurationVar(&o.RenewDeadline, "renew-deadline", 0, "replicas' renew deadline (default 10s)")
 	fs.DurationVar(&o.RetryPeriod, "retry-period", 0, "replicas' Lease renewal period (default 5s)")
 	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between faults, from the settle after the last one (default 30s)")

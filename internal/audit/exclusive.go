@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kshard/kshard/internal/shardwrites"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -18,7 +19,7 @@ var ShardWriteResources = []string{"configmaps", "configbindings/status", "exter
 
 // FencingPolicy prefixes the name of the admission policy that refuses a
 // write by a replica that does not hold the shard's Lease (deploy/base).
-const FencingPolicy = "kshard-shard-writes"
+const FencingPolicy = shardwrites.Policy
 
 // CheckOptions say which Leases grant which shards.
 type CheckOptions struct {
