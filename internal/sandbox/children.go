@@ -206,7 +206,7 @@ func (s *supervisor) reap(r *replica, cmd *exec.Cmd, done chan struct{}) {
 	s.opts.Log.V(2).Info("Replica exited", "replica", r.id, "pid", cmd.Process.Pid, "err", err)
 	if unexpected && s.opts.OnUnexpected != nil {
 		s.opts.OnUnexpected(fmt.Errorf("replica %s (pid %d) exited on its own (%v); the end of %s:\n%s",
-			r.id, cmd.Process.Pid, childproc.ExitText(err), r.logPath, childproc.Tail(r.logPath, 20)))
+			r.id, cmd.Process.Pid, childproc.ExitText(err), shown(r.logPath), childproc.Tail(r.logPath, 20)))
 	}
 }
 

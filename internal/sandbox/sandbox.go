@@ -226,7 +226,7 @@ func (s *sandbox) run(parent context.Context) error {
 			s.out.printf("stopping the control plane: %v", err)
 		}
 	}()
-	s.out.printf("control plane ready in %s, ConfigBinding CRD installed; kubeconfig %s", since(start), s.kubeconfig)
+	s.out.printf("control plane ready in %s, ConfigBinding CRD installed; kubeconfig %s", since(start), shown(s.kubeconfig))
 	if err := context.Cause(ctx); ctx.Err() != nil {
 		return err
 	}
@@ -298,7 +298,7 @@ func (s *sandbox) run(parent context.Context) error {
 		if err := s.replicas.start(r); err != nil {
 			return err
 		}
-		s.out.printf("started %s (pid %d): metrics http://%s/metrics, log %s", r.id, r.pid(), r.metricsAddr, r.logPath)
+		s.out.printf("started %s (pid %d): metrics http://%s/metrics, log %s", r.id, r.pid(), r.metricsAddr, shown(r.logPath))
 	}
 
 	v := newViewer(s, c)
