@@ -257,6 +257,24 @@ func (s *suite) checkUnownedAlert(ctx context.Context, t *testing.T, killed time
 	if len(states["firing"]) > 0 {
 		t.Errorf("%s fired during a takeover of seconds: %v", alert, states["firing"])
 	}
+	// Which replicas reported shards unowned, and when: the evidence
+	// behind each pending evaluation.
+	window := int(resolvedBy.Sub(killed).Seconds()) + 1
+	if series, err := s.promData(ctx, "/api/v1/query", map[string]string{
+		"query": fmt.Sprintf(`kshard_unowned_shards{job="kshard-metrics"}[%ds]`, window),
+		"time":  strconv.FormatFloat(float64(resolvedBy.UnixMilli())/1000, 'f', 3, 64)}); err == nil {
+		for _, sr := range series {
+			var up []string
+			for _, v := range sr.Values {
+				if ts, ok := v[0].(float64); ok && v[1] != "0" {
+					up = append(up, fmt.Sprintf("%v at %s", v[1], time.UnixMilli(int64(ts*1000)).Sub(killed).Round(100*time.Millisecond)))
+				}
+			}
+			if len(up) > 0 {
+				t.Logf("%s reported unowned shards after the kill: %s", sr.Metric["pod"], strings.Join(up, ", "))
+			}
+		}
+	}
 	pending := states["pending"]
 	if len(pending) == 0 {
 		t.Logf("%s did not go pending: the shards were unowned for less than a scrape and an evaluation", alert)
