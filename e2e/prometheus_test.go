@@ -13,6 +13,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kshard/kshard/sharding"
@@ -90,24 +92,12 @@ func (s *suite) ensureNamespace(ctx context.Context, t *testing.T, name string) 
 	}
 }
 
-// put creates a Secret or ConfigMap, or replaces the one there.
-func (s *suite) put(ctx context.Context, t *testing.T, obj interface {
-	GetNamespace() string
-	GetName() string
-}) {
+// put creates an object, or replaces the one there.
+func (s *suite) put(ctx context.Context, t *testing.T, obj client.Object) {
 	t.Helper()
-	var err error
-	switch o := obj.(type) {
-	case *corev1.Secret:
-		if _, err = s.cs.CoreV1().Secrets(o.Namespace).Create(ctx, o, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-			_, err = s.cs.CoreV1().Secrets(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		}
-	case *corev1.ConfigMap:
-		if _, err = s.cs.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-			_, err = s.cs.CoreV1().ConfigMaps(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
-		}
-	default:
-		t.Fatalf("put: %T", obj)
+	err := s.c.Create(ctx, obj)
+	if apierrors.IsAlreadyExists(err) {
+		err = s.c.Update(ctx, obj)
 	}
 	if err != nil {
 		t.Fatalf("writing %s/%s: %v", obj.GetNamespace(), obj.GetName(), err)
@@ -285,32 +275,62 @@ func (s *suite) checkUnownedAlert(ctx context.Context, t *testing.T, killed time
 		len(pending), resolvedBy.Sub(killed).Round(time.Second))
 }
 
-// dashboardQueries are the dashboard's main panels, as Grafana sends them
-// for namespace kshard-system: each returns data on a running ring.
-var dashboardQueries = map[string]string{
-	"Shards owned per replica": `sum by (pod) (kshard_shards_owned{job="kshard-metrics", namespace="kshard-system"})`,
-	"Unowned shards":           `max(kshard_unowned_shards{job="kshard-metrics", namespace="kshard-system"})`,
-	"Objects per replica":      `sum by (pod) (kshard_shard_objects{job="kshard-metrics", namespace="kshard-system"})`,
-	"Reconcile rate":           `sum by (pod) (rate(controller_runtime_reconcile_total{job="kshard-metrics", namespace="kshard-system", controller="configbinding"}[1m]))`,
-	"Work-queue wait":          `histogram_quantile(0.99, sum by (le) (rate(workqueue_queue_duration_seconds_bucket{job="kshard-metrics", namespace="kshard-system", name="configbinding"}[1m])))`,
-	"Cache lookups by result":  `sum by (result) (rate(kshard_externalcache_requests_total{job="kshard-metrics", namespace="kshard-system"}[1m]))`,
-	"External calls by code":   `sum by (code) (rate(kshard_external_calls_total{job="kshard-metrics", namespace="kshard-system"}[1m]))`,
-	"Memory":                   `sum by (pod) (process_resident_memory_bytes{job="kshard-metrics", namespace="kshard-system"})`,
+// mainPanels are the dashboard panels whose every query must return data on
+// a running ring.
+var mainPanels = []string{"Shards owned per replica", "Unowned shards", "Objects per replica", "Reconcile rate",
+	"Work-queue wait", "Cache lookups by result", "External calls by code", "Memory"}
+
+// dashboardQueries reads the queries of the main panels from the shipped
+// dashboard, as Grafana sends them for namespace kshard-system.
+func (s *suite) dashboardQueries(t *testing.T) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.repo, "deploy", "monitoring", "kshard-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("kshard-dashboard.json: %v", err)
+	}
+	variables := strings.NewReplacer("$namespace", systemNamespace, "$__rate_interval", "1m")
+	out := map[string][]string{}
+	for _, p := range dash.Panels {
+		if slices.Contains(mainPanels, p.Title) {
+			for _, target := range p.Targets {
+				out[p.Title] = append(out[p.Title], variables.Replace(target.Expr))
+			}
+		}
+	}
+	for _, title := range mainPanels {
+		if len(out[title]) == 0 {
+			t.Fatalf("the dashboard has no panel %q with a query", title)
+		}
+	}
+	return out
 }
 
-// checkDashboard: every main panel's query returns series from the real
-// Prometheus, and the shards owned add up to the ring's.
+// checkDashboard: every query of the dashboard's main panels returns series
+// from the real Prometheus, and the shards owned add up to the ring's.
 func (s *suite) checkDashboard(ctx context.Context, t *testing.T) {
 	t.Helper()
-	for panel, q := range dashboardQueries {
-		var got []sample
-		err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			var err error
-			got, err = s.promQuery(ctx, q)
-			return err == nil && len(got) > 0, nil
-		})
-		if err != nil {
-			t.Errorf("dashboard panel %q has no data: %v\n  %s", panel, err, q)
+	queries := 0
+	for panel, qs := range s.dashboardQueries(t) {
+		for _, q := range qs {
+			queries++
+			err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+				got, err := s.promQuery(ctx, q)
+				return err == nil && len(got) > 0, nil
+			})
+			if err != nil {
+				t.Errorf("dashboard panel %q has no data: %v\n  %s", panel, err, q)
+			}
 		}
 	}
 	owned, err := s.promQuery(ctx, `sum(kshard_shards_owned{job="kshard-metrics", namespace="kshard-system"})`)
@@ -320,7 +340,8 @@ func (s *suite) checkDashboard(ctx context.Context, t *testing.T) {
 	if owned[0].Value[1] != strconv.Itoa(int(shards)) {
 		t.Errorf("Prometheus sums %v shards owned, the ring has %d", owned[0].Value[1], shards)
 	}
-	t.Logf("the dashboard's %d main queries return data; Prometheus sums %v shards owned", len(dashboardQueries), owned[0].Value[1])
+	t.Logf("the %d queries of the dashboard's %d main panels return data; Prometheus sums %v shards owned",
+		queries, len(mainPanels), owned[0].Value[1])
 }
 
 // testUnownedAlert: shards unowned for longer than a scrape make the
@@ -384,7 +405,7 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 		t.Fatalf("%s did not go pending while %s held a ring place and ran nothing: %v (unowned shards: %v)", alert, ghost, err, unowned)
 	}
 	leave()
-	left2 := time.Now()
+	leftAt := time.Now()
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		got, err := s.promQuery(ctx, fmt.Sprintf(`ALERTS{alertname=%q}`, alert))
 		return err == nil && len(got) == 0, nil
@@ -402,5 +423,5 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 	}
 	s.settle(ctx, t, 3)
 	t.Logf("%s joined the ring and ran nothing: %s pending %s later (%d evaluations pending in all); %s left, and the alert was resolved %s after",
-		ghost, alert, pendingAt.Sub(joined).Round(100*time.Millisecond), len(states["pending"]), ghost, resolved.Sub(left2).Round(100*time.Millisecond))
+		ghost, alert, pendingAt.Sub(joined).Round(100*time.Millisecond), len(states["pending"]), ghost, resolved.Sub(leftAt).Round(100*time.Millisecond))
 }

@@ -184,8 +184,9 @@ type replicaSample struct {
 	// ExternalCalls counts the replica's calls to the config center.
 	ExternalCalls float64
 	// Unlabeled is kshard_unlabeled_objects: the objects waiting for the
-	// elected labeler's shard label, as the labeler's watch counts them. Only
-	// the labeler (the replica holding the labeler Lease) sets it; the others export 0; -1 when not exported.
+	// labeler's shard label, as its watch counts them. Only the labeler (the
+	// replica holding the labeler Lease) sets it; the others export 0; -1
+	// when not exported.
 	Unlabeled float64
 	// Caches counts the informer caches the replica started, by reason
 	// (kshard_caches_started_total): each is one initial sync of

@@ -290,9 +290,9 @@ func (r *Replica) coordinate(ctx context.Context) {
 func (r *Replica) sync(ctx context.Context) time.Duration {
 	r.metrics.syncs.Inc()
 	var list coordinationv1.LeaseList
-	// Without deep copies: sync runs on every Lease event (each renewal of
-	// each shard, by any member), and readLeases only reads the cached
-	// Leases, keeping none of them.
+	// Without deep copies: sync runs on every change of holder or member,
+	// at every expiry and every retry period, and readLeases only reads the
+	// cached Leases, keeping none of them.
 	if err := r.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		r.log.Error(err, "Listing ring Leases")
 		return r.opts.RetryPeriod
