@@ -45,6 +45,7 @@ func TestRealNode(t *testing.T) {
 		{"unowned-alert", testUnownedAlert},
 		{"faults", testFaults},
 		{"hpa", testHPA},
+		{"keda", testKEDA},
 	}
 	var rec *recorder
 	for _, st := range steps {
@@ -300,26 +301,34 @@ func testHPA(t *testing.T, s *suite, rec *recorder) {
 	}
 	t.Logf("custom metrics API, %s after the apply: kshard_objects_held %v", time.Since(applied).Round(time.Second), held)
 
-	since := time.Now()
-	s.waitDesired(ctx, t, 5)
-	t.Logf("the HPA scaled the StatefulSet to 5 replicas %s after the metric was served: %s", time.Since(since).Round(time.Second), s.hpaStatus(ctx, t))
+	s.autoscale(ctx, t, rec, statefulSet, objectNamespaces/2, time.Now(), "the metric was served")
+}
+
+// autoscale: the HPA named hpa sets the StatefulSet, at 3 replicas, to 5 on
+// the objects there, and back to 3, the minimum, after the namespaces from
+// keep on are deleted; each time the ring settles, every shard handed over
+// with a release, and the two pods that go exit cleanly. The times are
+// reported from since, when what happened.
+func (s *suite) autoscale(ctx context.Context, t *testing.T, rec *recorder, hpa string, keep int, since time.Time, what string) {
+	t.Helper()
+	s.waitDesired(ctx, t, hpa, 5)
+	t.Logf("the HPA scaled the StatefulSet to 5 replicas %s after %s: %s", time.Since(since).Round(time.Second), what, s.hpaStatus(ctx, hpa))
 	s.scaleTo(ctx, t, 5)
 	s.settle(ctx, t, 5)
-	t.Logf("ring of 5 settled %s after the metric was served", time.Since(since).Round(time.Second))
-	checkHandovers(t, rec, since, "HPA scale up")
+	t.Logf("ring of 5 settled %s after %s", time.Since(since).Round(time.Second), what)
+	checkHandovers(t, rec, since, hpa+" scale up")
 
-	// Half the objects go: 1,000 ask for 3 replicas, the minimum.
 	since = time.Now()
-	for i := objectNamespaces / 2; i < objectNamespaces; i++ {
-		s.run(ctx, t, "delete", "namespace", objectNamespace(i), "--wait=true", "--timeout=5m")
+	for i := keep; i < objectNamespaces; i++ {
+		s.run(ctx, t, "delete", "namespace", objectNamespace(i), "--wait=true", "--timeout=5m", "--ignore-not-found")
 	}
 	deleted := time.Now()
-	s.waitDesired(ctx, t, 3)
-	t.Logf("half the objects deleted in %s; the HPA scaled the StatefulSet to 3 replicas %s after the deletion (stabilization window 30 s): %s",
-		deleted.Sub(since).Round(time.Second), time.Since(deleted).Round(time.Second), s.hpaStatus(ctx, t))
+	s.waitDesired(ctx, t, hpa, 3)
+	t.Logf("objects deleted in %s; the HPA scaled the StatefulSet to 3 replicas %s after the deletion (stabilization window 30 s): %s",
+		deleted.Sub(since).Round(time.Second), time.Since(deleted).Round(time.Second), s.hpaStatus(ctx, hpa))
 	s.scaleTo(ctx, t, 3)
 	s.settle(ctx, t, 3)
-	checkHandovers(t, rec, since, "HPA scale down")
+	checkHandovers(t, rec, since, hpa+" scale down")
 	checkExits(t, rec, since, 2)
 }
 
@@ -350,8 +359,9 @@ func (s *suite) objectsHeld(ctx context.Context) (map[string]int64, error) {
 	return out, nil
 }
 
-// waitDesired waits until the HPA has set the StatefulSet's replicas to want.
-func (s *suite) waitDesired(ctx context.Context, t *testing.T, want int32) {
+// waitDesired waits until the HPA named hpa has set the StatefulSet's
+// replicas to want.
+func (s *suite) waitDesired(ctx context.Context, t *testing.T, hpa string, want int32) {
 	t.Helper()
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		var sts appsv1.StatefulSet
@@ -361,14 +371,15 @@ func (s *suite) waitDesired(ctx context.Context, t *testing.T, want int32) {
 		return ptr.Deref(sts.Spec.Replicas, 0) == want, nil
 	})
 	if err != nil {
-		t.Fatalf("the HPA did not set %d replicas: %v; %s", want, err, s.hpaStatus(context.Background(), t))
+		t.Fatalf("the HPA did not set %d replicas: %v; %s", want, err, s.hpaStatus(context.Background(), hpa))
 	}
 }
 
-// hpaStatus is the HPA's current metric, desired replicas and conditions.
-func (s *suite) hpaStatus(ctx context.Context, t *testing.T) string {
-	out, err := s.runErr(ctx, "-n", systemNamespace, "get", "hpa", statefulSet, "-o",
-		`jsonpath=current {.status.currentMetrics[0].pods.current.averageValue} per replica, desired {.status.desiredReplicas}, {range .status.conditions[*]}{.type}={.status} ({.reason}) {end}`)
+// hpaStatus is the current metric, desired replicas and conditions of the
+// HPA named name.
+func (s *suite) hpaStatus(ctx context.Context, name string) string {
+	out, err := s.runErr(ctx, "-n", systemNamespace, "get", "hpa", name, "-o",
+		`jsonpath=current {.status.currentMetrics[0]}, desired {.status.desiredReplicas}, {range .status.conditions[*]}{.type}={.status} ({.reason}) {end}`)
 	if err != nil {
 		return err.Error()
 	}

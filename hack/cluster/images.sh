@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Imports the image archives of bin/images (kshard:dev and pause, written by
-# `make node-images`) into the node's containerd, in the k8s.io namespace the
-# kubelet uses. node.sh runs it at start; `make cluster-images` runs it again
+# Imports the image archives of bin/images (kshard:dev, prometheus:dev,
+# keda:dev and pause, written by `make node-images`) into the node's
+# containerd, in the k8s.io namespace the kubelet uses. node.sh runs it at start; `make cluster-images` runs it again
 # on a running cluster after a rebuild (then restart the pods to use it).
 set -euo pipefail
 

@@ -2,7 +2,8 @@
 # Writes the images `make cluster` imports, as docker archives, without a
 # container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
 # configcenter binaries, user 65532, like the Dockerfile's distroless image),
-# prometheus:dev and the pause image (bin/node/pause, built from the Kubernetes module's C
+# prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
+# e2e/keda) and the pause image (bin/node/pause, built from the Kubernetes module's C
 # source by hack/node/build.sh). $1 is the bin folder (default bin/).
 set -euo pipefail
 
@@ -27,6 +28,20 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 	-o "$bin/image/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
 "$bin/image/image" -tag prometheus:dev -o "$bin/images/prometheus.tar" -user 65532:65532 -entrypoint /bin/prometheus \
 	-add "/bin/prometheus=$bin/image/prometheus"
+# keda:dev, for e2e/keda: KEDA's operator (/keda) and external-metrics server
+# (/keda-adapter) from the pinned module (hack/keda), static, as KEDA's own
+# Dockerfiles build them; and the module's config/minimal (CRDs, RBAC, the
+# two Deployments, the APIService: no admission webhooks) rendered into
+# bin/keda, which e2e/keda patches for the node.
+(cd "$repo/hack/keda" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/keda/" \
+	github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter)
+"$bin/image/image" -tag keda:dev -o "$bin/images/keda.tar" -user 65532:65532 -entrypoint /keda \
+	-add "/keda=$bin/image/keda/operator" -add "/keda-adapter=$bin/image/keda/adapter"
+keda=$(cd "$repo/hack/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+mkdir -p "$bin/keda"
+"$bin/node/kubectl" kustomize "$keda/config/minimal" >"$bin/keda/keda.yaml"
+printf '%s\n' "# KEDA's config/minimal at the version hack/keda pins, written by hack/image/build.sh." \
+	"apiVersion: kustomize.config.k8s.io/v1beta1" "kind: Kustomization" "resources:" "- keda.yaml" >"$bin/keda/kustomization.yaml"
 # registry.k8s.io/pause is the name containerd's sandbox_image gives; it is
 # imported, never pulled. 65535 is upstream's pause user.
 "$bin/image/image" -tag registry.k8s.io/pause:3.10.2 -o "$bin/images/pause.tar" -user 65535:65535 -entrypoint /pause \
