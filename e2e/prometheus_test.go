@@ -345,11 +345,12 @@ func (s *suite) checkDashboard(ctx context.Context, t *testing.T) {
 }
 
 // testUnownedAlert: shards unowned for longer than a scrape make the
-// unowned-shards alert go pending in the real Prometheus, and holding them
-// again resolves it. A takeover after a crash leaves shards unowned for
-// about a second (the sigkill step reports whether an evaluation caught
-// it), so the outage is made on purpose: a member Lease of a replica that
-// runs nothing (kshard-9: a replica hung with only its member renewal
+// unowned-shards alert go pending in the real Prometheus, fire once its two
+// minutes have passed, with the shipped labels and annotations, and holding
+// the shards again resolves it. A takeover after a crash leaves shards
+// unowned for about a second (the sigkill step reports whether an evaluation
+// caught it), so the outage is made on purpose: a member Lease of a replica
+// that runs nothing (kshard-9: a replica hung with only its member renewal
 // alive), which the ring gives shards its holders release and nobody
 // claims, for as long as the suite renews it.
 func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
@@ -388,21 +389,24 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 		return err
 	}
-	var pendingAt time.Time
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	// The ghost stays until the alert fires: two minutes after it went
+	// pending, and a little more.
+	var firing *promAlert
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if err := renew(ctx); err != nil {
 			return false, err
 		}
-		got, err := s.promQuery(ctx, fmt.Sprintf(`ALERTS{alertname=%q, alertstate="pending"}`, alert))
-		if err == nil && len(got) > 0 {
-			pendingAt = time.Now()
+		alerts, err := s.promAlerts(ctx, alert)
+		if err == nil && len(alerts) == 1 && alerts[0].State == "firing" {
+			firing = &alerts[0]
 			return true, nil
 		}
 		return false, nil
 	})
 	if err != nil {
 		unowned, _ := s.promQuery(ctx, `max(kshard_unowned_shards{job="kshard-metrics"})`)
-		t.Fatalf("%s did not go pending while %s held a ring place and ran nothing: %v (unowned shards: %v)", alert, ghost, err, unowned)
+		alerts, _ := s.promAlerts(ctx, alert)
+		t.Fatalf("%s did not fire while %s held a ring place and ran nothing: %v (unowned shards: %v; alerts: %+v)", alert, ghost, err, unowned, alerts)
 	}
 	leave()
 	leftAt := time.Now()
@@ -418,10 +422,57 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(states["firing"]) > 0 {
-		t.Errorf("%s fired within %s of the outage, before its 2 minutes", alert, resolved.Sub(joined).Round(time.Second))
+	if len(states["pending"]) == 0 || len(states["firing"]) == 0 {
+		t.Fatalf("%s: %d evaluations pending and %d firing in Prometheus's ALERTS series, want both", alert, len(states["pending"]), len(states["firing"]))
+	}
+	earliest := func(ts []time.Time) time.Time { return slices.MinFunc(ts, time.Time.Compare) }
+	pendingAt, firstFiring := earliest(states["pending"]), earliest(states["firing"])
+	if d := firstFiring.Sub(pendingAt); d < 2*time.Minute-time.Second {
+		t.Errorf("%s fired %s after it went pending, before its 2 minutes", alert, d)
+	}
+	// What the receiver gets: the shipped rule's labels and annotations,
+	// filled in.
+	if firing.Labels["severity"] != "critical" || firing.Labels["namespace"] != systemNamespace {
+		t.Errorf("%s fired with labels %v, want severity critical and namespace %s", alert, firing.Labels, systemNamespace)
+	}
+	if !strings.Contains(firing.Annotations["description"], "ring in "+systemNamespace+" have had no live Lease holder") ||
+		firing.Annotations["summary"] != "Shards of the kshard ring have no owner." {
+		t.Errorf("%s fired with annotations %v", alert, firing.Annotations)
 	}
 	s.settle(ctx, t, 3)
-	t.Logf("%s joined the ring and ran nothing: %s pending %s later (%d evaluations pending in all); %s left, and the alert was resolved %s after",
-		ghost, alert, pendingAt.Sub(joined).Round(100*time.Millisecond), len(states["pending"]), ghost, resolved.Sub(leftAt).Round(100*time.Millisecond))
+	t.Logf("%s joined the ring and ran nothing: %s pending %s later, firing %s after that (value %s: %s); %s left, and the alert was resolved %s after",
+		ghost, alert, pendingAt.Sub(joined).Round(100*time.Millisecond), firstFiring.Sub(pendingAt).Round(100*time.Millisecond),
+		firing.Value, firing.Annotations["description"], ghost, resolved.Sub(leftAt).Round(100*time.Millisecond))
+}
+
+// promAlert is an alert as Prometheus's /api/v1/alerts lists it: what
+// Alertmanager would receive.
+type promAlert struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	State       string            `json:"state"`
+	Value       string            `json:"value"`
+}
+
+// promAlerts lists the active alerts named alert.
+func (s *suite) promAlerts(ctx context.Context, alert string) ([]promAlert, error) {
+	raw, err := s.promGet(ctx, "/api/v1/alerts", nil)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Data struct {
+			Alerts []promAlert `json:"alerts"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(raw), &resp); err != nil {
+		return nil, fmt.Errorf("decoding /api/v1/alerts: %w", err)
+	}
+	var out []promAlert
+	for _, a := range resp.Data.Alerts {
+		if a.Labels["alertname"] == alert {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
