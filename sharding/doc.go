@@ -42,5 +42,8 @@
 // The reconciler receives a Request with its shard, reads through
 // rep.Reader(req.Shard) and asks rep.WriteContext(ctx, req.Shard) before
 // each write: the hold is a time, not a flag, so a replica thawed from a
-// pause longer than its renew deadline writes nothing.
+// pause longer than its renew deadline writes nothing. Program it against
+// the Shards interface: Single implements it for one replica holding every
+// shard (sharding off, and a stand-in in tests), with the same Requests,
+// hooks and write check.
 package sharding

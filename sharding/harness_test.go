@@ -279,7 +279,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		opts.Clock = skewedClock{rc.clockSkew}
 	}
 	if rc.tenures != nil {
-		opts.OnAcquire = func(n int32) { rc.tenures.record(n, "+") }
+		opts.OnAcquire = func(_ context.Context, n int32) { rc.tenures.record(n, "+") }
 		opts.OnRelease = func(n int32) { rc.tenures.record(n, "-") }
 	}
 	if rc.audit != nil {

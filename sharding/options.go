@@ -164,10 +164,11 @@ type Options struct {
 
 	// OnAcquire runs once per tenure, when a shard becomes active: before its
 	// informers start and before its first reconcile, so per-shard state
-	// (an external cache's store) exists when reconciles need it. It must
-	// not block; to read the shard's objects (to warm a cache), wait in a
-	// goroutine with Replica.WaitForSync.
-	OnAcquire func(shard int32)
+	// (an external cache's store) exists when reconciles need it. ctx ends
+	// when the tenure does, before OnRelease runs: work started for the
+	// shard (warming a cache) stops with it. It must not block; to read the
+	// shard's objects, wait in a goroutine with WaitForSync.
+	OnAcquire func(ctx context.Context, shard int32)
 	// OnRelease runs once per tenure whose OnAcquire ran, after it, when the
 	// shard ends here on any path: a drain (after its reconciles finished,
 	// before the Lease is released), fencing, a lost identity, shutdown.
@@ -200,17 +201,27 @@ type Options struct {
 	Logger logr.Logger
 }
 
-func (o *Options) setDefaults(log logr.Logger) error {
-	if o.Identity == "" {
-		o.Identity = os.Getenv("POD_NAME")
+// defaultIdentity is id, else $POD_NAME, else the hostname.
+func defaultIdentity(id string) (string, error) {
+	if id == "" {
+		id = os.Getenv("POD_NAME")
 	}
-	if o.Identity == "" {
+	if id == "" {
 		h, err := os.Hostname()
 		if err != nil {
-			return fmt.Errorf("defaulting identity from hostname: %w", err)
+			return "", fmt.Errorf("defaulting identity from hostname: %w", err)
 		}
-		o.Identity = h
+		id = h
 	}
+	return id, nil
+}
+
+func (o *Options) setDefaults(log logr.Logger) error {
+	id, err := defaultIdentity(o.Identity)
+	if err != nil {
+		return err
+	}
+	o.Identity = id
 	if o.Incarnation == "" {
 		o.Incarnation = NewIncarnation()
 	}

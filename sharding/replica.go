@@ -162,8 +162,8 @@ func (r *Replica) namespaces() map[string]cache.Config {
 // Identity is this replica's name in the ring.
 func (r *Replica) Identity() string { return r.opts.Identity }
 
-// Shards is the ring's shard count.
-func (r *Replica) Shards() int32 { return r.opts.Shards }
+// Count is the ring's shard count.
+func (r *Replica) Count() int32 { return r.opts.Shards }
 
 // NeedLeaderElection is false: every replica runs its shards.
 func (r *Replica) NeedLeaderElection() bool { return false }

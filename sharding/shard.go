@@ -292,7 +292,7 @@ func (s *shard) beginTenure() {
 	}
 	s.acquired = true
 	if s.r.opts.OnAcquire != nil {
-		s.r.opts.OnAcquire(s.id)
+		s.r.opts.OnAcquire(s.ctx, s.id)
 	}
 }
 

@@ -18,9 +18,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
@@ -28,11 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
@@ -295,7 +291,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if opts.Sharding {
 		err = wireSharded(ctx, mgr, opts, incarnation, rec, src)
 	} else {
-		err = wireSingle(ctx, mgr, opts, rec, src)
+		err = wireSingle(mgr, opts, rec, src)
 	}
 	if err != nil {
 		return err
@@ -364,13 +360,13 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarna
 		Namespaces:     opts.Namespaces,
 		AuditLog:       opts.AuditLog,
 		LabelerWorkers: opts.LabelerWorkers,
-		OnAcquire:      func(shard int32) { src.acquired(ctx, shard) },
+		OnAcquire:      src.acquired,
 		OnRelease:      src.released,
 	})
 	if err != nil {
 		return err
 	}
-	if err := src.bind(mgr, rep, rep); err != nil {
+	if err := src.bind(mgr, rep); err != nil {
 		return err
 	}
 	rec.Shards, rec.Values, rec.Domains = rep, src.values(), src.domains()
@@ -388,58 +384,40 @@ func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarna
 	return mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() })
 }
 
-// wireSingle wires the baseline: one controller on the manager's cache of
-// every ConfigBinding and ConfigMap, active on the elected leader only.
-func wireSingle(ctx context.Context, mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
-	single := newSingleReplica(mgr.GetCache(), mgr.Elected())
-	if err := src.bind(mgr, nil, single); err != nil {
+// wireSingle wires the baseline: one replica, elected, holding every shard,
+// its controller on the manager's cache of every ConfigBinding and
+// ConfigMap; the source follows the shards as it does in a ring.
+func wireSingle(mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
+	var single *sharding.Single
+	shardOf := func(o client.Object) (int32, bool) { return single.ShardOf(o), true }
+	single, err := sharding.NewSingle(mgr, sharding.SingleOptions{
+		Shards:   opts.Shards,
+		Identity: opts.Identity,
+		For: sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{
+			configbinding.BindingPredicate(), src.initialList(shardOf),
+		}},
+		// A ConfigMap's request carries its binding's shard, from the
+		// binding's domain: the ConfigMap's labels may not say it (another
+		// controller wrote it).
+		Owns:      append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}}, src.owns()...),
+		Domain:    domainOf,
+		Indexes:   configbinding.Indexes(),
+		OnAcquire: src.acquired,
+		OnRelease: src.released,
+	})
+	if err != nil {
+		return err
+	}
+	if err := src.bind(mgr, single); err != nil {
 		return err
 	}
 	rec.Shards, rec.Values, rec.Domains = single, src.values(), src.domains()
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	for _, ix := range configbinding.Indexes() {
-		if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
-			return fmt.Errorf("indexing ConfigBindings by %s: %w", ix.Field, err)
-		}
-	}
-	c, err := controller.NewTyped("configbinding", mgr, controller.TypedOptions[sharding.Request]{
-		Reconciler:              rec,
+	_, err = single.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		RateLimiter:             rateLimiter(opts),
 	})
-	if err != nil {
-		return err
-	}
-	toRequest := func(_ context.Context, o client.Object) []sharding.Request {
-		return []sharding.Request{{Shard: sharding.ShardOf(domainOf(o), opts.Shards), NamespacedName: client.ObjectKeyFromObject(o)}}
-	}
-	shardOfDomain := func(o client.Object) (int32, bool) { return sharding.ShardOf(domainOf(o), opts.Shards), true }
-	// A ConfigMap's request must carry its binding's shard, the one
-	// toRequest gives: the same object under two shards is two requests,
-	// which would write the binding's status and labels under both. The
-	// binding's domain says it; the ConfigMap's labels may not (another
-	// controller wrote it).
-	ownerRequest := func(ctx context.Context, o client.Object) []sharding.Request {
-		ref := metav1.GetControllerOf(o)
-		if ref == nil || ref.Kind != "ConfigBinding" {
-			return nil
-		}
-		var cb configv1alpha1.ConfigBinding
-		key := types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}
-		if err := mgr.GetCache().Get(ctx, key, &cb); err != nil {
-			return nil
-		}
-		return toRequest(ctx, &cb)
-	}
-	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &configv1alpha1.ConfigBinding{},
-		handler.TypedEnqueueRequestsFromMapFunc(toRequest), configbinding.BindingPredicate(), src.initialList(shardOfDomain))); err != nil {
-		return err
-	}
-	if err := c.Watch(source.TypedKind[client.Object, sharding.Request](mgr.GetCache(), &corev1.ConfigMap{},
-		handler.TypedEnqueueRequestsFromMapFunc(ownerRequest), configbinding.ConfigMapPredicate())); err != nil {
-		return err
-	}
-	return c.Watch(single.Source())
+	return err
 }

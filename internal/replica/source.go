@@ -26,9 +26,8 @@ type externalSource interface {
 	// owns are kinds a shard's cache watches beyond ConfigMaps.
 	owns() []sharding.Kind
 	// bind connects the source to the replica's shards, once they exist
-	// and before the manager starts: rep is nil when sharding is off,
-	// where every shard is the single replica's.
-	bind(mgr manager.Manager, rep *sharding.Replica, enqueuer configbinding.Enqueuer) error
+	// and before the manager starts.
+	bind(mgr manager.Manager, shards sharding.Shards) error
 	// values is what Reconcile reads.
 	values() configbinding.Values
 	// initialList filters the create events of a cache's initial list of
@@ -40,7 +39,8 @@ type externalSource interface {
 	// releases with a domain's last binding; nil when there is none.
 	domains() configbinding.Domains
 	// acquired and released bracket one tenure of a shard on this replica
-	// (sharding's OnAcquire and OnRelease); acquired must not block.
+	// (sharding's OnAcquire and OnRelease); acquired must not block, and
+	// ctx ends with the tenure.
 	acquired(ctx context.Context, shard int32)
 	released(shard int32)
 }
@@ -51,7 +51,7 @@ func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Re
 	case opts.ExternalSource == SourceMirror:
 		return &mirrorSource{opts: opts, cc: cc, rec: rec, log: log.WithName("mirror")}, nil
 	case opts.ExternalMode == ExternalCache:
-		s := &cacheSource{rec: rec, log: log.WithName("externalcache"), shards: opts.Shards}
+		s := &cacheSource{rec: rec, log: log.WithName("externalcache")}
 		co := opts.Cache
 		co.Source, co.Feed, co.MaxShards, co.Log, co.OnUpdate, co.OnFeedHealth = cc, cc, int(opts.Shards), s.log, s.changed, s.feedHealthChanged
 		c, err := externalcache.New(co)
@@ -67,26 +67,16 @@ func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Re
 // cacheSource keeps values in each replica's off-heap cache, for the shards
 // it holds; a change of a key requeues the bindings that use it.
 type cacheSource struct {
-	cache    *externalcache.Cache
-	rec      *configbinding.Reconciler
-	log      logr.Logger
-	shards   int32
-	rep      *sharding.Replica
-	enqueuer configbinding.Enqueuer
+	cache  *externalcache.Cache
+	rec    *configbinding.Reconciler
+	log    logr.Logger
+	shards sharding.Shards
 }
 
 func (s *cacheSource) owns() []sharding.Kind { return nil }
 
-func (s *cacheSource) bind(mgr manager.Manager, rep *sharding.Replica, enqueuer configbinding.Enqueuer) error {
-	s.rep, s.enqueuer = rep, enqueuer
-	if rep == nil {
-		// The single replica reads every shard.
-		for n := range s.shards {
-			if err := s.cache.AddShard(n); err != nil {
-				return err
-			}
-		}
-	}
+func (s *cacheSource) bind(mgr manager.Manager, shards sharding.Shards) error {
+	s.shards = shards
 	return mgr.Add(s.cache)
 }
 
@@ -110,7 +100,7 @@ func (s *cacheSource) domains() configbinding.Domains {
 
 // changed requeues the bindings of a key whose value arrived or changed.
 func (s *cacheSource) changed(shard int32, key externalcache.Key) {
-	if err := s.rec.KeyChanged(context.Background(), s.enqueuer, shard, key); err != nil {
+	if err := s.rec.KeyChanged(context.Background(), s.shards, shard, key); err != nil {
 		s.log.Error(err, "Requeueing objects of a changed key", "key", key)
 	}
 }
@@ -118,7 +108,7 @@ func (s *cacheSource) changed(shard int32, key externalcache.Key) {
 // feedHealthChanged requeues the bindings of a domain whose change feed
 // became unhealthy or healed.
 func (s *cacheSource) feedHealthChanged(shard int32, domain string) {
-	if err := s.rec.DomainChanged(context.Background(), s.enqueuer, shard, domain); err != nil {
+	if err := s.rec.DomainChanged(context.Background(), s.shards, shard, domain); err != nil {
 		s.log.Error(err, "Requeueing objects of a domain whose change feed's health changed", "domain", domain)
 	}
 }
@@ -131,7 +121,7 @@ func (s *cacheSource) acquired(ctx context.Context, shard int32) {
 		return
 	}
 	go func() {
-		if !s.rep.WaitForSync(ctx, shard) {
+		if !s.shards.WaitForSync(ctx, shard) {
 			return
 		}
 		keys, err := s.rec.ShardKeys(ctx, shard)
@@ -153,7 +143,7 @@ type mirrorSource struct {
 	cc        *configcenter.CacheSource
 	rec       *configbinding.Reconciler
 	log       logr.Logger
-	rep       *sharding.Replica
+	shards    sharding.Shards
 	mirror    *externaldomain.Mirror
 	apiReader client.Reader
 }
@@ -162,24 +152,21 @@ func (s *mirrorSource) owns() []sharding.Kind {
 	return []sharding.Kind{{Object: &configv1alpha1.ExternalDomain{}, Requests: configbinding.MirrorRequests}}
 }
 
-func (s *mirrorSource) bind(mgr manager.Manager, rep *sharding.Replica, _ configbinding.Enqueuer) error {
-	if rep == nil {
-		return fmt.Errorf("--external-source=%s needs sharding", SourceMirror)
-	}
+func (s *mirrorSource) bind(mgr manager.Manager, shards sharding.Shards) error {
 	m, err := externaldomain.New(externaldomain.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: rep, Ring: s.opts.Ring,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: shards, Ring: s.opts.Ring,
 		MaxBytes: s.opts.MirrorMaxBytes, MaxRetryAfter: s.opts.Cache.MaxRetryAfter, Log: s.log,
 		FeedHealth: s.opts.Cache.FeedHealth, RefreshInterval: s.opts.Cache.SoftTTL,
 	})
 	if err != nil {
 		return err
 	}
-	s.rep, s.mirror, s.apiReader = rep, m, mgr.GetAPIReader()
+	s.shards, s.mirror, s.apiReader = shards, m, mgr.GetAPIReader()
 	return mgr.Add(m)
 }
 
 func (s *mirrorSource) values() configbinding.Values {
-	return configbinding.MirrorValues{Shards: s.rep, Mirrors: s.mirror}
+	return configbinding.MirrorValues{Shards: s.shards, Mirrors: s.mirror}
 }
 
 // initialList passes every event: a mirror's first sight requeues its
@@ -189,7 +176,7 @@ func (s *mirrorSource) initialList(func(client.Object) (int32, bool)) predicate.
 }
 
 func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
-	return configbinding.MirrorKnowledge{Shards: s.rep, APIReader: s.apiReader, ShardCount: s.opts.Shards}
+	return configbinding.MirrorKnowledge{Shards: s.shards, APIReader: s.apiReader, ShardCount: s.opts.Shards}
 }
 
 func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }
@@ -199,7 +186,7 @@ func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }
 // an earlier holder left of domains no binding uses any more.
 func (s *mirrorSource) acquired(ctx context.Context, shard int32) {
 	go func() {
-		if !s.rep.WaitForSync(ctx, shard) {
+		if !s.shards.WaitForSync(ctx, shard) {
 			return
 		}
 		keys, err := s.rec.ShardKeys(ctx, shard)
@@ -228,9 +215,7 @@ type directSource struct{ cc *configcenter.CacheSource }
 
 func (directSource) owns() []sharding.Kind { return nil }
 
-func (directSource) bind(manager.Manager, *sharding.Replica, configbinding.Enqueuer) error {
-	return nil
-}
+func (directSource) bind(manager.Manager, sharding.Shards) error { return nil }
 
 func (s directSource) values() configbinding.Values {
 	return directValues{Source: s.cc, Timeout: 10 * time.Second}

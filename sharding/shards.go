@@ -1,0 +1,42 @@
+package sharding
+
+import (
+	"context"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Shards is the shard side of a sharded controller: what its reconciler and
+// its per-shard state (an external cache, a mirror) program against,
+// whatever runs the shards. *Replica runs them across the replicas of a
+// ring; *Single runs every shard in one replica, for a controller with
+// sharding off and as a stand-in in an embedder's tests. A controller wired
+// to Shards runs the same code either way.
+type Shards interface {
+	// Count is the number of shards objects are spread over.
+	Count() int32
+	// Reader reads the objects of a shard held here: ok is false when the
+	// shard is not held.
+	Reader(shard int32) (reader client.Reader, ok bool)
+	// Holds reports whether the shard is held here now. A write asks
+	// WriteContext instead.
+	Holds(shard int32) bool
+	// WaitForSync waits until the shard's objects can be read here, and
+	// reports false when the shard stopped (or ctx ended) first.
+	WaitForSync(ctx context.Context, shard int32) bool
+	// WriteContext grants one write of the shard's objects: ok is false
+	// when the shard is not held now, and the context ends with the hold.
+	// Call cancel when the write returned.
+	WriteContext(ctx context.Context, shard int32) (wctx context.Context, cancel context.CancelFunc, ok bool)
+	// Enqueue requests a reconcile, for events that do not come from the
+	// shard's informers (an external value changed). Requests for shards
+	// not held are dropped.
+	Enqueue(req Request)
+	// Identity names this replica, as in the holder of its Leases.
+	Identity() string
+}
+
+var (
+	_ Shards = (*Replica)(nil)
+	_ Shards = (*Single)(nil)
+)
