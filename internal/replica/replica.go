@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
@@ -288,12 +289,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if opts.Sharding {
-		err = wireSharded(ctx, mgr, opts, incarnation, rec, src)
-	} else {
-		err = wireSingle(mgr, opts, rec, src)
-	}
-	if err != nil {
+	if err := wire(mgr, opts, incarnation, rec, src); err != nil {
 		return err
 	}
 	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "externalSource", opts.ExternalSource, "shards", opts.Shards)
@@ -332,90 +328,90 @@ func domainOf(o client.Object) string {
 	return ""
 }
 
-// wireSharded wires the ring: the shards' caches watch ConfigBindings, their
-// ConfigMaps and the source's kinds; the source follows each shard's
-// tenure; one controller runs the held shards' requests.
-func wireSharded(ctx context.Context, mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) error {
+// shardRuntime is what wire needs of the shards' runtime beyond the Shards
+// the reconciler reads: the controller it feeds.
+type shardRuntime interface {
+	sharding.Shards
+	NewController(name string, rec reconcile.TypedReconciler[sharding.Request], opts controller.TypedOptions[sharding.Request]) (controller.TypedController[sharding.Request], error)
+}
+
+// wire connects the reconciler, the external source and the webhook to the
+// shards' runtime, one way whether sharding is on or off: the shards' caches
+// (or, sharding off, the manager's) watch ConfigBindings, their ConfigMaps
+// and the source's kinds, the source follows each shard's tenure, and one
+// controller runs the held shards' requests.
+func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) error {
+	// shardOf is the runtime's: a ring reads the shard label, a single
+	// replica an object's domain (with sharding off nothing labels objects).
+	var shardOf func(client.Object) (int32, bool)
+	primary := sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{
+		configbinding.BindingPredicate(), src.initialList(func(o client.Object) (int32, bool) { return shardOf(o) }),
+	}}
 	owns := append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
 		Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}, src.owns()...)
-	rep, err := sharding.New(mgr, sharding.Options{
-		Ring:           opts.Ring,
-		Identity:       opts.Identity,
-		Incarnation:    incarnation,
-		LeaseNamespace: opts.LeaseNamespace,
-		Shards:         opts.Shards,
-		ShardTable:     opts.ShardTable,
-		LeaseDuration:  opts.LeaseDuration,
-		RenewDeadline:  opts.RenewDeadline,
-		RetryPeriod:    opts.RetryPeriod,
-		For: sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{
-			configbinding.BindingPredicate(), src.initialList(shardLabel),
-		}},
-		Owns:           owns,
-		Domain:         domainOf,
-		Clock:          offsetClock{opts.LeaseClockOffset},
-		Indexes:        configbinding.Indexes(),
-		SyncPeriod:     opts.SyncPeriod,
-		StatefulSet:    opts.StatefulSet,
-		Namespaces:     opts.Namespaces,
-		AuditLog:       opts.AuditLog,
-		LabelerWorkers: opts.LabelerWorkers,
-		OnAcquire:      src.acquired,
-		OnRelease:      src.released,
-	})
-	if err != nil {
+	var shards shardRuntime
+	if opts.Sharding {
+		rep, err := sharding.New(mgr, sharding.Options{
+			Ring:           opts.Ring,
+			Identity:       opts.Identity,
+			Incarnation:    incarnation,
+			LeaseNamespace: opts.LeaseNamespace,
+			Shards:         opts.Shards,
+			ShardTable:     opts.ShardTable,
+			LeaseDuration:  opts.LeaseDuration,
+			RenewDeadline:  opts.RenewDeadline,
+			RetryPeriod:    opts.RetryPeriod,
+			For:            primary,
+			Owns:           owns,
+			Domain:         domainOf,
+			Clock:          offsetClock{opts.LeaseClockOffset},
+			Indexes:        configbinding.Indexes(),
+			SyncPeriod:     opts.SyncPeriod,
+			StatefulSet:    opts.StatefulSet,
+			Namespaces:     opts.Namespaces,
+			AuditLog:       opts.AuditLog,
+			LabelerWorkers: opts.LabelerWorkers,
+			OnAcquire:      src.acquired,
+			OnRelease:      src.released,
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() }); err != nil {
+			return err
+		}
+		shards, shardOf = rep, shardLabel
+	} else {
+		// The manager's cache applies the ConfigMaps' selector and
+		// transform (newManager).
+		single, err := sharding.NewSingle(mgr, sharding.SingleOptions{
+			Shards:    opts.Shards,
+			Identity:  opts.Identity,
+			For:       primary,
+			Owns:      owns,
+			Domain:    domainOf,
+			Indexes:   configbinding.Indexes(),
+			OnAcquire: src.acquired,
+			OnRelease: src.released,
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+		shards, shardOf = single, func(o client.Object) (int32, bool) { return single.ShardOf(o), true }
+	}
+	if err := src.bind(mgr, shards); err != nil {
 		return err
 	}
-	if err := src.bind(mgr, rep); err != nil {
-		return err
-	}
-	rec.Shards, rec.Values, rec.Domains = rep, src.values(), src.domains()
+	rec.Shards, rec.Values, rec.Domains = shards, src.values(), src.domains()
 	if opts.WebhookPort != 0 {
 		if err := registerWebhook(mgr, src.knowledge()); err != nil {
 			return err
 		}
 	}
-	if _, err := rep.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
-		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
-		RateLimiter:             rateLimiter(opts),
-	}); err != nil {
-		return err
-	}
-	return mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() })
-}
-
-// wireSingle wires the baseline: one replica, elected, holding every shard,
-// its controller on the manager's cache of every ConfigBinding and
-// ConfigMap; the source follows the shards as it does in a ring.
-func wireSingle(mgr manager.Manager, opts Options, rec *configbinding.Reconciler, src externalSource) error {
-	var single *sharding.Single
-	shardOf := func(o client.Object) (int32, bool) { return single.ShardOf(o), true }
-	single, err := sharding.NewSingle(mgr, sharding.SingleOptions{
-		Shards:   opts.Shards,
-		Identity: opts.Identity,
-		For: sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Predicates: []predicate.Predicate{
-			configbinding.BindingPredicate(), src.initialList(shardOf),
-		}},
-		// A ConfigMap's request carries its binding's shard, from the
-		// binding's domain: the ConfigMap's labels may not say it (another
-		// controller wrote it).
-		Owns:      append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()}}}, src.owns()...),
-		Domain:    domainOf,
-		Indexes:   configbinding.Indexes(),
-		OnAcquire: src.acquired,
-		OnRelease: src.released,
-	})
-	if err != nil {
-		return err
-	}
-	if err := src.bind(mgr, single); err != nil {
-		return err
-	}
-	rec.Shards, rec.Values, rec.Domains = single, src.values(), src.domains()
-	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	_, err = single.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
+	_, err := shards.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		RateLimiter:             rateLimiter(opts),
 	})
