@@ -176,7 +176,7 @@ func (s *mirrorSource) initialList(func(client.Object) (int32, bool)) predicate.
 }
 
 func (s *mirrorSource) knowledge() configbinding.KeyKnowledge {
-	return configbinding.MirrorKnowledge{Shards: s.shards, APIReader: s.apiReader, ShardCount: s.opts.Shards}
+	return configbinding.MirrorKnowledge{Shards: s.shards, APIReader: s.apiReader}
 }
 
 func (s *mirrorSource) domains() configbinding.Domains { return s.mirror }

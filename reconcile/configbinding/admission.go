@@ -102,9 +102,8 @@ func (k CacheKnowledge) Exists(_ context.Context, key externalcache.Key) (bool, 
 // mirror from the API server (never from the config center), bounded by
 // Timeout. A domain whose mirror is not synced is unknown.
 type MirrorKnowledge struct {
-	Shards     Shards
-	APIReader  client.Reader
-	ShardCount int32
+	Shards    Shards
+	APIReader client.Reader
 	// Timeout bounds the API-server read. Defaults to one second.
 	Timeout time.Duration
 }
@@ -113,7 +112,7 @@ type MirrorKnowledge struct {
 func (k MirrorKnowledge) Exists(ctx context.Context, key externalcache.Key) (bool, bool) {
 	var ed configv1alpha1.ExternalDomain
 	name := types.NamespacedName{Name: key.Domain}
-	if reader, ok := k.Shards.Reader(sharding.ShardOf(key.Domain, k.ShardCount)); ok {
+	if reader, ok := k.Shards.Reader(sharding.ShardOf(key.Domain, k.Shards.Count())); ok {
 		if err := reader.Get(ctx, name, &ed); err != nil {
 			return false, false
 		}

@@ -100,6 +100,8 @@ const FieldManager = "kshard"
 // cache, leave to write while the shard is held, and its queue (to requeue
 // the bindings of a domain released under them).
 type Shards interface {
+	// Count is the number of shards objects are spread over.
+	Count() int32
 	Reader(shard int32) (client.Reader, bool)
 	// WriteContext grants one write of the shard's objects: ok is false
 	// when the shard is not held now, and the context ends with the hold.
