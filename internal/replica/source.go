@@ -15,6 +15,7 @@ import (
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/reconcile/externaldomain"
+	"github.com/kshard/kshard/shardcache"
 	"github.com/kshard/kshard/sharding"
 )
 
@@ -51,37 +52,31 @@ func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Re
 	case opts.ExternalSource == SourceMirror:
 		return &mirrorSource{opts: opts, cc: cc, rec: rec, log: log.WithName("mirror")}, nil
 	case opts.ExternalMode == ExternalCache:
-		s := &cacheSource{rec: rec, log: log.WithName("externalcache")}
 		co := opts.Cache
-		co.Source, co.Feed, co.MaxShards, co.Log, co.OnUpdate, co.OnFeedHealth = cc, cc, int(opts.Shards), s.log, s.changed, s.feedHealthChanged
-		c, err := externalcache.New(co)
+		co.Source, co.Feed = cc, cc
+		c, err := shardcache.New(shardcache.Options{Cache: co, Keys: configbinding.BoundKeys,
+			Readers: configbinding.KeyBindings, DomainReaders: configbinding.DomainBindings, Log: log.WithName("externalcache")})
 		if err != nil {
 			return nil, fmt.Errorf("creating external cache: %w", err)
 		}
-		s.cache = c
-		return s, nil
+		return &cacheSource{cache: c}, nil
 	}
 	return directSource{cc: cc}, nil
 }
 
 // cacheSource keeps values in each replica's off-heap cache, for the shards
-// it holds; a change of a key requeues the bindings that use it.
-type cacheSource struct {
-	cache  *externalcache.Cache
-	rec    *configbinding.Reconciler
-	log    logr.Logger
-	shards sharding.Shards
-}
+// it holds (shardcache: the store follows the shards' tenures, a change of
+// a key requeues the bindings that use it).
+type cacheSource struct{ cache *shardcache.Cache }
 
 func (s *cacheSource) owns() []sharding.Kind { return nil }
 
 func (s *cacheSource) bind(mgr manager.Manager, shards sharding.Shards) error {
-	s.shards = shards
-	return mgr.Add(s.cache)
+	return s.cache.Bind(mgr, shards)
 }
 
 func (s *cacheSource) values() configbinding.Values {
-	return configbinding.CachedValues{Cache: s.cache}
+	return configbinding.CachedValues{Cache: s.cache.Store()}
 }
 
 // initialList drops a Ready binding's first event while its keys are on
@@ -91,50 +86,15 @@ func (s *cacheSource) initialList(shardOf func(client.Object) (int32, bool)) pre
 }
 
 func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
-	return configbinding.CacheKnowledge{Cache: s.cache}
+	return configbinding.CacheKnowledge{Cache: s.cache.Store()}
 }
 
 func (s *cacheSource) domains() configbinding.Domains {
-	return configbinding.CachedDomains{Cache: s.cache}
+	return configbinding.CachedDomains{Cache: s.cache.Store()}
 }
 
-// changed requeues the bindings of a key whose value arrived or changed.
-func (s *cacheSource) changed(shard int32, key externalcache.Key) {
-	if err := s.rec.KeyChanged(context.Background(), s.shards, shard, key); err != nil {
-		s.log.Error(err, "Requeueing objects of a changed key", "key", key)
-	}
-}
-
-// feedHealthChanged requeues the bindings of a domain whose change feed
-// became unhealthy or healed.
-func (s *cacheSource) feedHealthChanged(shard int32, domain string) {
-	if err := s.rec.DomainChanged(context.Background(), s.shards, shard, domain); err != nil {
-		s.log.Error(err, "Requeueing objects of a domain whose change feed's health changed", "domain", domain)
-	}
-}
-
-// acquired gives the shard its store, then warms it with its bindings'
-// keys once its informers know them.
-func (s *cacheSource) acquired(ctx context.Context, shard int32) {
-	if err := s.cache.AddShard(shard); err != nil {
-		s.log.Error(err, "Adding a shard to the external cache", "shard", shard)
-		return
-	}
-	go func() {
-		if !s.shards.WaitForSync(ctx, shard) {
-			return
-		}
-		keys, err := s.rec.ShardKeys(ctx, shard)
-		if err == nil && len(keys) > 0 {
-			err = s.cache.Warm(ctx, shard, keys...)
-		}
-		if err != nil && ctx.Err() == nil {
-			s.log.Error(err, "Warming the external cache", "shard", shard)
-		}
-	}()
-}
-
-func (s *cacheSource) released(shard int32) { s.cache.DropShard(shard) }
+func (s *cacheSource) acquired(ctx context.Context, shard int32) { s.cache.OnAcquire(ctx, shard) }
+func (s *cacheSource) released(shard int32)                      { s.cache.OnRelease(shard) }
 
 // mirrorSource keeps values in ExternalDomain objects, one per domain,
 // written by the domain's shard holder and read through the shard caches.

@@ -56,52 +56,55 @@ type Enqueuer interface {
 	Enqueue(sharding.Request)
 }
 
-// KeyChanged requeues every ConfigBinding of a shard that binds a key: the
-// external cache calls it when a value arrives, changes, or fails.
-func (r *Reconciler) KeyChanged(ctx context.Context, q Enqueuer, shard int32, key externalcache.Key) error {
-	reader, ok := r.Shards.Reader(shard)
-	if !ok {
-		return nil
-	}
+// KeyBindings lists the ConfigBindings of a shard's reader that bind a key:
+// they are requeued when its value arrives, changes, or fails.
+func KeyBindings(ctx context.Context, shard client.Reader, key externalcache.Key) ([]types.NamespacedName, error) {
+	return bindings(ctx, shard, client.MatchingFields{KeyIndex: key.String()}, "key "+key.String())
+}
+
+// DomainBindings lists the ConfigBindings of a shard's reader that bind
+// keys of a domain: they are requeued when the domain's change feed becomes
+// unhealthy or heals, so that they say so and read their keys again (which
+// has the cache refresh them on their TTL meanwhile).
+func DomainBindings(ctx context.Context, shard client.Reader, domain string) ([]types.NamespacedName, error) {
+	return bindings(ctx, shard, client.MatchingFields{DomainIndex: domain}, "domain "+domain)
+}
+
+func bindings(ctx context.Context, shard client.Reader, sel client.MatchingFields, what string) ([]types.NamespacedName, error) {
 	var list configv1alpha1.ConfigBindingList
-	if err := reader.List(ctx, &list, client.MatchingFields{KeyIndex: key.String()}); err != nil {
-		return fmt.Errorf("finding ConfigBindings of key %s: %w", key, err)
+	if err := shard.List(ctx, &list, sel); err != nil {
+		return nil, fmt.Errorf("finding ConfigBindings of %s: %w", what, err)
 	}
+	out := make([]types.NamespacedName, 0, len(list.Items))
 	for i := range list.Items {
-		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		out = append(out, client.ObjectKeyFromObject(&list.Items[i]))
 	}
-	return nil
+	return out, nil
 }
 
 // DomainChanged requeues every ConfigBinding of a shard that binds keys of
-// a domain: the external cache calls it when the domain's change feed
-// becomes unhealthy or heals, so that the bindings say so and read their
-// keys again (which has the cache refresh them on their TTL meanwhile).
+// a domain (DomainBindings).
 func (r *Reconciler) DomainChanged(ctx context.Context, q Enqueuer, shard int32, domain string) error {
 	reader, ok := r.Shards.Reader(shard)
 	if !ok {
 		return nil
 	}
-	var list configv1alpha1.ConfigBindingList
-	if err := reader.List(ctx, &list, client.MatchingFields{DomainIndex: domain}); err != nil {
-		return fmt.Errorf("finding ConfigBindings of domain %s: %w", domain, err)
+	keys, err := DomainBindings(ctx, reader, domain)
+	if err != nil {
+		return err
 	}
-	for i := range list.Items {
-		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	for _, k := range keys {
+		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: k})
 	}
 	return nil
 }
 
-// ShardKeys lists the external keys a shard's ConfigBindings bind, to warm
-// the cache right after the shard is acquired.
-func (r *Reconciler) ShardKeys(ctx context.Context, shard int32) ([]externalcache.Key, error) {
-	reader, ok := r.Shards.Reader(shard)
-	if !ok {
-		return nil, nil
-	}
+// BoundKeys lists the external keys the ConfigBindings of a shard's reader
+// bind, to warm the cache right after the shard is acquired.
+func BoundKeys(ctx context.Context, shard client.Reader) ([]externalcache.Key, error) {
 	var list configv1alpha1.ConfigBindingList
-	if err := reader.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing shard %d: %w", shard, err)
+	if err := shard.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing the shard's ConfigBindings: %w", err)
 	}
 	seen := map[externalcache.Key]bool{}
 	var keys []externalcache.Key
@@ -115,6 +118,16 @@ func (r *Reconciler) ShardKeys(ctx context.Context, shard int32) ([]externalcach
 		}
 	}
 	return keys, nil
+}
+
+// ShardKeys lists the external keys a held shard's ConfigBindings bind
+// (BoundKeys).
+func (r *Reconciler) ShardKeys(ctx context.Context, shard int32) ([]externalcache.Key, error) {
+	reader, ok := r.Shards.Reader(shard)
+	if !ok {
+		return nil, nil
+	}
+	return BoundKeys(ctx, reader)
 }
 
 // MirrorRequests maps an event of a shard's ExternalDomain mirror to the

@@ -59,9 +59,9 @@ type Fetcher interface {
 // ColdCachePredicate drops the create event of a binding from a cache's
 // initial list (a replica's start, an acquired shard) when the binding is
 // already Ready at its generation and a key of it is on its way to the
-// external cache: the key's arrival requeues the binding (the cache's
-// OnUpdate, KeyChanged), and a reconcile now would find the key pending and
-// write nothing. So a new owner's cold cache costs each binding one
+// external cache: the key's arrival requeues the binding (shardcache,
+// on the cache's OnUpdate), and a reconcile now would find the key pending
+// and write nothing. So a new owner's cold cache costs each binding one
 // reconcile, not two. Looking the keys up starts their fetches. A key the
 // cache cannot fetch now (its queue full, the config center held), a
 // binding not Ready at its generation, and an object of no shard

@@ -1,0 +1,194 @@
+package shardcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/sharding"
+)
+
+// Options configure a Cache.
+type Options struct {
+	// Cache configures the external cache. Source is required; MaxShards
+	// is the shards' count and OnUpdate and OnFeedHealth are the Cache's
+	// own: values set here are replaced.
+	Cache externalcache.Options
+	// Keys lists the keys the objects of one shard read, from a reader of
+	// that shard's objects only: the shard's store is warmed with them
+	// once its informers synced, so the first reconciles find their values
+	// fetched. Nil warms nothing.
+	Keys func(ctx context.Context, shard client.Reader) ([]externalcache.Key, error)
+	// Readers lists the objects of one shard that read a key: they are
+	// requeued when its value arrives, changes or fails. Required.
+	Readers func(ctx context.Context, shard client.Reader, key externalcache.Key) ([]types.NamespacedName, error)
+	// DomainReaders lists the objects of one shard that read keys of a
+	// domain: they are requeued when the domain's change feed becomes
+	// unhealthy or heals, so that they can say so. Nil requeues none.
+	DomainReaders func(ctx context.Context, shard client.Reader, domain string) ([]types.NamespacedName, error)
+	// Log defaults to a discarding logger.
+	Log logr.Logger
+}
+
+// Cache is an external cache whose shards are the tenures of a sharded
+// controller's shards on this replica.
+type Cache struct {
+	opts Options
+	log  logr.Logger
+
+	mu     sync.Mutex
+	store  *externalcache.Cache
+	shards sharding.Shards
+}
+
+// New validates the options and returns a Cache to Bind.
+func New(opts Options) (*Cache, error) {
+	if opts.Cache.Source == nil {
+		return nil, errors.New("shard cache: Cache.Source is required")
+	}
+	if opts.Readers == nil {
+		return nil, errors.New("shard cache: Readers is required")
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	return &Cache{opts: opts, log: opts.Log}, nil
+}
+
+// Bind creates the external cache for the shards' count, adds it to the
+// manager, and reads the shards from now on. Call it once, before the
+// manager starts.
+func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
+	co := c.opts.Cache
+	co.MaxShards, co.OnUpdate, co.OnFeedHealth = int(shards.Count()), c.changed, c.feedHealthChanged
+	if co.Log.GetSink() == nil {
+		co.Log = c.log
+	}
+	store, err := externalcache.New(co)
+	if err != nil {
+		return fmt.Errorf("shard cache: %w", err)
+	}
+	c.mu.Lock()
+	c.store, c.shards = store, shards
+	c.mu.Unlock()
+	if err := mgr.Add(store); err != nil {
+		return fmt.Errorf("shard cache: %w", err)
+	}
+	return nil
+}
+
+// bound returns the store and the shards, once Bind ran.
+func (c *Cache) bound() (*externalcache.Cache, sharding.Shards) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.store, c.shards
+}
+
+// Store is the external cache, for what reads it beyond Get (an admission
+// check asking whether a key exists); nil before Bind.
+func (c *Cache) Store() *externalcache.Cache {
+	store, _ := c.bound()
+	return store
+}
+
+// Get returns a key's value for a shard's reconcile without blocking: fresh,
+// stale with a refresh under way, or pending with a fetch queued, whose
+// arrival requeues the shard's readers of the key.
+func (c *Cache) Get(shard int32, key externalcache.Key) externalcache.Lookup {
+	store, _ := c.bound()
+	if store == nil {
+		return externalcache.Lookup{State: externalcache.StatePending, Err: errors.New("shard cache not bound")}
+	}
+	return store.Get(shard, key)
+}
+
+// OnAcquire is the runtime's hook (sharding.Options.OnAcquire): the shard
+// gets its store at once, and is warmed with its objects' keys once its
+// informers synced, unless the tenure (ctx) ended first.
+func (c *Cache) OnAcquire(ctx context.Context, shard int32) {
+	store, shards := c.bound()
+	if store == nil {
+		c.log.Error(errors.New("not bound"), "Shard acquired before the shard cache was bound", "shard", shard)
+		return
+	}
+	if err := store.AddShard(shard); err != nil {
+		c.log.Error(err, "Adding a shard to the external cache", "shard", shard)
+		return
+	}
+	if c.opts.Keys == nil {
+		return
+	}
+	go func() {
+		if !shards.WaitForSync(ctx, shard) {
+			return
+		}
+		reader, ok := shards.Reader(shard)
+		if !ok {
+			return
+		}
+		keys, err := c.opts.Keys(ctx, reader)
+		if err == nil && len(keys) > 0 {
+			err = store.Warm(ctx, shard, keys...)
+		}
+		if err != nil && ctx.Err() == nil {
+			c.log.Error(err, "Warming the external cache", "shard", shard)
+		}
+	}()
+}
+
+// OnRelease is the runtime's hook (sharding.Options.OnRelease): the shard's
+// store, fetches and share of the change feeds go.
+func (c *Cache) OnRelease(shard int32) {
+	if store, _ := c.bound(); store != nil {
+		store.DropShard(shard)
+	}
+}
+
+// changed requeues the shard's readers of a key whose value arrived,
+// changed or failed.
+func (c *Cache) changed(shard int32, key externalcache.Key) {
+	if err := c.requeue(shard, func(ctx context.Context, r client.Reader) ([]types.NamespacedName, error) {
+		return c.opts.Readers(ctx, r, key)
+	}); err != nil {
+		c.log.Error(err, "Requeueing the readers of a changed key", "shard", shard, "key", key)
+	}
+}
+
+// feedHealthChanged requeues the shard's readers of a domain whose change
+// feed became unhealthy or healed.
+func (c *Cache) feedHealthChanged(shard int32, domain string) {
+	if c.opts.DomainReaders == nil {
+		return
+	}
+	if err := c.requeue(shard, func(ctx context.Context, r client.Reader) ([]types.NamespacedName, error) {
+		return c.opts.DomainReaders(ctx, r, domain)
+	}); err != nil {
+		c.log.Error(err, "Requeueing the readers of a domain whose change feed's health changed", "shard", shard, "domain", domain)
+	}
+}
+
+func (c *Cache) requeue(shard int32, readers func(context.Context, client.Reader) ([]types.NamespacedName, error)) error {
+	_, shards := c.bound()
+	if shards == nil {
+		return nil
+	}
+	reader, ok := shards.Reader(shard)
+	if !ok {
+		return nil
+	}
+	keys, err := readers(context.Background(), reader)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		shards.Enqueue(sharding.Request{Shard: shard, NamespacedName: k})
+	}
+	return nil
+}
