@@ -3,6 +3,7 @@ package sharding
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -34,12 +35,8 @@ func (r Request) String() string { return fmt.Sprintf("%d/%s", r.Shard, r.Namesp
 // RateLimiter whose longest backoff you can wait for: controller-runtime's
 // default doubles a failing object's delay up to 1,000 s.
 func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error) {
-	r.mu.Lock()
-	taken := r.controller
-	r.controller = name
-	r.mu.Unlock()
-	if taken != "" {
-		return nil, fmt.Errorf("creating sharded controller %s: replica already feeds controller %s (one controller per Replica)", name, taken)
+	if err := r.controller.claim(name); err != nil {
+		return nil, err
 	}
 	g := &guard{r: r, inner: rec}
 	if r.opts.AuditLog != nil {
@@ -55,6 +52,24 @@ func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Reque
 		return nil, fmt.Errorf("watching shards: %w", err)
 	}
 	return c, nil
+}
+
+// feeds is the one controller a shards' runtime feeds: its queue is the one
+// the runtime's events and Enqueue go to.
+type feeds struct {
+	mu   sync.Mutex
+	name string
+}
+
+// claim takes the runtime for the controller named name, once.
+func (f *feeds) claim(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.name != "" {
+		return fmt.Errorf("creating controller %s: the shards already feed controller %s (one controller per Replica or Single)", name, f.name)
+	}
+	f.name = name
+	return nil
 }
 
 // Enqueue requests a reconcile of an object of a held shard, for events

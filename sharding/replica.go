@@ -56,7 +56,7 @@ type Replica struct {
 	queue      workqueue.TypedRateLimitingInterface[Request]
 
 	mu         sync.Mutex
-	controller string // the one controller this replica feeds
+	controller feeds // the one controller this replica feeds
 	ring       *Ring
 	mismatch   bool
 	shards     map[int32]*shard

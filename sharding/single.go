@@ -39,9 +39,9 @@ type Single struct {
 	forGVK   schema.GroupVersionKind
 	acquired chan struct{} // closed once OnAcquire ran for every shard
 
+	controller feeds
 	mu         sync.Mutex
 	queue      workqueue.TypedRateLimitingInterface[Request]
-	controller string
 }
 
 // SingleOptions configure a Single.
@@ -198,12 +198,8 @@ func (s *Single) belongs(o client.Object, n int32) bool {
 // reconciles that wait until OnAcquire ran for every shard. A Single feeds
 // one controller: a second call is an error.
 func (s *Single) NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error) {
-	s.mu.Lock()
-	taken := s.controller
-	s.controller = name
-	s.mu.Unlock()
-	if taken != "" {
-		return nil, fmt.Errorf("creating controller %s: the single replica already feeds controller %s", name, taken)
+	if err := s.controller.claim(name); err != nil {
+		return nil, err
 	}
 	opts.Reconciler = reconcile.TypedFunc[Request](func(ctx context.Context, req Request) (reconcile.Result, error) {
 		select {
