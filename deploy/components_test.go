@@ -19,6 +19,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/reconcile/externaldomain"
@@ -164,7 +165,7 @@ func TestMirrorRBACSufficient(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c, "mirror")
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 16}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/netfault"
 	"github.com/kshard/kshard/internal/promtext"
@@ -58,7 +59,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: fenceShards, KeysPerDomain: 3, ValueBytes: 16}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: fenceShards, KeysPerDomain: 3, ValueBytes: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

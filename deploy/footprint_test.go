@@ -16,6 +16,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
 )
@@ -43,7 +44,7 @@ func TestMeasureFootprint(t *testing.T) {
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
 	const domains = 100
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: domains, KeysPerDomain: 4, ValueBytes: 64}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: domains, KeysPerDomain: 4, ValueBytes: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}

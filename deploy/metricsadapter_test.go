@@ -34,6 +34,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -67,7 +68,7 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 	t.Cleanup(func() { remove(context.Background(), t, c, rbac) })
 
 	// A replica holding one ConfigBinding.
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 16}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -409,7 +410,7 @@ func TestRBACSufficient(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 2, KeysPerDomain: 2, ValueBytes: 16}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 2, KeysPerDomain: 2, ValueBytes: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

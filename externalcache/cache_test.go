@@ -17,6 +17,7 @@ import (
 
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 )
 
 // caller is how the cache under test identifies itself to the config center, so that the
@@ -26,7 +27,7 @@ const caller = "cache"
 // harness is a config center on a loopback port and a running cache reading from it.
 type harness struct {
 	t       *testing.T
-	srv     *configcenter.Server
+	srv     *standin.Server
 	client  *configcenter.Client
 	cache   *externalcache.Cache
 	updates *updateLog
@@ -36,13 +37,13 @@ type harness struct {
 type setup struct {
 	feed      bool
 	fakeClock bool
-	server    configcenter.Options
+	server    standin.Options
 	opts      func(*externalcache.Options)
 }
 
 func newHarness(t *testing.T, s setup) *harness {
 	t.Helper()
-	srv, err := configcenter.Start(context.Background(), s.server)
+	srv, err := standin.Start(context.Background(), s.server)
 	if err != nil {
 		t.Fatalf("starting the config center: %v", err)
 	}
@@ -477,7 +478,7 @@ func TestChangeFeedSurvivesAConfigCenterRestart(t *testing.T) {
 	if err := h.srv.Close(); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := configcenter.Start(context.Background(), configcenter.Options{Addr: addr})
+	srv, err := standin.Start(context.Background(), standin.Options{Addr: addr})
 	if err != nil {
 		t.Fatalf("restarting the config center on %s: %v", addr, err)
 	}
@@ -499,7 +500,7 @@ func TestBytesStayBoundedAndOversizedValuesAreRefused(t *testing.T) {
 		valueSize = 2048 // 8 MiB in all, eight times the bound
 	)
 	h := newHarness(t, setup{
-		server: configcenter.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: keys, ValueBytes: valueSize}},
+		server: standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: keys, ValueBytes: valueSize}},
 		opts: func(o *externalcache.Options) {
 			o.MaxBytes, o.MaxShards, o.InternalShards, o.MaxEntryBytes = maxBytes, 1, 4, 64<<10
 			o.RateLimit = 5000
@@ -747,7 +748,7 @@ func TestFailedFetchIsReportedOnceAndRecoversByItself(t *testing.T) {
 }
 
 func TestFullQueueIsReportedAndWaitersWaitForRoom(t *testing.T) {
-	srv, err := configcenter.Start(context.Background(), configcenter.Options{})
+	srv, err := standin.Start(context.Background(), standin.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

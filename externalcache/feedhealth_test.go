@@ -10,6 +10,7 @@ import (
 
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 )
 
 // healthLog records OnFeedHealth calls.
@@ -72,7 +73,7 @@ func TestUnhealthyFeedFallsBackToTTL(t *testing.T) {
 			health := &healthLog{calls: map[string]int{}}
 			const softTTL = 500 * time.Millisecond
 			// Long polls of a second, so that a fault set while one waits applies soon.
-			server := configcenter.Options{MaxPollTimeout: time.Second}
+			server := standin.Options{MaxPollTimeout: time.Second}
 			h := newHarness(t, setup{feed: true, server: server, opts: func(o *externalcache.Options) {
 				o.SoftTTL, o.HardTTL, o.TTLJitter = softTTL, time.Hour, 0.01
 				o.OnFeedHealth = health.record

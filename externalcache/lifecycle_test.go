@@ -17,6 +17,7 @@ import (
 
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 )
 
 // seedEnv replays one run of TestShardLifecycleKeysResolve: KSHARD_CACHE_SEED=<the logged seed>.
@@ -181,7 +182,7 @@ func TestShardLifecycleKeysResolve(t *testing.T) {
 // step: a Warm waiting for room when its shard is dropped must not enqueue a fetch for the dropped
 // shard, which no worker would complete and which would block the key in the shard's next tenure.
 func TestWarmWokenByDropShardLeavesNoFetch(t *testing.T) {
-	srv, err := configcenter.Start(context.Background(), configcenter.Options{})
+	srv, err := standin.Start(context.Background(), standin.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 )
 
 func main() {
@@ -27,7 +27,7 @@ func main() {
 
 func run() error {
 	var (
-		opts       configcenter.Options
+		opts       standin.Options
 		tokenFile  string
 		latency    time.Duration
 		jitter     time.Duration
@@ -69,7 +69,7 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	srv, err := configcenter.Start(ctx, opts)
+	srv, err := standin.Start(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,9 @@ import (
 // (k8s.io/apiserver's generic server, the custom metrics API server of
 // cmd/kshard-metrics-adapter): that is another binary's size, package
 // inits and global flags and metrics, which a controller replica has no use
-// for.
+// for. Nor the stand-in config center's server (internal/configcenter/standin):
+// a replica is its client, and the server's store, fault injection and
+// metrics registry are the sandbox's and the tests'.
 func TestReplicaBinaryLinksNoTestHarness(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {
@@ -29,6 +31,9 @@ func TestReplicaBinaryLinksNoTestHarness(t *testing.T) {
 		if pkg == "k8s.io/apiserver/pkg/server" || pkg == "k8s.io/apiserver/pkg/endpoints" ||
 			strings.HasPrefix(pkg, "sigs.k8s.io/custom-metrics-apiserver/") || strings.HasSuffix(pkg, "kshard/internal/custommetrics") {
 			t.Errorf("kshard links %s: the custom metrics API server belongs in cmd/kshard-metrics-adapter", pkg)
+		}
+		if strings.HasSuffix(pkg, "kshard/internal/configcenter/standin") {
+			t.Errorf("kshard links %s: the stand-in config center's server belongs in cmd/configcenter", pkg)
 		}
 	}
 }

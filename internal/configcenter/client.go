@@ -146,7 +146,7 @@ func (c *Client) Put(ctx context.Context, domain, key, value string) (Value, err
 		return Value{}, fmt.Errorf("putting %s/%s: %w", domain, key, err)
 	}
 	var v Value
-	err := c.do(ctx, c.opts.RequestTimeout, http.MethodPut, KeyPath(domain, key), nil, putBody{Value: &value}, false,
+	err := c.do(ctx, c.opts.RequestTimeout, http.MethodPut, KeyPath(domain, key), nil, PutBody{Value: &value}, false,
 		func(r io.Reader) (err error) { v, err = decodeValue(r, c.opts.MaxResponseBytes); return err })
 	if err != nil {
 		return Value{}, fmt.Errorf("putting %s/%s: %w", domain, key, err)
@@ -163,7 +163,7 @@ func (c *Client) Delete(ctx context.Context, domain, key string) (int64, error) 
 		Revision int64 `json:"revision"`
 	}
 	err := c.do(ctx, c.opts.RequestTimeout, http.MethodDelete, KeyPath(domain, key), nil, nil, true,
-		func(r io.Reader) error { return decodeStrict(r, c.opts.MaxResponseBytes, &out) })
+		func(r io.Reader) error { return DecodeStrict(r, c.opts.MaxResponseBytes, &out) })
 	if err != nil {
 		return 0, fmt.Errorf("deleting %s/%s: %w", domain, key, err)
 	}
@@ -194,7 +194,7 @@ func (c *Client) Changes(ctx context.Context, domain string, since int64) (Chang
 func (c *Client) Faults(ctx context.Context) (Faults, error) {
 	var f Faults
 	err := c.do(ctx, c.opts.RequestTimeout, http.MethodGet, "/admin/faults", nil, nil, false,
-		func(r io.Reader) error { return decodeStrict(r, c.opts.MaxResponseBytes, &f) })
+		func(r io.Reader) error { return DecodeStrict(r, c.opts.MaxResponseBytes, &f) })
 	if err != nil {
 		return Faults{}, fmt.Errorf("reading faults: %w", err)
 	}
@@ -204,7 +204,7 @@ func (c *Client) Faults(ctx context.Context) (Faults, error) {
 // SetFaults replaces the injected faults.
 func (c *Client) SetFaults(ctx context.Context, f Faults) error {
 	err := c.do(ctx, c.opts.RequestTimeout, http.MethodPut, "/admin/faults", nil, f, false,
-		func(r io.Reader) error { return decodeStrict(r, c.opts.MaxResponseBytes, &Faults{}) })
+		func(r io.Reader) error { return DecodeStrict(r, c.opts.MaxResponseBytes, &Faults{}) })
 	if err != nil {
 		return fmt.Errorf("setting faults: %w", err)
 	}
@@ -215,7 +215,7 @@ func (c *Client) SetFaults(ctx context.Context, f Faults) error {
 func (c *Client) Seed(ctx context.Context, o SeedOptions) (SeedResult, error) {
 	var res SeedResult
 	err := c.do(ctx, max(c.opts.RequestTimeout, 5*time.Minute), http.MethodPost, "/admin/seed", nil, o, false,
-		func(r io.Reader) error { return decodeStrict(r, c.opts.MaxResponseBytes, &res) })
+		func(r io.Reader) error { return DecodeStrict(r, c.opts.MaxResponseBytes, &res) })
 	if err != nil {
 		return SeedResult{}, fmt.Errorf("seeding: %w", err)
 	}
@@ -226,7 +226,7 @@ func (c *Client) Seed(ctx context.Context, o SeedOptions) (SeedResult, error) {
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
 	err := c.do(ctx, c.opts.RequestTimeout, http.MethodGet, "/admin/stats", nil, nil, false,
-		func(r io.Reader) error { return decodeStrict(r, c.opts.MaxResponseBytes, &s) })
+		func(r io.Reader) error { return DecodeStrict(r, c.opts.MaxResponseBytes, &s) })
 	if err != nil {
 		return Stats{}, fmt.Errorf("reading stats: %w", err)
 	}
@@ -303,7 +303,7 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 		return nil
 	}
 	msg, reason := errorMessage(resp.Body)
-	if resp.StatusCode == http.StatusNotFound && notFound && reason == reasonNotFound {
+	if resp.StatusCode == http.StatusNotFound && notFound && reason == ReasonNotFound {
 		return fmt.Errorf("%w: %s", ErrNotFound, msg)
 	}
 	return &StatusError{
@@ -317,7 +317,7 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 // that are not the expected JSON (a proxy's HTML page, for example).
 func errorMessage(r io.Reader) (msg, reason string) {
 	data, _ := io.ReadAll(io.LimitReader(r, 4<<10))
-	var b errorBody
+	var b ErrorBody
 	if json.Unmarshal(data, &b) == nil && b.Error != "" {
 		return b.Error, b.Reason
 	}

@@ -15,8 +15,8 @@ const (
 	keysPathInfix  = "/keys/"
 )
 
-// errInvalidName is wrapped by every name validation failure so that handlers can answer 400.
-var errInvalidName = errors.New("invalid name")
+// ErrInvalidName is wrapped by every name validation failure so that handlers can answer 400.
+var ErrInvalidName = errors.New("invalid name")
 
 // ValidateDomain reports whether s is usable as a domain: a DNS-1123 label, because a domain is
 // also a shard key and a label value in kshard.
@@ -30,7 +30,7 @@ func ValidateDomain(s string) error {
 		case isLowerAlnum(c):
 		case c == '-' && i > 0 && i < len(s)-1:
 		default:
-			return fmt.Errorf("%w: domain %q must be a DNS-1123 label (lower case letters, digits and '-', starting and ending with a letter or digit)", errInvalidName, s)
+			return fmt.Errorf("%w: domain %q must be a DNS-1123 label (lower case letters, digits and '-', starting and ending with a letter or digit)", ErrInvalidName, s)
 		}
 	}
 	return nil
@@ -49,21 +49,21 @@ func ValidateKey(s string) error {
 		case isLowerAlnum(c):
 		case (c == '.' || c == '_' || c == '-') && i > 0 && i < len(s)-1:
 		default:
-			return fmt.Errorf("%w: key %q must match ^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", errInvalidName, s)
+			return fmt.Errorf("%w: key %q must match ^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$", ErrInvalidName, s)
 		}
 	}
 	if strings.Contains(s, "..") {
-		return fmt.Errorf("%w: key %q must not contain \"..\"", errInvalidName, s)
+		return fmt.Errorf("%w: key %q must not contain \"..\"", ErrInvalidName, s)
 	}
 	return nil
 }
 
 func checkLength(what, s string) error {
 	if s == "" {
-		return fmt.Errorf("%w: %s must not be empty", errInvalidName, what)
+		return fmt.Errorf("%w: %s must not be empty", ErrInvalidName, what)
 	}
 	if len(s) > MaxNameLength {
-		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", errInvalidName, what, len(s), MaxNameLength)
+		return fmt.Errorf("%w: %s is %d bytes long, at most %d are allowed", ErrInvalidName, what, len(s), MaxNameLength)
 	}
 	return nil
 }
@@ -83,11 +83,11 @@ func KeyPath(domain, key string) string {
 func ParseKeyPath(escapedPath string) (domain, key string, err error) {
 	rest, ok := strings.CutPrefix(escapedPath, keysPathPrefix)
 	if !ok {
-		return "", "", fmt.Errorf("%w: path must start with %q", errInvalidName, keysPathPrefix)
+		return "", "", fmt.Errorf("%w: path must start with %q", ErrInvalidName, keysPathPrefix)
 	}
 	domain, key, ok = strings.Cut(rest, keysPathInfix)
 	if !ok {
-		return "", "", fmt.Errorf("%w: path must look like %s<domain>%s<key>", errInvalidName, keysPathPrefix, keysPathInfix)
+		return "", "", fmt.Errorf("%w: path must look like %s<domain>%s<key>", ErrInvalidName, keysPathPrefix, keysPathInfix)
 	}
 	if err := ValidateDomain(domain); err != nil {
 		return "", "", err

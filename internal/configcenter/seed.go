@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // Limits of one seeding, so that a bad request cannot make the server allocate without bound.
@@ -50,28 +49,3 @@ func SeedDomain(i int) string { return "domain-" + strconv.Itoa(i) }
 
 // SeedKey names the j-th seeded key of every seeded domain.
 func SeedKey(j int) string { return "key-" + strconv.Itoa(j) }
-
-func (s *store) seed(o SeedOptions) (SeedResult, error) {
-	if err := o.Validate(); err != nil {
-		return SeedResult{}, fmt.Errorf("seeding: %w", err)
-	}
-	var res SeedResult
-	for i := 0; i < o.Domains; i++ {
-		d := SeedDomain(i)
-		for j := 0; j < o.KeysPerDomain; j++ {
-			k := SeedKey(j)
-			res.Revision = s.put(d, k, seedValue(d, k, o.ValueBytes)).Revision
-			res.Keys++
-		}
-	}
-	return res, nil
-}
-
-// seedValue is deterministic, so that a test can predict what a seeded key holds.
-func seedValue(domain, key string, n int) string {
-	prefix := domain + "/" + key + ":"
-	if n <= len(prefix) {
-		return prefix[:n]
-	}
-	return prefix + strings.Repeat("x", n-len(prefix))
-}

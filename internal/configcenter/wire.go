@@ -62,20 +62,20 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// errorBody is the JSON body of every 4xx and 5xx answer.
-type errorBody struct {
+// ErrorBody is the JSON body of every 4xx and 5xx answer.
+type ErrorBody struct {
 	Error string `json:"error"`
-	// Reason is reasonNotFound on the server's own answer that a domain or
+	// Reason is ReasonNotFound on the server's own answer that a domain or
 	// key does not exist: a 404 without it (a misrouted proxy's page) is
 	// not one, and must not be cached as "this key does not exist".
 	Reason string `json:"reason,omitempty"`
 }
 
-// reasonNotFound marks the config center's authoritative not-found answer.
-const reasonNotFound = "NotFound"
+// ReasonNotFound marks the config center's authoritative not-found answer.
+const ReasonNotFound = "NotFound"
 
-// putBody is the JSON body of a PUT to a key.
-type putBody struct {
+// PutBody is the JSON body of a PUT to a key.
+type PutBody struct {
 	Value *string `json:"value"`
 }
 
@@ -92,8 +92,8 @@ type changeSetBody struct {
 	Epoch    string   `json:"epoch"`
 }
 
-// errBodyTooLarge is returned when a body is longer than the reader allows.
-var errBodyTooLarge = errors.New("body too large")
+// ErrBodyTooLarge is returned when a body is longer than the reader allows.
+var ErrBodyTooLarge = errors.New("body too large")
 
 // readBounded reads at most limit bytes from r and fails, without reading further, when there are
 // more. It is what keeps a broken or hostile peer from making either side buffer without bound.
@@ -103,14 +103,14 @@ func readBounded(r io.Reader, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes", errBodyTooLarge, limit)
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, limit)
 	}
 	return data, nil
 }
 
-// decodeStrict decodes exactly one JSON value into v: unknown fields, trailing data and bodies
+// DecodeStrict decodes exactly one JSON value into v: unknown fields, trailing data and bodies
 // longer than limit are errors, because a peer that sends them is not the peer this code expects.
-func decodeStrict(r io.Reader, limit int64, v any) error {
+func DecodeStrict(r io.Reader, limit int64, v any) error {
 	data, err := readBounded(r, limit)
 	if err != nil {
 		return err
@@ -129,7 +129,7 @@ func decodeStrict(r io.Reader, limit int64, v any) error {
 // decodeValue reads a key's value as the server answers it.
 func decodeValue(r io.Reader, limit int64) (Value, error) {
 	var b valueBody
-	if err := decodeStrict(r, limit, &b); err != nil {
+	if err := DecodeStrict(r, limit, &b); err != nil {
 		return Value{}, err
 	}
 	if b.Value == nil || b.Revision == nil {
@@ -145,7 +145,7 @@ func decodeValue(r io.Reader, limit int64) (Value, error) {
 // corrupt answer cannot make a cache invalidate nonsense keys.
 func decodeChangeSet(r io.Reader, limit int64) (ChangeSet, error) {
 	var b changeSetBody
-	if err := decodeStrict(r, limit, &b); err != nil {
+	if err := DecodeStrict(r, limit, &b); err != nil {
 		return ChangeSet{}, err
 	}
 	if b.Revision == nil || *b.Revision < 0 {

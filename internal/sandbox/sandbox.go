@@ -28,6 +28,7 @@ import (
 
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 )
 
@@ -238,7 +239,7 @@ func (s *sandbox) run(parent context.Context) error {
 
 	// The config center outlives the replicas: they poll its change feed
 	// until they stop, so it stops after them (defers run in reverse).
-	center, err := configcenter.Start(context.WithoutCancel(ctx), configcenter.Options{
+	center, err := standin.Start(context.WithoutCancel(ctx), standin.Options{
 		Addr:   "127.0.0.1:0",
 		Seed:   configcenter.SeedOptions{Domains: s.opts.Domains, KeysPerDomain: s.opts.KeysPerDomain, ValueBytes: 64},
 		Faults: configcenter.Faults{Latency: configcenter.Duration{Duration: s.opts.Latency}},

@@ -25,6 +25,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -103,7 +104,7 @@ func (a *auditBuffer) starts(namespace, name string, since time.Time) int {
 type env struct {
 	c     client.Client
 	ns    string
-	cc    *configcenter.Server
+	cc    *standin.Server
 	audit *auditBuffer
 	opts  replica.Options // of the first replica; more replicas join its ring
 	// stopFirst stops the first replica gracefully.
@@ -127,7 +128,7 @@ func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env
 	c := newClient(t)
 	e := &env{c: c, ns: newNamespace(t, c, name), audit: &auditBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	cc, err := configcenter.Start(ctx, configcenter.Options{Seed: configcenter.SeedOptions{Domains: 4, KeysPerDomain: 4, ValueBytes: 16}})
+	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 4, KeysPerDomain: 4, ValueBytes: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}

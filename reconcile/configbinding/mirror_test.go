@@ -19,6 +19,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -510,7 +511,7 @@ func TestMirrorResumesTheEpoch(t *testing.T) {
 	if err := e.cc.Close(); err != nil {
 		t.Fatal(err)
 	}
-	cc, err := configcenter.Start(context.Background(), configcenter.Options{Addr: addr})
+	cc, err := standin.Start(context.Background(), standin.Options{Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,8 @@
-package configcenter
+package standin
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/configcenter"
 )
 
 // startServer runs a server on a loopback port for the duration of the test.
@@ -33,13 +33,13 @@ func startServer(t *testing.T, opts Options) *Server {
 	return srv
 }
 
-func newClient(t *testing.T, srv *Server, mutate func(*ClientOptions)) *Client {
+func newClient(t *testing.T, srv *Server, mutate func(*configcenter.ClientOptions)) *configcenter.Client {
 	t.Helper()
-	o := ClientOptions{BaseURL: srv.URL(), Caller: "test"}
+	o := configcenter.ClientOptions{BaseURL: srv.URL(), Caller: "test"}
 	if mutate != nil {
 		mutate(&o)
 	}
-	c, err := NewClient(o)
+	c, err := configcenter.NewClient(o)
 	if err != nil {
 		t.Fatalf("creating the client: %v", err)
 	}
@@ -75,16 +75,16 @@ func assertJSONError(t *testing.T, what string, header http.Header, body []byte)
 	if ct := header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("%s: Content-Type %q, want application/json", what, ct)
 	}
-	var e errorBody
-	if err := decodeStrict(bytes.NewReader(body), 1<<20, &e); err != nil || e.Error == "" {
+	var e configcenter.ErrorBody
+	if err := configcenter.DecodeStrict(bytes.NewReader(body), 1<<20, &e); err != nil || e.Error == "" {
 		t.Errorf("%s: body %q is not a JSON error: %v", what, body, err)
 	}
 }
 
 func TestBadRequestsAnswer4xxWithJSONErrors(t *testing.T) {
-	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 8}})
+	srv := startServer(t, Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 8}})
 	base := srv.URL()
-	long := strings.Repeat("a", MaxNameLength+1)
+	long := strings.Repeat("a", configcenter.MaxNameLength+1)
 	cases := []struct {
 		name, method, path, body string
 		want                     int
@@ -147,7 +147,7 @@ func TestKeysHaveRevisionsAndDeletesAreReported(t *testing.T) {
 	c := newClient(t, srv, nil)
 	ctx := context.Background()
 
-	if _, err := c.Get(ctx, "shop", "price"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "shop", "price"); !errors.Is(err, configcenter.ErrNotFound) {
 		t.Fatalf("Get of a missing key: %v, want ErrNotFound", err)
 	}
 	v1, err := c.Put(ctx, "shop", "price", "10")
@@ -169,17 +169,17 @@ func TestKeysHaveRevisionsAndDeletesAreReported(t *testing.T) {
 	if err != nil || rev <= v2.Revision {
 		t.Fatalf("Delete = %d, %v; want a revision above %d", rev, err, v2.Revision)
 	}
-	if _, err := c.Get(ctx, "shop", "price"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "shop", "price"); !errors.Is(err, configcenter.ErrNotFound) {
 		t.Errorf("Get after Delete: %v, want ErrNotFound", err)
 	}
-	if _, err := c.Delete(ctx, "shop", "price"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Delete(ctx, "shop", "price"); !errors.Is(err, configcenter.ErrNotFound) {
 		t.Errorf("second Delete: %v, want ErrNotFound", err)
 	}
 	cs, err := c.Changes(ctx, "shop", v2.Revision)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Change{{Key: "price", Revision: rev, Deleted: true}}
+	want := []configcenter.Change{{Key: "price", Revision: rev, Deleted: true}}
 	if len(cs.Changes) != 1 || cs.Changes[0] != want[0] || cs.Revision != rev {
 		t.Errorf("Changes = %+v, want revision %d and %+v", cs, rev, want)
 	}
@@ -207,7 +207,7 @@ func TestChangesWaitForAChange(t *testing.T) {
 	base, _ := srv.Put("shop", "a", "1")
 	srv.Put("other", "x", "1") // changes elsewhere do not answer the poll
 
-	done := make(chan ChangeSet, 1)
+	done := make(chan configcenter.ChangeSet, 1)
 	errs := make(chan error, 1)
 	go func() {
 		cs, err := c.Changes(ctx, "shop", base.Revision+1)
@@ -221,14 +221,14 @@ func TestChangesWaitForAChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := <-done
-	if len(cs.Changes) != 1 || cs.Changes[0] != (Change{Key: "b", Revision: v.Revision}) {
+	if len(cs.Changes) != 1 || cs.Changes[0] != (configcenter.Change{Key: "b", Revision: v.Revision}) {
 		t.Errorf("Changes = %+v, want only b at revision %d", cs, v.Revision)
 	}
 }
 
 func TestChangesTimeOutWithNoChanges(t *testing.T) {
 	srv := startServer(t, Options{})
-	c := newClient(t, srv, func(o *ClientOptions) { o.PollTimeout = 50 * time.Millisecond })
+	c := newClient(t, srv, func(o *configcenter.ClientOptions) { o.PollTimeout = 50 * time.Millisecond })
 	v, _ := srv.Put("shop", "a", "1")
 	cs, err := c.Changes(context.Background(), "shop", v.Revision)
 	if err != nil {
@@ -248,7 +248,7 @@ func TestChangesArePagedAndRestartsAreVisible(t *testing.T) {
 	srv := startServer(t, Options{MaxChanges: 2})
 	c := newClient(t, srv, nil)
 	ctx := context.Background()
-	var last Value
+	var last configcenter.Value
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		last, _ = srv.Put("shop", k, "v")
 	}
@@ -307,12 +307,12 @@ func TestCloseEndsWaitingPolls(t *testing.T) {
 }
 
 func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
-	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
+	srv := startServer(t, Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1}})
 	c := newClient(t, srv, nil)
 	ctx := context.Background()
 
-	var se *StatusError
-	if err := c.SetFaults(ctx, Faults{Outage: true, RetryAfter: Duration{3 * time.Second}}); err != nil {
+	var se *configcenter.StatusError
+	if err := c.SetFaults(ctx, configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: 3 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Get(ctx, "domain-0", "key-0"); !errors.As(err, &se) || se.Code != 503 || se.RetryAfter != 3*time.Second {
@@ -328,14 +328,14 @@ func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
 		t.Errorf("/metrics during an outage answered %d", code)
 	}
 
-	if err := c.SetFaults(ctx, Faults{ErrorRate: 1}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{ErrorRate: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Get(ctx, "domain-0", "key-0"); !errors.As(err, &se) || se.Code != 500 {
 		t.Errorf("Get with error rate 1: %v, want 500", err)
 	}
 
-	if err := c.SetFaults(ctx, Faults{RateLimit: 0.01, RateBurst: 1}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{RateLimit: 0.01, RateBurst: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Get(ctx, "domain-0", "key-0"); err != nil {
@@ -346,22 +346,22 @@ func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
 	}
 
 	const latency = 30 * time.Millisecond
-	if err := c.SetFaults(ctx, Faults{Latency: Duration{latency}, Jitter: Duration{10 * time.Millisecond}}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{Latency: configcenter.Duration{Duration: latency}, Jitter: configcenter.Duration{Duration: 10 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
 	srv.ResetStats()
 	if _, err := c.Get(ctx, "domain-0", "key-0"); err != nil {
 		t.Fatal(err)
 	}
-	recs := srv.Requests(func(r RequestRecord) bool { return r.Route == RouteGetKey })
+	recs := srv.Requests(func(r configcenter.RequestRecord) bool { return r.Route == configcenter.RouteGetKey })
 	if len(recs) != 1 || recs[0].Done.Sub(recs[0].Arrived) < latency {
 		t.Errorf("requests with injected latency: %+v, want one answered at least %s after it arrived", recs, latency)
 	}
 
-	if err := c.SetFaults(ctx, Faults{ErrorRate: -1}); err == nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{ErrorRate: -1}); err == nil {
 		t.Error("SetFaults accepted a negative error rate")
 	}
-	if err := c.SetFaults(ctx, Faults{}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Get(ctx, "domain-0", "key-0"); err != nil {
@@ -373,7 +373,7 @@ func TestFaultsAreInjectedIntoDataRoutesOnly(t *testing.T) {
 // although a change waits, FailPolls fails polls only, and AlternateEpochs answers every other
 // poll of a domain from another history, with the same changes.
 func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
-	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
+	srv := startServer(t, Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1}})
 	c := newClient(t, srv, nil)
 	ctx := context.Background()
 	first, err := c.Changes(ctx, "domain-0", 0)
@@ -385,7 +385,7 @@ func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := c.SetFaults(ctx, Faults{ShortPolls: true}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{ShortPolls: true}); err != nil {
 		t.Fatal(err)
 	}
 	cs, err := c.Changes(ctx, "domain-0", first.Revision)
@@ -393,8 +393,8 @@ func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 		t.Errorf("poll with ShortPolls: %+v, %v; want no changes at revision %d of epoch %s", cs, err, first.Revision, first.Epoch)
 	}
 
-	var se *StatusError
-	if err := c.SetFaults(ctx, Faults{FailPolls: true}); err != nil {
+	var se *configcenter.StatusError
+	if err := c.SetFaults(ctx, configcenter.Faults{FailPolls: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Changes(ctx, "domain-0", first.Revision); !errors.As(err, &se) || se.Code != http.StatusGatewayTimeout {
@@ -404,7 +404,7 @@ func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 		t.Errorf("Get with FailPolls: %v, want the value", err)
 	}
 
-	if err := c.SetFaults(ctx, Faults{AlternateEpochs: true}); err != nil {
+	if err := c.SetFaults(ctx, configcenter.Faults{AlternateEpochs: true}); err != nil {
 		t.Fatal(err)
 	}
 	var epochs []string
@@ -421,11 +421,11 @@ func TestFeedFaultsBreakTheChangeFeed(t *testing.T) {
 }
 
 func TestTokenIsRequiredExceptForMetricsAndHealth(t *testing.T) {
-	srv := startServer(t, Options{Token: "s3cret", Seed: SeedOptions{Domains: 1, KeysPerDomain: 1}})
+	srv := startServer(t, Options{Token: "s3cret", Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1}})
 	ctx := context.Background()
 	for _, token := range []string{"", "wrong"} {
-		var se *StatusError
-		_, err := newClient(t, srv, func(o *ClientOptions) { o.Token = token }).Get(ctx, "domain-0", "key-0")
+		var se *configcenter.StatusError
+		_, err := newClient(t, srv, func(o *configcenter.ClientOptions) { o.Token = token }).Get(ctx, "domain-0", "key-0")
 		if !errors.As(err, &se) || se.Code != http.StatusUnauthorized {
 			t.Errorf("Get with token %q: %v, want 401", token, err)
 		}
@@ -435,7 +435,7 @@ func TestTokenIsRequiredExceptForMetricsAndHealth(t *testing.T) {
 		t.Errorf("/admin/stats without a token answered %d %v", code, header)
 	}
 	assertJSONError(t, "401", header, body)
-	if _, err := newClient(t, srv, func(o *ClientOptions) { o.Token = "s3cret" }).Get(ctx, "domain-0", "key-0"); err != nil {
+	if _, err := newClient(t, srv, func(o *configcenter.ClientOptions) { o.Token = "s3cret" }).Get(ctx, "domain-0", "key-0"); err != nil {
 		t.Errorf("Get with the token: %v", err)
 	}
 	for _, path := range []string{"/metrics", "/healthz"} {
@@ -446,11 +446,11 @@ func TestTokenIsRequiredExceptForMetricsAndHealth(t *testing.T) {
 }
 
 func TestStatsCountByCallerDomainRouteAndCode(t *testing.T) {
-	srv := startServer(t, Options{Seed: SeedOptions{Domains: 2, KeysPerDomain: 1}})
+	srv := startServer(t, Options{Seed: configcenter.SeedOptions{Domains: 2, KeysPerDomain: 1}})
 	ctx := context.Background()
-	a := newClient(t, srv, func(o *ClientOptions) { o.Caller = "replica-a" })
-	b := newClient(t, srv, func(o *ClientOptions) { o.Caller = "replica-b" })
-	anon := newClient(t, srv, func(o *ClientOptions) { o.Caller = "" })
+	a := newClient(t, srv, func(o *configcenter.ClientOptions) { o.Caller = "replica-a" })
+	b := newClient(t, srv, func(o *configcenter.ClientOptions) { o.Caller = "replica-b" })
+	anon := newClient(t, srv, func(o *configcenter.ClientOptions) { o.Caller = "" })
 	for range 3 {
 		if _, err := a.Get(ctx, "domain-0", "key-0"); err != nil {
 			t.Fatal(err)
@@ -473,20 +473,20 @@ func TestStatsCountByCallerDomainRouteAndCode(t *testing.T) {
 		code                  int
 		want                  int64
 	}{
-		{"replica-a", "domain-0", RouteGetKey, 200, 3},
+		{"replica-a", "domain-0", configcenter.RouteGetKey, 200, 3},
 		{"replica-a", "", "", 0, 3},
-		{"replica-b", "domain-1", RouteGetKey, 200, 2},
-		{"replica-b", "domain-1", RouteGetKey, 404, 1},
-		{"unknown", "domain-0", RouteGetKey, 200, 1},
-		{"", "", RouteGetKey, 0, 7},
+		{"replica-b", "domain-1", configcenter.RouteGetKey, 200, 2},
+		{"replica-b", "domain-1", configcenter.RouteGetKey, 404, 1},
+		{"unknown", "domain-0", configcenter.RouteGetKey, 200, 1},
+		{"", "", configcenter.RouteGetKey, 0, 7},
 	}
 	for _, c := range checks {
 		if got := s.Count(c.caller, c.domain, c.route, c.code); got != c.want {
 			t.Errorf("Count(%q, %q, %q, %d) = %d, want %d", c.caller, c.domain, c.route, c.code, got, c.want)
 		}
 	}
-	if s.Routes[RouteGetKey]["200"] != 6 || s.Routes[RouteGetKey]["404"] != 1 {
-		t.Errorf("per-route totals = %v, want 6 × 200 and 1 × 404", s.Routes[RouteGetKey])
+	if s.Routes[configcenter.RouteGetKey]["200"] != 6 || s.Routes[configcenter.RouteGetKey]["404"] != 1 {
+		t.Errorf("per-route totals = %v, want 6 × 200 and 1 × 404", s.Routes[configcenter.RouteGetKey])
 	}
 	_, _, metrics := rawRequest(t, "GET", srv.URL()+"/metrics", nil, nil)
 	want := `configcenter_requests_total{caller="replica-a",code="200",domain="domain-0",route="get_key"} 3`
@@ -496,82 +496,28 @@ func TestStatsCountByCallerDomainRouteAndCode(t *testing.T) {
 	if err := a.ResetStats(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := srv.Stats(); s.Total != 1 || s.Count("replica-a", "", RouteAdmin, 200) != 1 {
+	if s := srv.Stats(); s.Total != 1 || s.Count("replica-a", "", configcenter.RouteAdmin, 200) != 1 {
 		t.Errorf("after reset: %+v, want only the reset call itself, counted once it was answered", s)
 	}
 }
 
 func TestSeedWritesPredictableData(t *testing.T) {
-	srv := startServer(t, Options{Seed: SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 4}})
+	srv := startServer(t, Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 4}})
 	c := newClient(t, srv, nil)
 	ctx := context.Background()
-	res, err := c.Seed(ctx, SeedOptions{Domains: 3, KeysPerDomain: 5, ValueBytes: 40})
+	res, err := c.Seed(ctx, configcenter.SeedOptions{Domains: 3, KeysPerDomain: 5, ValueBytes: 40})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Keys != 15 || res.Revision != 2+15 {
 		t.Errorf("Seed = %+v, want 15 keys up to revision 17", res)
 	}
-	v, err := c.Get(ctx, SeedDomain(2), SeedKey(4))
+	v, err := c.Get(ctx, configcenter.SeedDomain(2), configcenter.SeedKey(4))
 	if err != nil || v.Value != seedValue("domain-2", "key-4", 40) || len(v.Value) != 40 {
 		t.Errorf("seeded value = %+v, %v", v, err)
 	}
-	if _, err := c.Seed(ctx, SeedOptions{ValueBytes: maxSeedValueBytes + 1}); err == nil {
+	if _, err := c.Seed(ctx, configcenter.SeedOptions{ValueBytes: 1<<20 + 1}); err == nil {
 		t.Error("Seed accepted an oversized value")
-	}
-}
-
-func TestClientRejectsBadBaseURLs(t *testing.T) {
-	for _, u := range []string{"", "ftp://x", "http://", "http://h/path", "http://h?q=1", "::"} {
-		if _, err := NewClient(ClientOptions{BaseURL: u}); err == nil {
-			t.Errorf("NewClient(%q) succeeded", u)
-		}
-	}
-	// A token goes over plain http only to this machine.
-	for _, u := range []string{"http://configcenter.example:8080", "http://10.0.0.1"} {
-		if _, err := NewClient(ClientOptions{BaseURL: u, Token: "secret"}); err == nil || !strings.Contains(err.Error(), "https") {
-			t.Errorf("NewClient(%q) with a token: %v, want a refusal", u, err)
-		}
-	}
-	for _, u := range []string{"http://127.0.0.1:8080", "http://localhost", "http://[::1]:1", "https://configcenter.example"} {
-		if _, err := NewClient(ClientOptions{BaseURL: u, Token: "secret"}); err != nil {
-			t.Errorf("NewClient(%q) with a token: %v", u, err)
-		}
-	}
-	c, err := NewClient(ClientOptions{BaseURL: "http://127.0.0.1:1/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Get(context.Background(), "Bad", "k"); err == nil || !strings.Contains(err.Error(), "DNS-1123") {
-		t.Errorf("Get with a bad domain: %v, want a validation error before any request", err)
-	}
-}
-
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	cases := map[string]time.Duration{
-		"":                              0,
-		"2":                             2 * time.Second,
-		"-1":                            0,
-		"soon":                          0,
-		"Thu, 01 Jan 2026 00:00:05 GMT": 5 * time.Second,
-		"Wed, 31 Dec 2025 23:59:00 GMT": 0,
-	}
-	for in, want := range cases {
-		if got := parseRetryAfter(in, now); got != want {
-			t.Errorf("parseRetryAfter(%q) = %s, want %s", in, got, want)
-		}
-	}
-}
-
-func TestStatusErrorCarriesTheServerMessage(t *testing.T) {
-	e := &StatusError{Code: 429, RetryAfter: 2 * time.Second, Message: "slow down"}
-	if e.StatusCode() != 429 || e.RetryAfterHint() != 2*time.Second ||
-		!strings.Contains(e.Error(), "429") || !strings.Contains(e.Error(), "slow down") {
-		t.Errorf("StatusError = %q", e.Error())
-	}
-	if got, _ := errorMessage(strings.NewReader("<html>" + strings.Repeat("x", 10000))); len(got) > 210 {
-		t.Errorf("errorMessage of a large non-JSON body is %d bytes long", len(got))
 	}
 }
 
@@ -584,7 +530,7 @@ func TestConcurrentWritesKeepRevisionsUnique(t *testing.T) {
 	for i := range 8 {
 		wg.Go(func() {
 			for j := range 10 {
-				v, err := c.Put(context.Background(), "shop", SeedKey(i), SeedKey(j))
+				v, err := c.Put(context.Background(), "shop", configcenter.SeedKey(i), configcenter.SeedKey(j))
 				if err != nil {
 					t.Error(err)
 					return
@@ -616,20 +562,6 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-func TestDurationJSON(t *testing.T) {
-	var f Faults
-	if err := json.Unmarshal([]byte(`{"latency":"1.5s","jitter":"10ms"}`), &f); err != nil {
-		t.Fatal(err)
-	}
-	if f.Latency.Duration != 1500*time.Millisecond || f.Jitter.Duration != 10*time.Millisecond {
-		t.Errorf("decoded %+v", f)
-	}
-	out, _ := json.Marshal(f)
-	if !strings.Contains(string(out), `"latency":"1.5s"`) {
-		t.Errorf("encoded %s", out)
-	}
-}
-
 // TestOnlyTheServersNotFoundIsNotFound: a 404 from something in front of the
 // config center (a misrouted proxy's page) is an error, never "this key does
 // not exist", which the cache would remember; the server's own answer is.
@@ -637,7 +569,7 @@ func TestDurationJSON(t *testing.T) {
 func TestOnlyTheServersNotFoundIsNotFound(t *testing.T) {
 	srv := startServer(t, Options{})
 	c := newClient(t, srv, nil)
-	if _, err := c.Get(context.Background(), "no-such-domain", "k"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(context.Background(), "no-such-domain", "k"); !errors.Is(err, configcenter.ErrNotFound) {
 		t.Fatalf("the server's own not-found: %v, want ErrNotFound", err)
 	}
 	var answer atomic.Value
@@ -648,25 +580,25 @@ func TestOnlyTheServersNotFoundIsNotFound(t *testing.T) {
 		_, _ = io.WriteString(w, a[1])
 	}))
 	t.Cleanup(proxy.Close)
-	pc, err := NewClient(ClientOptions{BaseURL: proxy.URL})
+	pc, err := configcenter.NewClient(configcenter.ClientOptions{BaseURL: proxy.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	answer.Store([2]string{"404", "<html>Not Found</html>"})
 	_, err = pc.Get(context.Background(), "d", "k")
-	var se *StatusError
-	if errors.Is(err, ErrNotFound) || !errors.As(err, &se) || se.Code != http.StatusNotFound {
+	var se *configcenter.StatusError
+	if errors.Is(err, configcenter.ErrNotFound) || !errors.As(err, &se) || se.Code != http.StatusNotFound {
 		t.Errorf("a proxy's 404: %v, want a StatusError 404 that is not ErrNotFound", err)
 	}
 	answer.Store([2]string{"404", `{"error":"no route"}`})
-	if _, err := pc.Get(context.Background(), "d", "k"); errors.Is(err, ErrNotFound) {
+	if _, err := pc.Get(context.Background(), "d", "k"); errors.Is(err, configcenter.ErrNotFound) {
 		t.Errorf("a 404 without the not-found reason: %v, want not ErrNotFound", err)
 	}
 	answer.Store([2]string{"200", "garbage"})
-	if _, err := pc.Get(context.Background(), "d", "k"); !errors.Is(err, ErrInvalidAnswer) {
+	if _, err := pc.Get(context.Background(), "d", "k"); !errors.Is(err, configcenter.ErrInvalidAnswer) {
 		t.Errorf("an unreadable 200: %v, want ErrInvalidAnswer", err)
 	}
-	src := NewCacheSource(pc)
+	src := configcenter.NewCacheSource(pc)
 	if _, err := src.Fetch(context.Background(), externalcache.Key{Domain: "d", Name: "k"}); !errors.Is(err, externalcache.ErrInvalidValue) {
 		t.Errorf("an unreadable 200 through the cache source: %v, want externalcache.ErrInvalidValue", err)
 	}

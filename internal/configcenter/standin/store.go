@@ -1,4 +1,4 @@
-package configcenter
+package standin
 
 import (
 	"crypto/rand"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"github.com/kshard/kshard/internal/configcenter"
 )
 
 var (
@@ -46,21 +48,21 @@ func newStore() *store {
 	return &store{epoch: rand.Text()[:16], domains: map[string]*domainState{}, created: make(chan struct{})}
 }
 
-func (s *store) get(domain, key string) (Value, error) {
+func (s *store) get(domain, key string) (configcenter.Value, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d, ok := s.domains[domain]
 	if !ok {
-		return Value{}, fmt.Errorf("%w: %s", errUnknownDomain, domain)
+		return configcenter.Value{}, fmt.Errorf("%w: %s", errUnknownDomain, domain)
 	}
 	r, ok := d.keys[key]
 	if !ok || r.deleted {
-		return Value{}, fmt.Errorf("%w: %s/%s", errUnknownKey, domain, key)
+		return configcenter.Value{}, fmt.Errorf("%w: %s/%s", errUnknownKey, domain, key)
 	}
-	return Value{Value: r.value, Revision: r.revision}, nil
+	return configcenter.Value{Value: r.value, Revision: r.revision}, nil
 }
 
-func (s *store) put(domain, key, value string) Value {
+func (s *store) put(domain, key, value string) configcenter.Value {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.domainLocked(domain)
@@ -75,7 +77,7 @@ func (s *store) put(domain, key, value string) Value {
 	}
 	*r = record{value: value, revision: s.revision}
 	s.changedLocked(d)
-	return Value{Value: value, Revision: s.revision}
+	return configcenter.Value{Value: value, Revision: s.revision}
 }
 
 // delete keeps a tombstone so that the change feed can tell pollers the key is gone.
@@ -117,22 +119,22 @@ func (s *store) changedLocked(d *domainState) {
 // changes answers what changed in domain after since, at most limit changes in revision order.
 // When nothing did, it also returns a channel that is closed on the next change that could be
 // relevant, so the caller can wait for it.
-func (s *store) changes(domain string, since int64, limit int) (ChangeSet, <-chan struct{}) {
+func (s *store) changes(domain string, since int64, limit int) (configcenter.ChangeSet, <-chan struct{}) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d, ok := s.domains[domain]
 	if !ok {
-		return ChangeSet{Revision: s.revision, Changes: []Change{}, Epoch: s.epoch}, s.created
+		return configcenter.ChangeSet{Revision: s.revision, Changes: []configcenter.Change{}, Epoch: s.epoch}, s.created
 	}
 	if since > s.revision || d.revision <= since {
 		// since > revision: the caller knows a future this server does not (it restarted); it
 		// learns so from a Revision lower than it asked for.
-		return ChangeSet{Revision: s.revision, Changes: []Change{}, Epoch: s.epoch}, d.changed
+		return configcenter.ChangeSet{Revision: s.revision, Changes: []configcenter.Change{}, Epoch: s.epoch}, d.changed
 	}
-	changes := make([]Change, 0, 16)
+	changes := make([]configcenter.Change, 0, 16)
 	for k, r := range d.keys {
 		if r.revision > since {
-			changes = append(changes, Change{Key: k, Revision: r.revision, Deleted: r.deleted})
+			changes = append(changes, configcenter.Change{Key: k, Revision: r.revision, Deleted: r.deleted})
 		}
 	}
 	sort.Slice(changes, func(i, j int) bool { return changes[i].Revision < changes[j].Revision })
@@ -141,7 +143,7 @@ func (s *store) changes(domain string, since int64, limit int) (ChangeSet, <-cha
 		changes = changes[:limit]
 		rev = changes[limit-1].Revision
 	}
-	return ChangeSet{Revision: rev, Changes: changes, Epoch: s.epoch}, nil
+	return configcenter.ChangeSet{Revision: rev, Changes: changes, Epoch: s.epoch}, nil
 }
 
 // counts returns the number of domains, live keys and the current revision, for metrics.

@@ -1,4 +1,4 @@
-package configcenter
+package standin
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kshard/kshard/internal/configcenter"
 )
 
 // MaxBodyBytes bounds every request body the server reads.
@@ -28,9 +30,9 @@ type Options struct {
 	// Token, when set, is the bearer token every route except /metrics and /healthz requires.
 	Token string
 	// Seed is written before the server starts answering.
-	Seed SeedOptions
+	Seed configcenter.SeedOptions
 	// Faults are the faults injected from the start.
-	Faults Faults
+	Faults configcenter.Faults
 	// MaxPollTimeout bounds how long a change-feed poll may wait. Default 30s.
 	MaxPollTimeout time.Duration
 	// DefaultPollTimeout is the wait of a poll that names none. Default 25s.
@@ -204,12 +206,12 @@ func (s *Server) closeFreshConns() {
 
 // Put writes a key in process, as a PUT would, without faults or accounting. Tests use it to
 // change data while injecting an outage.
-func (s *Server) Put(domain, key, value string) (Value, error) {
-	if err := ValidateDomain(domain); err != nil {
-		return Value{}, err
+func (s *Server) Put(domain, key, value string) (configcenter.Value, error) {
+	if err := configcenter.ValidateDomain(domain); err != nil {
+		return configcenter.Value{}, err
 	}
-	if err := ValidateKey(key); err != nil {
-		return Value{}, err
+	if err := configcenter.ValidateKey(key); err != nil {
+		return configcenter.Value{}, err
 	}
 	return s.store.put(domain, key, value), nil
 }
@@ -224,22 +226,24 @@ func (s *Server) Delete(domain, key string) (int64, error) {
 }
 
 // Seed writes synthetic data in process, as POST /admin/seed would.
-func (s *Server) Seed(o SeedOptions) (SeedResult, error) { return s.store.seed(o) }
+func (s *Server) Seed(o configcenter.SeedOptions) (configcenter.SeedResult, error) {
+	return s.store.seed(o)
+}
 
 // SetFaults replaces the injected faults.
-func (s *Server) SetFaults(f Faults) error { return s.faults.set(f) }
+func (s *Server) SetFaults(f configcenter.Faults) error { return s.faults.set(f) }
 
 // Faults returns the injected faults.
-func (s *Server) Faults() Faults { return s.faults.get() }
+func (s *Server) Faults() configcenter.Faults { return s.faults.get() }
 
 // Stats returns the request counts since start or the last ResetStats.
-func (s *Server) Stats() Stats { return s.rec.stats() }
+func (s *Server) Stats() configcenter.Stats { return s.rec.stats() }
 
 // ResetStats clears Stats and the request log (not the Prometheus counters).
 func (s *Server) ResetStats() { s.rec.reset() }
 
 // Requests returns the logged requests that match, oldest first; nil matches all.
-func (s *Server) Requests(match func(RequestRecord) bool) []RequestRecord {
+func (s *Server) Requests(match func(configcenter.RequestRecord) bool) []configcenter.RequestRecord {
 	return s.rec.requests(match)
 }
 
@@ -268,11 +272,11 @@ func (s *Server) handler() http.Handler {
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 			return
 		}
-		sw := &statusWriter{ResponseWriter: w, rec: RequestRecord{
+		sw := &statusWriter{ResponseWriter: w, rec: configcenter.RequestRecord{
 			Arrived: time.Now(),
-			Caller:  labelValue(r.Header.Get(CallerHeader), "unknown"),
+			Caller:  labelValue(r.Header.Get(configcenter.CallerHeader), "unknown"),
 			Method:  r.Method,
-			Route:   RouteUnknown,
+			Route:   configcenter.RouteUnknown,
 		}}
 		defer func() {
 			sw.rec.Done = time.Now()
@@ -295,7 +299,7 @@ func (s *Server) handler() http.Handler {
 // statusWriter remembers the answer's status and the request's route for accounting.
 type statusWriter struct {
 	http.ResponseWriter
-	rec RequestRecord
+	rec configcenter.RequestRecord
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -355,25 +359,25 @@ func (s *Server) injectFaults(w http.ResponseWriter, r *http.Request) bool {
 
 func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 	route := map[string]string{
-		http.MethodGet: RouteGetKey, http.MethodPut: RoutePutKey, http.MethodDelete: RouteDeleteKey,
+		http.MethodGet: configcenter.RouteGetKey, http.MethodPut: configcenter.RoutePutKey, http.MethodDelete: configcenter.RouteDeleteKey,
 	}[r.Method]
 	if route == "" {
-		route = RouteUnknown
+		route = configcenter.RouteUnknown
 	}
 	describe(w, route, r.PathValue("domain"), r.PathValue("key"))
 	if !s.authorize(w, r) {
 		return
 	}
-	if route == RouteUnknown {
+	if route == configcenter.RouteUnknown {
 		methodNotAllowed(w, "GET, PUT, DELETE")
 		return
 	}
-	domain, key, err := ParseKeyPath(r.URL.EscapedPath())
+	domain, key, err := configcenter.ParseKeyPath(r.URL.EscapedPath())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	var body putBody
+	var body configcenter.PutBody
 	if r.Method == http.MethodPut {
 		// Read the body before injecting faults: a rejected client must not be left writing.
 		if !decodeBody(w, r, &body) {
@@ -391,7 +395,7 @@ func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		v, err := s.store.get(domain, key)
 		if err != nil {
-			writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error(), Reason: reasonNotFound})
+			writeJSON(w, http.StatusNotFound, configcenter.ErrorBody{Error: err.Error(), Reason: configcenter.ReasonNotFound})
 			return
 		}
 		writeJSON(w, http.StatusOK, v)
@@ -400,7 +404,7 @@ func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 	case http.MethodDelete:
 		rev, err := s.store.delete(domain, key)
 		if err != nil {
-			writeJSON(w, http.StatusNotFound, errorBody{Error: err.Error(), Reason: reasonNotFound})
+			writeJSON(w, http.StatusNotFound, configcenter.ErrorBody{Error: err.Error(), Reason: configcenter.ReasonNotFound})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]int64{"revision": rev})
@@ -409,7 +413,7 @@ func (s *Server) serveKey(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 	domain := r.PathValue("domain")
-	describe(w, RouteChanges, domain, "")
+	describe(w, configcenter.RouteChanges, domain, "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -417,7 +421,7 @@ func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 		methodNotAllowed(w, "GET")
 		return
 	}
-	if err := ValidateDomain(domain); err != nil {
+	if err := configcenter.ValidateDomain(domain); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -435,14 +439,14 @@ func (s *Server) serveChanges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.ShortPolls {
-		writeJSON(w, http.StatusOK, ChangeSet{Revision: since, Changes: []Change{}, Epoch: s.store.epoch})
+		writeJSON(w, http.StatusOK, configcenter.ChangeSet{Revision: since, Changes: []configcenter.Change{}, Epoch: s.store.epoch})
 		return
 	}
-	answer := func(cs ChangeSet) { writeJSON(w, http.StatusOK, cs) }
+	answer := func(cs configcenter.ChangeSet) { writeJSON(w, http.StatusOK, cs) }
 	if f.AlternateEpochs && s.faults.secondHistory(domain) {
 		// The other history's answer: its own epoch with the same changes (a twin with the
 		// same data, numbered alike, is the kindest case).
-		answer = func(cs ChangeSet) {
+		answer = func(cs configcenter.ChangeSet) {
 			cs.Epoch += "-twin"
 			writeJSON(w, http.StatusOK, cs)
 		}
@@ -499,7 +503,7 @@ func (s *Server) pollParams(r *http.Request) (since int64, timeout time.Duration
 }
 
 func (s *Server) serveSeed(w http.ResponseWriter, r *http.Request) {
-	describe(w, RouteAdmin, "", "")
+	describe(w, configcenter.RouteAdmin, "", "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -507,7 +511,7 @@ func (s *Server) serveSeed(w http.ResponseWriter, r *http.Request) {
 		methodNotAllowed(w, "POST")
 		return
 	}
-	var o SeedOptions
+	var o configcenter.SeedOptions
 	if !decodeBody(w, r, &o) {
 		return
 	}
@@ -521,7 +525,7 @@ func (s *Server) serveSeed(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveFaults(w http.ResponseWriter, r *http.Request) {
-	describe(w, RouteAdmin, "", "")
+	describe(w, configcenter.RouteAdmin, "", "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -529,7 +533,7 @@ func (s *Server) serveFaults(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		writeJSON(w, http.StatusOK, s.faults.get())
 	case http.MethodPut:
-		var f Faults
+		var f configcenter.Faults
 		if !decodeBody(w, r, &f) {
 			return
 		}
@@ -545,7 +549,7 @@ func (s *Server) serveFaults(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
-	describe(w, RouteAdmin, "", "")
+	describe(w, configcenter.RouteAdmin, "", "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -557,7 +561,7 @@ func (s *Server) serveStats(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveStatsReset(w http.ResponseWriter, r *http.Request) {
-	describe(w, RouteAdmin, "", "")
+	describe(w, configcenter.RouteAdmin, "", "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -570,7 +574,7 @@ func (s *Server) serveStatsReset(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveRequests(w http.ResponseWriter, r *http.Request) {
-	describe(w, RouteAdmin, "", "")
+	describe(w, configcenter.RouteAdmin, "", "")
 	if !s.authorize(w, r) {
 		return
 	}
@@ -580,7 +584,7 @@ func (s *Server) serveRequests(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	want := map[string]string{"caller": q.Get("caller"), "domain": q.Get("domain"), "key": q.Get("key"), "route": q.Get("route")}
-	writeJSON(w, http.StatusOK, s.rec.requests(func(rec RequestRecord) bool {
+	writeJSON(w, http.StatusOK, s.rec.requests(func(rec configcenter.RequestRecord) bool {
 		have := map[string]string{"caller": rec.Caller, "domain": rec.Domain, "key": rec.Key, "route": rec.Route}
 		for k, v := range want {
 			if v != "" && have[k] != v {
@@ -593,12 +597,12 @@ func (s *Server) serveRequests(w http.ResponseWriter, r *http.Request) {
 
 // decodeBody reads a bounded, strictly decoded JSON body, answering 413 or 400 itself.
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	err := decodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), MaxBodyBytes, v)
+	err := configcenter.DecodeStrict(http.MaxBytesReader(w, r.Body, MaxBodyBytes), MaxBodyBytes, v)
 	var tooLarge *http.MaxBytesError
 	switch {
 	case err == nil:
 		return true
-	case errors.As(err, &tooLarge) || errors.Is(err, errBodyTooLarge):
+	case errors.As(err, &tooLarge) || errors.Is(err, configcenter.ErrBodyTooLarge):
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes))
 	default:
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -612,7 +616,7 @@ func methodNotAllowed(w http.ResponseWriter, allow string) {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, errorBody{Error: msg})
+	writeJSON(w, code, configcenter.ErrorBody{Error: msg})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

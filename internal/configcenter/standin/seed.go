@@ -1,0 +1,33 @@
+package standin
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kshard/kshard/internal/configcenter"
+)
+
+func (s *store) seed(o configcenter.SeedOptions) (configcenter.SeedResult, error) {
+	if err := o.Validate(); err != nil {
+		return configcenter.SeedResult{}, fmt.Errorf("seeding: %w", err)
+	}
+	var res configcenter.SeedResult
+	for i := 0; i < o.Domains; i++ {
+		d := configcenter.SeedDomain(i)
+		for j := 0; j < o.KeysPerDomain; j++ {
+			k := configcenter.SeedKey(j)
+			res.Revision = s.put(d, k, seedValue(d, k, o.ValueBytes)).Revision
+			res.Keys++
+		}
+	}
+	return res, nil
+}
+
+// seedValue is deterministic, so that a test can predict what a seeded key holds.
+func seedValue(domain, key string, n int) string {
+	prefix := domain + "/" + key + ":"
+	if n <= len(prefix) {
+		return prefix[:n]
+	}
+	return prefix + strings.Repeat("x", n-len(prefix))
+}
