@@ -8,13 +8,19 @@ FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 WORKDIR /src
-# Dependencies first: this layer is reused until go.mod or go.sum change.
+# go.work names modules the build context leaves out (deploy/, .dockerignore):
+# each module is built on its own, the adapter's with its replace of the main
+# module.
+ENV GOWORK=off
+# Dependencies first: this layer is reused until a go.mod or go.sum changes.
 COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY cmd/kshard-metrics-adapter/go.mod cmd/kshard-metrics-adapter/go.sum ./cmd/kshard-metrics-adapter/
+RUN --mount=type=cache,target=/go/pkg/mod go mod download && cd cmd/kshard-metrics-adapter && go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/kshard ./cmd/configcenter && \
+    cd cmd/kshard-metrics-adapter && go build -trimpath -ldflags="-s -w" -o /out/ .
 
 FROM gcr.io/distroless/static:nonroot
 COPY --from=build /out/kshard /out/kshard-metrics-adapter /out/configcenter /

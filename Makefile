@@ -34,30 +34,38 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout 45m -ldflags=-w -p 4
 # tests stop, which make test waits for dozens of times. A GORACE of the
 # user's own is kept.
 export GORACE ?= atexit_sleep_ms=0
+# The modules of go.work: the main one (the libraries, the controller and
+# the sandbox) and the four kept apart so that their dependencies never reach
+# the main go.mod, and with it a library user's module graph: the load
+# tester (goja, esbuild, kustomize), the end-to-end suite, deploy/'s tests
+# (kind, kustomize) and the custom metrics adapter (custom-metrics-apiserver).
+# ./... names only the main module's packages; each module is named here.
+MODULES := . ./loadtest ./e2e ./deploy ./cmd/kshard-metrics-adapter
+PACKAGES := $(addsuffix /...,$(MODULES))
 # Every package with tests, the slowest first: go test runs them -p at a
 # time in the order given, so the long ones start at once and the short ones
 # fill in around them. In ./... order the slowest, sharding, came last and
 # ran alone for minutes. Packages without tests are left out (make test vets,
-# and so compiles, every package first), and cmd/loadtest is tested on its
-# own: its test binary has the loadtest package's name, loadtest.test, and
-# both cannot be kept in one folder (TEST_BIN below).
+# and so compiles, every package first), and loadtest/cmd/loadtest is tested
+# on its own: its test binary has the loadtest package's name, loadtest.test,
+# and both cannot be kept in one folder (TEST_BIN below).
 TEST_PACKAGES ?= ./sharding ./reconcile/configbinding ./loadtest ./deploy ./internal/sandbox ./cmd/kshard \
-	$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | grep -v '/cmd/loadtest$$')
+	$(shell go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' $(PACKAGES) | grep -v '/loadtest/cmd/loadtest$$')
 # go test links every test binary anew on each run (half a minute of CPU
 # per make test here), unless it is told to keep it: with -o, a binary whose
 # inputs did not change is found up to date and not linked again. Both test
 # lanes build the same binaries (-short is read when a test runs), so
 # switching lanes links nothing either.
 TEST_BIN := $(BIN)/test
-# go_test runs go test on TEST_PACKAGES and cmd/loadtest, with extra flags.
-# It links every test binary (-c) before it runs any: on a cold build cache
-# (CI), -p 4 would otherwise run the first tests beside three compiles, and
-# the tests' Lease renewals would wait behind them.
+# go_test runs go test on TEST_PACKAGES and loadtest/cmd/loadtest, with extra
+# flags. It links every test binary (-c) before it runs any: on a cold build
+# cache (CI), -p 4 would otherwise run the first tests beside three compiles,
+# and the tests' Lease renewals would wait behind them.
 define go_test
 	go test $(GO_TEST_FLAGS) -c -o $(TEST_BIN)/ $(TEST_PACKAGES)
-	go test $(GO_TEST_FLAGS) -c -o $(TEST_BIN)/cmd/ ./cmd/loadtest
+	go test $(GO_TEST_FLAGS) -c -o $(TEST_BIN)/cmd/ ./loadtest/cmd/loadtest
 	go test $(GO_TEST_FLAGS) $(1) -o $(TEST_BIN)/ $(TEST_PACKAGES)
-	go test $(GO_TEST_FLAGS) $(1) -o $(TEST_BIN)/cmd/ ./cmd/loadtest
+	go test $(GO_TEST_FLAGS) $(1) -o $(TEST_BIN)/cmd/ ./loadtest/cmd/loadtest
 endef
 RUN_ARGS ?=
 
@@ -73,7 +81,7 @@ run: controlplane ## Start the local sandbox (control plane, config center, thre
 
 .PHONY: test
 test: controlplane-if-needed prometheus-tools ## Run every test with the race detector against a real control plane.
-	go vet ./...
+	go vet $(PACKAGES)
 	$(call go_test)
 
 .PHONY: test-unit
@@ -81,12 +89,12 @@ test-unit: prometheus-tools ## The fast lane while editing: tests that need no c
 	$(call go_test,-short)
 
 .PHONY: lint
-lint: ## gofmt check of every Go file; go vet of the main module, hack/controlplane/etcd and hack/prometheus.
+lint: ## gofmt check of every Go file; go vet of go.work's modules, hack/controlplane/etcd and hack/prometheus.
 	@files=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './bin/*')); \
 	if [[ -n $$files ]]; then echo "not gofmt-clean:"; echo "$$files"; exit 1; fi
-	go vet ./...
-	cd hack/controlplane/etcd && go vet ./...
-	cd hack/prometheus && go vet ./...
+	go vet $(PACKAGES)
+	cd hack/controlplane/etcd && GOWORK=off go vet ./...
+	cd hack/prometheus && GOWORK=off go vet ./...
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
@@ -97,8 +105,8 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRDs into deploy/crd.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=deploy/crd
 
 .PHONY: build
-build: ## Build every command of cmd/ (kshard, kshard-dev, configcenter, loadtest, plaincontroller, kshard-metrics-adapter) into bin/.
-	go build -o $(BIN)/ ./cmd/...
+build: ## Build every command (kshard, kshard-dev, configcenter, plaincontroller, kshard-metrics-adapter, loadtest) into bin/.
+	go build -o $(BIN)/ ./cmd/... ./cmd/kshard-metrics-adapter ./loadtest/cmd/loadtest
 
 ##@ Control plane
 
@@ -118,13 +126,13 @@ controlplane-if-needed:
 prometheus-tools: $(PROMTOOL) $(PROMQL_SELECTORS) ## Build promtool and promql-selectors from the pinned Prometheus module into bin/.
 
 $(PROMTOOL): hack/prometheus/go.mod
-	cd hack/prometheus && go build -tags $(PROMETHEUS_TAGS) -o $@ github.com/prometheus/prometheus/cmd/promtool
+	cd hack/prometheus && GOWORK=off go build -tags $(PROMETHEUS_TAGS) -o $@ github.com/prometheus/prometheus/cmd/promtool
 
 $(PROMQL_SELECTORS): hack/prometheus/go.mod $(wildcard hack/prometheus/cmd/promql-selectors/*.go)
-	cd hack/prometheus && go build -tags $(PROMETHEUS_TAGS) -o $@ ./cmd/promql-selectors
+	cd hack/prometheus && GOWORK=off go build -tags $(PROMETHEUS_TAGS) -o $@ ./cmd/promql-selectors
 
 $(CONTROLLER_GEN): hack/tools/go.mod
-	cd hack/tools && go build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen
+	cd hack/tools && GOWORK=off go build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen
 
 .PHONY: help
 help: ## Show this help.
@@ -200,5 +208,5 @@ cluster-images: node-images ## Rebuild the images and import them into the runni
 
 .PHONY: lint-node
 lint-node: ## Vet the image tool's module and shellcheck the node and cluster scripts (if shellcheck is installed).
-	cd hack/image && go vet ./...
+	cd hack/image && GOWORK=off go vet ./...
 	@if command -v shellcheck >/dev/null; then shellcheck -x hack/cluster/*.sh hack/node/build.sh hack/image/build.sh; else echo "shellcheck not installed: scripts not checked"; fi

@@ -21,7 +21,7 @@
 // becoming Ready, a shard without an owner for longer than a lease duration
 // plus a retry period, or a replica above its memory limit.
 //
-// cmd/loadtest is this package plus flags; loadtest/README.md says what each
+// loadtest/cmd/loadtest is this package plus flags; loadtest/README.md says what each
 // scenario does and what each number means.
 package loadtest
 

@@ -320,7 +320,7 @@ func (t *podTarget) authorize(ctx context.Context, ns string) error {
 	if err != nil {
 		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", ns, metricsReader, err)
 	}
-	// As kshard-metrics-adapter scrapes the replicas (internal/custommetrics).
+	// As kshard-metrics-adapter scrapes the replicas (cmd/kshard-metrics-adapter/internal/custommetrics).
 	rt, err := transport.New(&transport.Config{UserAgent: "kshard-loadtest", BearerToken: tr.Status.Token, TLS: transport.TLSConfig{Insecure: true}})
 	if err != nil {
 		return fmt.Errorf("the metrics transport: %w", err)

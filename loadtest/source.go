@@ -30,7 +30,7 @@ type Source struct {
 // Where a Source was read.
 const (
 	// sourceFromBuild is the load tester binary's VCS stamp (go build of
-	// cmd/loadtest in the repository).
+	// loadtest/cmd/loadtest in the repository).
 	sourceFromBuild = "build info"
 	// sourceFromGit is git in the module root at run time: go run and go
 	// test stamp nothing, and the replicas are built from that tree then.

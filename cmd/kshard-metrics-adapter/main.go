@@ -3,7 +3,7 @@
 // deploy/autoscaling can scale the kshard StatefulSet in a cluster without
 // Prometheus and prometheus-adapter: it scrapes every replica's metrics on a
 // period and sums each one's per-shard objects gauge (package
-// internal/custommetrics). It is an aggregated API server
+// cmd/kshard-metrics-adapter/internal/custommetrics). It is an aggregated API server
 // (sigs.k8s.io/custom-metrics-apiserver), deployed by deploy/metrics-adapter.
 //
 // It is a binary of its own, not a `kshard` subcommand, so that the replica
@@ -31,7 +31,7 @@ import (
 	basecmd "sigs.k8s.io/custom-metrics-apiserver/pkg/cmd"
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/cmd/options"
 
-	"github.com/kshard/kshard/internal/custommetrics"
+	"github.com/kshard/kshard/cmd/kshard-metrics-adapter/internal/custommetrics"
 )
 
 // defaultSecurePort is the adapter's HTTPS port: above 1024, so that it

@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/kshard/kshard/internal/custommetrics"
+	"github.com/kshard/kshard/cmd/kshard-metrics-adapter/internal/custommetrics"
 )
 
 // TestFlags: the defaults a pod with a read-only root file system and no

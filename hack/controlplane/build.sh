@@ -5,6 +5,9 @@
 #
 # Idempotent: a binary that already reports the pinned version is kept.
 set -euo pipefail
+# This folder's modules are not in the repository's go.work (their pins
+# would raise the main module's): go runs each on its own.
+export GOWORK=off
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=$(mkdir -p "${1:-$here/../../bin/k8s}" && cd "${1:-$here/../../bin/k8s}" && pwd)

@@ -15,7 +15,7 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 
 # The Dockerfile's build line: static, no cgo, stripped.
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/" ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter)
-(cd "$here" && go build -o "$bin/image/image" .)
+(cd "$here" && GOWORK=off go build -o "$bin/image/image" .)
 
 "$bin/image/image" -tag kshard:dev -o "$bin/images/kshard.tar" -user 65532:65532 -entrypoint /kshard \
 	-add "/kshard=$bin/image/kshard" -add "/kshard-metrics-adapter=$bin/image/kshard-metrics-adapter" \
@@ -24,7 +24,7 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 # module (hack/prometheus), static, no web UI assets (the API is what the
 # end-to-end suite reads), and of the service discoveries only Kubernetes's
 # (the Makefile's PROMETHEUS_TAGS: a third of the compile).
-(cd "$repo/hack/prometheus" && CGO_ENABLED=0 go build -tags remove_all_sd,enable_kubernetes_sd -trimpath -ldflags="-s -w" \
+(cd "$repo/hack/prometheus" && GOWORK=off CGO_ENABLED=0 go build -tags remove_all_sd,enable_kubernetes_sd -trimpath -ldflags="-s -w" \
 	-o "$bin/image/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
 "$bin/image/image" -tag prometheus:dev -o "$bin/images/prometheus.tar" -user 65532:65532 -entrypoint /bin/prometheus \
 	-add "/bin/prometheus=$bin/image/prometheus"
@@ -33,11 +33,11 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 # Dockerfiles build them; and the module's config/minimal (CRDs, RBAC, the
 # two Deployments, the APIService: no admission webhooks) rendered into
 # bin/keda, which e2e/keda patches for the node.
-(cd "$repo/hack/keda" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/keda/" \
+(cd "$repo/hack/keda" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/keda/" \
 	github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter)
 "$bin/image/image" -tag keda:dev -o "$bin/images/keda.tar" -user 65532:65532 -entrypoint /keda \
 	-add "/keda=$bin/image/keda/operator" -add "/keda-adapter=$bin/image/keda/adapter"
-keda=$(cd "$repo/hack/keda" && go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
+keda=$(cd "$repo/hack/keda" && GOWORK=off go list -m -f '{{.Dir}}' github.com/kedacore/keda/v2)
 mkdir -p "$bin/keda"
 "$bin/node/kubectl" kustomize "$keda/config/minimal" >"$bin/keda/keda.yaml"
 printf '%s\n' "# KEDA's config/minimal at the version hack/keda pins, written by hack/image/build.sh." \

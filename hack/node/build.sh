@@ -9,6 +9,9 @@
 # (most of k8s.io/kubernetes) compile once. Idempotent: a binary that already
 # reports the pinned version is kept, and only the others are built.
 set -euo pipefail
+# This folder's modules are not in the repository's go.work (their pins
+# would raise the main module's): go runs each on its own.
+export GOWORK=off
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=$(mkdir -p "${1:-$here/../../bin/node}" && cd "${1:-$here/../../bin/node}" && pwd)

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/provider"
 
+	"github.com/kshard/kshard/cmd/kshard-metrics-adapter/internal/custommetrics"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/internal/custommetrics"
 	"github.com/kshard/kshard/internal/promtext"
 )
 

@@ -4,8 +4,8 @@
 // ConfigBinding creates and updates, with side-by-side baselines, chaos, and
 // Markdown reports with SVG charts. It is package loadtest plus flags.
 //
-//	go run ./cmd/loadtest --scenario basic --duration 30s
-//	go run ./cmd/loadtest --list-scenarios
+//	go run ./loadtest/cmd/loadtest --scenario basic --duration 30s
+//	go run ./loadtest/cmd/loadtest --list-scenarios
 //
 // It exits 0 when the run completed (and, for chaos and rolling-restart,
 // every check passed), 1 otherwise, and 130 when interrupted; Ctrl-C stops
@@ -176,5 +176,5 @@ func command(args []string) string {
 		}
 		quoted = append(quoted, a)
 	}
-	return strings.TrimSpace("go run ./cmd/loadtest " + strings.Join(quoted, " "))
+	return strings.TrimSpace("go run ./loadtest/cmd/loadtest " + strings.Join(quoted, " "))
 }
