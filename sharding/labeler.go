@@ -11,9 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -30,7 +29,7 @@ import (
 
 // labeler stamps the domain and shard labels on primary objects that have
 // no valid shard label. It runs on one replica at a time, the holder of the
-// ring's labeler Lease (client-go's leader election), and watches only
+// ring's labeler Lease (held as a shard's is: lease.go), and watches only
 // those objects (selector: shard label not in [0, shards)), so it costs
 // nothing while every object is labeled, and no webhook sits on the write
 // path: a new object waits for one watch event and one patch instead. With
@@ -103,8 +102,8 @@ func (l *labeler) setState(st labelerState, why error) {
 	l.log.Info("Labeler", "state", st, "from", from)
 }
 
-// NeedLeaderElection is false: the labeler runs its own election, on Lease
-// <ring>-labeler. A manager's lost election ends the whole process, so a
+// NeedLeaderElection is false: the labeler holds its own Lease,
+// <ring>-labeler, as a shard's is held. A manager's lost election ends the whole process, so a
 // replica paused past its lease while it labels would take its shards down
 // with it; losing this election stops the labeling only, and the replica
 // campaigns again.
@@ -154,121 +153,94 @@ func (l *labeler) Start(ctx context.Context) error {
 	return nil
 }
 
-// campaign runs one election for the labeler Lease, labeling while it is
-// won, until ctx is done, this replica leaves the ring, the term is lost or
-// the labeling ends by itself (failed reports that). Then it steps down:
-// the labeling stops first, then the Lease is released (client-go's
-// ReleaseOnCancel is safe only once the code it guards stopped), so the
-// next labeler can start at once.
+// campaign takes the labeler Lease once it is free or expired, and labels
+// while it holds it, renewing it as a shard's is renewed, until ctx is done,
+// this replica leaves the ring, a renewal fails until the renew deadline
+// (the term is lost: the labeling stops before the Lease can expire for
+// anyone else), or the labeling ends by itself (failed reports that). Then
+// it steps down: the labeling stops first, then the Lease is released, so
+// the next labeler can start at once.
 func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 	r := l.r
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: r.opts.LeaseNamespace, Name: LabelerLeaseName(r.opts.Ring)},
-		Client:     r.leases.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: r.holder},
-	}
-	electCtx, stopElection := context.WithCancel(ctx)
-	defer stopElection()
-	labelCtx, stopLabeling := context.WithCancel(ctx)
-	defer stopLabeling()
-
-	// client-go starts OnStartedLeading in a goroutine of its own, which
-	// may run after Run returned: over keeps such a late term from
-	// labeling, and term waits for one that began.
-	var (
-		termMu  sync.Mutex
-		over    bool
-		term    sync.WaitGroup
-		elected = make(chan struct{}, 1)
-		ended   = make(chan error, 1)
-	)
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock:            lock,
-		LeaseDuration:   r.opts.LeaseDuration,
-		RenewDeadline:   r.opts.RenewDeadline,
-		RetryPeriod:     r.opts.RetryPeriod,
-		ReleaseOnCancel: true,
-		Name:            LabelerLeaseName(r.opts.Ring),
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(termCtx context.Context) {
-				termMu.Lock()
-				if over {
-					termMu.Unlock()
-					return
-				}
-				term.Add(1)
-				termMu.Unlock()
-				defer term.Done()
-				elected <- struct{}{}
-				// The labeling ends with the term, or when this replica
-				// steps down, whichever comes first.
-				lctx, cancel := context.WithCancel(termCtx)
-				defer cancel()
-				defer context.AfterFunc(labelCtx, cancel)()
-				err := l.lead(lctx)
-				switch {
-				case lctx.Err() != nil:
-					err = nil // ended by the term or by stepping down
-				case err == nil:
-					err = errors.New("the labeling stopped by itself")
-				}
-				ended <- err
-			},
-			OnStoppedLeading: func() {},
-		},
-	})
-	if err != nil {
-		// Options.validate refuses the timings client-go refuses.
-		return false, fmt.Errorf("creating the labeler's election: %w", err)
-	}
-	ran := make(chan struct{})
-	go func() { defer close(ran); le.Run(electCtx) }()
+	lease := r.newLeaseWriter(LabelerLeaseName(r.opts.Ring), nil, nil)
 	l.setState(labelerCampaigning, nil)
+	var renewed time.Time
+	for {
+		tctx, cancel := context.WithTimeout(ctx, r.opts.RenewDeadline)
+		start := time.Now()
+		_, err := lease.take(tctx)
+		cancel()
+		if err == nil {
+			renewed = start
+			break
+		}
+		if !errors.Is(err, errLeaseHeld) && !apierrors.IsConflict(err) && ctx.Err() == nil {
+			l.log.Error(err, "Taking the labeler Lease")
+		}
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-l.kick:
+			if r.inRing() != nil {
+				return false, nil
+			}
+		case <-time.After(wait.Jitter(r.opts.RetryPeriod, leaderelection.JitterFactor)):
+		}
+	}
 
+	l.setState(labelerLeading, nil)
+	termCtx, endTerm := context.WithCancel(ctx)
+	defer endTerm()
+	ended := make(chan error, 1)
+	go func() { ended <- l.lead(termCtx) }()
+	renewal := time.NewTicker(r.opts.RetryPeriod)
+	defer renewal.Stop()
 	var why error
-	led := false
-campaigning:
+	lost := false
+leading:
 	for {
 		select {
 		case <-ctx.Done():
 			why = context.Cause(ctx)
-			break campaigning
+			break leading
 		case <-l.kick:
 			if why = r.inRing(); why != nil {
-				break campaigning
+				break leading
 			}
-		case <-elected:
-			led = true
-			l.setState(labelerLeading, nil)
 		case err := <-ended:
-			// Nil: the term ended with the Lease lost.
-			why = errors.New("the labeler Lease was lost")
-			if err != nil {
-				l.log.Error(err, "Labeling failed; stepping down")
-				failed, why = true, err
-			}
-			break campaigning
-		case <-ran:
-			// Run returns by itself only once a term was lost (or ctx
-			// ended); the term's labeling ends too.
-			why = errors.New("the labeler Lease was lost")
+			ended = nil
 			if ctx.Err() != nil {
 				why = context.Cause(ctx)
+				break leading
 			}
-			break campaigning
+			if err == nil {
+				err = errors.New("the labeling stopped by itself")
+			}
+			l.log.Error(err, "Labeling failed; stepping down")
+			failed, why = true, err
+			break leading
+		case <-renewal.C:
+			at, err := lease.renewBefore(ctx, renewed.Add(r.opts.RenewDeadline), r.opts.RetryPeriod/4)
+			if err != nil {
+				lost, why = true, fmt.Errorf("the labeler Lease was lost: %w", err)
+				break leading
+			}
+			renewed = at
 		}
 	}
 	l.setState(labelerSteppingDown, why)
-	stopLabeling()
-	termMu.Lock()
-	over = true
-	termMu.Unlock()
-	term.Wait()
-	stopElection()
-	<-ran
-	if led {
-		l.log.Info("Stopped labeling", "reason", why.Error())
+	endTerm()
+	if ended != nil {
+		<-ended
 	}
+	if !lost {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.RenewDeadline)
+		if err := lease.release(rctx); err != nil {
+			l.log.Error(err, "Releasing the labeler Lease; it expires by itself")
+		}
+		cancel()
+	}
+	l.log.Info("Stopped labeling", "reason", why.Error())
 	return failed, nil
 }
 

@@ -11,7 +11,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
 
@@ -38,19 +37,24 @@ func (st memberState) String() string { return [...]string{"Joining", "Held", "W
 // identity out.
 type memberLease struct {
 	r     *Replica
-	lease *coordinationv1.Lease // as last read or written; nil to re-read
+	lease *leaseWriter
 
 	mu     sync.Mutex
 	state  memberState
 	holder string // the other incarnation, while waiting
 }
 
-func newMemberLease(r *Replica) *memberLease { return &memberLease{r: r} }
+func newMemberLease(r *Replica) *memberLease {
+	opts := r.opts
+	return &memberLease{r: r, lease: r.newLeaseWriter(MemberLeaseName(opts.Ring, opts.Identity),
+		map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindMember},
+		map[string]string{AnnotationShards: strconv.Itoa(int(opts.Shards))})}
+}
 
 // run renews the member Lease every RetryPeriod until ctx is done. A renewal
 // in flight when ctx ends finishes (within RenewDeadline) rather than being
 // cancelled: a cancelled update may land without its answer being read,
-// which left m.lease nil, so the stopping replica's delete skipped the
+// which left the Lease unknown, so the stopping replica's delete skipped the
 // Lease and the others waited for it to expire instead of taking its shards
 // at once (TestGracefulLeaveAndJoin, under load).
 func (m *memberLease) run(ctx context.Context) {
@@ -113,88 +117,32 @@ func (m *memberLease) notHeldReason() error {
 // that is free, this incarnation's, kept for the next incarnation (holder
 // without incarnation), or another incarnation's that this replica has not
 // seen renewed for its duration; it waits on one that another incarnation
-// still renews. Conflicts re-read it.
+// still renews. Conflicts read it again.
 func (m *memberLease) renewOnce(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
 	defer cancel()
-	opts := m.r.opts
-	name := MemberLeaseName(opts.Ring, opts.Identity)
-	leases := m.r.leases.CoordinationV1().Leases(opts.LeaseNamespace)
 	for attempt := 0; attempt < 3; attempt++ {
-		now := time.Now()
-		stamp := metav1.NewMicroTime(opts.Clock.Now())
-		if m.lease == nil {
-			got, err := leases.Get(ctx, name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				created, err := leases.Create(ctx, &coordinationv1.Lease{
-					ObjectMeta: metav1.ObjectMeta{
-						Name:        name,
-						Namespace:   opts.LeaseNamespace,
-						Labels:      map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindMember},
-						Annotations: map[string]string{AnnotationShards: strconv.Itoa(int(opts.Shards))},
-					},
-					Spec: coordinationv1.LeaseSpec{
-						HolderIdentity:       ptr.To(m.r.holder),
-						LeaseDurationSeconds: ptr.To(int32(opts.LeaseDuration / time.Second)),
-						AcquireTime:          &stamp,
-						RenewTime:            &stamp,
-					},
-				}, metav1.CreateOptions{})
-				if err == nil {
-					m.lease = created
-					m.setState(memberHeld, "")
-					return
-				}
-				if !apierrors.IsAlreadyExists(err) {
-					m.r.log.Error(err, "Creating member Lease")
-					return
-				}
-				continue
-			case err != nil:
-				m.r.log.Error(err, "Reading member Lease")
-				return
+		var err error
+		if m.held() {
+			err = m.lease.renew(ctx)
+		} else {
+			var reason string
+			reason, err = m.lease.take(ctx)
+			if reason == "expired" {
+				m.r.log.Info("Took over this replica's member Lease from a process that stopped renewing it")
 			}
-			m.lease = got
 		}
-		holder := ptr.Deref(m.lease.Spec.HolderIdentity, "")
-		if holder != "" && holder != m.r.holder && holder != opts.Identity {
-			renew := time.Time{}
-			if m.lease.Spec.RenewTime != nil {
-				renew = m.lease.Spec.RenewTime.Time
-			}
-			expiry := m.r.observed.expiry(name, holder, renew, time.Duration(ptr.Deref(m.lease.Spec.LeaseDurationSeconds, 0))*time.Second, now)
-			if now.Before(expiry) {
-				m.lease = nil // look again next time
-				m.setState(memberWaiting, holder)
-				return
-			}
-			m.r.log.Info("Taking over this replica's member Lease from a process that stopped renewing it", "holder", holder)
-		}
-		l := m.lease.DeepCopy()
-		if l.Labels == nil {
-			l.Labels = map[string]string{}
-		}
-		l.Labels[LabelRing] = opts.Ring
-		l.Labels[LabelLeaseKind] = LeaseKindMember
-		if l.Annotations == nil {
-			l.Annotations = map[string]string{}
-		}
-		l.Annotations[AnnotationShards] = strconv.Itoa(int(opts.Shards))
-		if holder != m.r.holder {
-			l.Spec.AcquireTime = &stamp
-		}
-		l.Spec.HolderIdentity = ptr.To(m.r.holder)
-		l.Spec.LeaseDurationSeconds = ptr.To(int32(opts.LeaseDuration / time.Second))
-		l.Spec.RenewTime = &stamp
-		updated, err := leases.Update(ctx, l, metav1.UpdateOptions{})
-		if err == nil {
-			m.lease = updated
+		var held *heldError
+		switch {
+		case err == nil:
 			m.setState(memberHeld, "")
 			return
-		}
-		m.lease = nil
-		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+		case errors.As(err, &held):
+			m.setState(memberWaiting, held.holder)
+			return
+		case errors.Is(err, errLeaseLost):
+			m.setState(memberJoining, "")
+		case !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err):
 			m.r.log.Error(err, "Renewing member Lease")
 			return
 		}
@@ -205,16 +153,12 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 // without this process's incarnation: the ring keeps the replica while it
 // restarts, and its next incarnation takes the Lease at once.
 func (m *memberLease) handOver(ctx context.Context) {
-	if !m.held() || m.lease == nil {
+	if !m.held() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
 	defer cancel()
-	l := m.lease.DeepCopy()
-	stamp := metav1.NewMicroTime(m.r.opts.Clock.Now())
-	l.Spec.HolderIdentity = ptr.To(m.r.opts.Identity)
-	l.Spec.RenewTime = &stamp
-	if _, err := m.r.leases.CoordinationV1().Leases(l.Namespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+	if err := m.lease.handOver(ctx, m.r.opts.Identity, m.r.opts.LeaseDuration); err != nil {
 		m.r.log.Error(err, "Handing the member Lease over to the next incarnation; it waits for the Lease to expire")
 	}
 }
@@ -222,12 +166,10 @@ func (m *memberLease) handOver(ctx context.Context) {
 // delete removes the member Lease, if this incarnation still holds it: the
 // replica leaves the ring.
 func (m *memberLease) delete(ctx context.Context) {
-	if !m.held() || m.lease == nil {
+	if !m.held() {
 		return
 	}
-	err := m.r.leases.CoordinationV1().Leases(m.r.opts.LeaseNamespace).Delete(ctx, m.lease.Name,
-		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &m.lease.UID, ResourceVersion: &m.lease.ResourceVersion}})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err := m.lease.delete(ctx); err != nil {
 		m.r.log.Error(err, "Deleting member Lease; the ring drops this replica when it expires")
 	}
 }
@@ -276,6 +218,15 @@ func (v *leaseView) unowned() int {
 }
 
 func (l *shardLease) live(now time.Time) bool { return l.holder != "" && now.Before(l.expiry) }
+
+// state judges the shard Lease for the process holding Leases as me; nil is
+// a Lease that does not exist.
+func (l *shardLease) state(me string, now time.Time) leaseState {
+	if l == nil {
+		return stateOf(false, "", me, time.Time{}, now)
+	}
+	return stateOf(true, l.holder, me, l.expiry, now)
+}
 
 func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
 	if spec.RenewTime == nil || spec.LeaseDurationSeconds == nil {

@@ -280,10 +280,12 @@ var optionsTimingNames = LeaseTimingNames{LeaseDuration: "LeaseDuration", RenewD
 //   - renew deadline < lease duration, so that a holder that cannot renew
 //     stops before anyone else may take its Lease;
 //   - renew deadline > leaderelection.JitterFactor (1.2) × retry period:
-//     client-go's leader election, which the labeler runs (and a manager's,
-//     without sharding), jitters its retries by up to that factor and
-//     refuses a shorter deadline; accepted here, a pair such as 5s/6s
-//     stopped the replica when the labeler started campaigning.
+//     a Lease is renewed every retry period and a late renewal needs room
+//     before the deadline; and client-go's leader election, which a Single
+//     runs through its manager, jitters its retries by up to that factor
+//     and refuses a shorter deadline (accepted here, a pair such as 5s/6s
+//     once stopped the replica when its labeler, then client-go's election,
+//     started campaigning).
 func ValidateLeaseTiming(leaseDuration, renewDeadline, retryPeriod time.Duration, names LeaseTimingNames) error {
 	var errs []error
 	for _, d := range []struct {
@@ -306,7 +308,7 @@ func ValidateLeaseTiming(leaseDuration, renewDeadline, retryPeriod time.Duration
 			names.RenewDeadline, renewDeadline, names.LeaseDuration, leaseDuration))
 	}
 	if floor := time.Duration(leaderelection.JitterFactor * float64(retryPeriod)); renewDeadline <= floor {
-		errs = append(errs, fmt.Errorf("%s %s must exceed %v × %s %s = %s: client-go's leader election (the labeler's) jitters its retries by up to that factor and refuses a shorter deadline",
+		errs = append(errs, fmt.Errorf("%s %s must exceed %v × %s %s = %s: renewals come every retry period, jittered by up to that factor by client-go's leader election (a Single's), which refuses a shorter deadline",
 			names.RenewDeadline, renewDeadline, leaderelection.JitterFactor, names.RetryPeriod, retryPeriod, floor))
 	}
 	return errors.Join(errs...)

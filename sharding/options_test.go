@@ -24,7 +24,7 @@ func timingOptions(lease, renew, retry time.Duration) Options {
 
 // TestOptionsRefuseUnusableLeaseTiming: a lease duration that a Lease's
 // whole-second field would truncate, and a renew deadline that client-go's
-// leader election refuses for the labeler, are refused by New with the field
+// leader election refuses (a Single's), are refused by New with the field
 // named. Both were accepted: 1500ms was written as 1s and 500ms as 0s
 // (expired at once), and 5s/6s stopped the replica when its labeler started.
 func TestOptionsRefuseUnusableLeaseTiming(t *testing.T) {
@@ -53,10 +53,10 @@ func TestOptionsRefuseUnusableLeaseTiming(t *testing.T) {
 	}
 }
 
-// TestAcceptedTimingRunsTheLabelerElection: every Lease timing Options
-// accept is one client-go's leader election, which the labeler runs, accepts
-// too, so no accepted timing stops a running replica.
-func TestAcceptedTimingRunsTheLabelerElection(t *testing.T) {
+// TestAcceptedTimingRunsLeaderElection: every Lease timing Options accept
+// is one client-go's leader election, which a Single runs through its
+// manager, accepts too, so no accepted timing stops a running replica.
+func TestAcceptedTimingRunsLeaderElection(t *testing.T) {
 	lock := &resourcelock.LeaseLock{LeaseMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r-labeler"},
 		LockConfig: resourcelock.ResourceLockConfig{Identity: "r-0_1"}}
 	steps := []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, time.Second, 1200 * time.Millisecond,
@@ -76,7 +76,7 @@ func TestAcceptedTimingRunsTheLabelerElection(t *testing.T) {
 					Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(context.Context) {}, OnStoppedLeading: func() {}},
 				})
 				if err != nil {
-					t.Errorf("Options accept %s/%s/%s, the labeler's election refuses it: %v", lease, renew, retry, err)
+					t.Errorf("Options accept %s/%s/%s, client-go's leader election refuses it: %v", lease, renew, retry, err)
 				}
 			}
 		}

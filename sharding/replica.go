@@ -369,7 +369,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 				continue
 			}
 			lease := view.shards[n]
-			if reason, ok := acquirable(lease, r.holder, now); ok {
+			if reason, ok := lease.state(r.holder, now).takeable(); ok {
 				r.startShard(ctx, n, reason)
 			}
 		case !desired && have:

@@ -11,8 +11,6 @@ import (
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -56,8 +54,7 @@ type shard struct {
 	releaseCh chan string   // the release reason; buffered, sent once
 	relOnce   sync.Once
 
-	lock    *resourcelock.LeaseLock
-	record  resourcelock.LeaderElectionRecord
+	lease   *leaseWriter
 	started time.Time
 	// acquireErr is why the Lease could not be taken, read after run.
 	acquireErr error
@@ -214,7 +211,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	<-s.r.acquires
 	s.acquireErr = err
 	if err != nil {
-		if !apierrors.IsConflict(err) && !errors.Is(err, errNotAcquirable) {
+		if !apierrors.IsConflict(err) && !errors.Is(err, errLeaseHeld) {
 			s.log.Error(err, "Acquiring shard Lease")
 		}
 		s.stop()
@@ -309,54 +306,19 @@ func (s *shard) endTenure() {
 	}
 }
 
-var errNotAcquirable = errors.New("shard Lease is held by another live replica")
-
-func (s *shard) newRecord(now time.Time) resourcelock.LeaderElectionRecord {
-	return resourcelock.LeaderElectionRecord{
-		HolderIdentity:       s.r.holder,
-		LeaseDurationSeconds: int(s.r.opts.LeaseDuration / time.Second),
-		AcquireTime:          metav1.NewTime(now),
-		RenewTime:            metav1.NewTime(now),
-	}
-}
-
-// acquire takes the shard Lease if it is free, expired or already ours,
-// guarded by the Lease's resourceVersion: of two replicas racing, one wins.
+// acquire takes the shard Lease if it is absent, free, expired or already
+// this process's, guarded by the Lease's resourceVersion: of two replicas
+// racing, one wins.
 func (s *shard) acquire(ctx context.Context) error {
 	opts := s.r.opts
-	s.lock = &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: opts.LeaseNamespace, Name: ShardLeaseName(opts.Ring, s.id)},
-		Client:     s.r.leases.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: s.r.holder},
-		Labels:     map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindShard},
-	}
+	s.lease = s.r.newLeaseWriter(ShardLeaseName(opts.Ring, s.id),
+		map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindShard}, nil)
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()
-	rec := s.newRecord(opts.Clock.Now())
-	old, _, err := s.lock.Get(ctx)
-	switch {
-	case apierrors.IsNotFound(err):
-		err = s.lock.Create(ctx, rec)
-	case err != nil:
-		return fmt.Errorf("reading shard Lease: %w", err)
-	default:
-		expiry := s.r.observed.expiry(s.lock.LeaseMeta.Name, old.HolderIdentity, old.RenewTime.Time,
-			time.Duration(old.LeaseDurationSeconds)*time.Second, now)
-		if _, ok := acquirable(&shardLease{holder: old.HolderIdentity, expiry: expiry}, s.r.holder, now); !ok {
-			return fmt.Errorf("%w: held by %q, not seen renewed for %s of its %ds", errNotAcquirable, old.HolderIdentity,
-				now.Sub(expiry.Add(-time.Duration(old.LeaseDurationSeconds)*time.Second)).Round(time.Millisecond), old.LeaseDurationSeconds)
-		}
-		rec.LeaderTransitions = old.LeaderTransitions
-		if old.HolderIdentity != s.r.holder {
-			rec.LeaderTransitions++
-		}
-		err = s.lock.Update(ctx, rec)
+	if _, err := s.lease.take(ctx); err != nil {
+		return fmt.Errorf("taking shard Lease: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("writing shard Lease: %w", err)
-	}
-	s.record = rec
 	s.renewed(now)
 	return nil
 }
@@ -383,52 +345,19 @@ func (s *shard) holdUntil(now time.Time) (time.Time, bool) {
 	return until, now.Before(until)
 }
 
-// renew extends the Lease. It gives up at the renew deadline, measured from
-// the local time taken before the last successful write, which is no later
-// than the renew time others read: so this replica has stopped the shard
-// lease duration − renew deadline before any other may take it.
+// renew extends the Lease until the renew deadline after its last renewal
+// (leaseWriter.renewBefore): past it, another replica may soon take the
+// shard.
 func (s *shard) renew(ctx context.Context) error {
 	s.mu.Lock()
 	deadline := s.lastRenew.Add(s.r.opts.RenewDeadline)
 	s.mu.Unlock()
-	var lastErr error
-	for time.Now().Before(deadline) {
-		now := time.Now()
-		rec := s.record
-		rec.RenewTime = metav1.NewTime(s.r.opts.Clock.Now())
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		err := s.lock.Update(rctx, rec)
-		if apierrors.IsConflict(err) {
-			// Someone wrote our Lease: reread it and keep it only if it is
-			// still ours.
-			var cur *resourcelock.LeaderElectionRecord
-			if cur, _, err = s.lock.Get(rctx); err == nil {
-				if cur.HolderIdentity != s.r.holder {
-					cancel()
-					return fmt.Errorf("shard Lease taken by %q", cur.HolderIdentity)
-				}
-				err = s.lock.Update(rctx, rec)
-			}
-		}
-		cancel()
-		if err == nil {
-			s.record = rec
-			s.renewed(now)
-			return nil
-		}
-		lastErr = err
-		select {
-		case <-time.After(min(s.r.opts.RetryPeriod/4, time.Until(deadline))):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	at, err := s.lease.renewBefore(ctx, deadline, s.r.opts.RetryPeriod/4)
+	if err != nil {
+		return err
 	}
-	if lastErr == nil {
-		// The deadline passed before a renewal could be tried: the process
-		// was paused (GC, throttling, SIGSTOP) or starved.
-		return fmt.Errorf("renew deadline passed %s ago, before a renewal could be tried", time.Since(deadline).Round(time.Millisecond))
-	}
-	return fmt.Errorf("renew deadline passed: %w", lastErr)
+	s.renewed(at)
+	return nil
 }
 
 // fence stops the shard at once: it could not renew, so another replica may
@@ -492,14 +421,7 @@ func (s *shard) drain() bool {
 func (s *shard) releaseLease(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.r.opts.RenewDeadline)
 	defer cancel()
-	now := s.r.opts.Clock.Now()
-	rec := resourcelock.LeaderElectionRecord{
-		LeaseDurationSeconds: 1,
-		AcquireTime:          metav1.NewTime(now),
-		RenewTime:            metav1.NewTime(now),
-		LeaderTransitions:    s.record.LeaderTransitions,
-	}
-	if err := s.lock.Update(ctx, rec); err != nil {
+	if err := s.lease.release(ctx); err != nil {
 		s.log.Error(err, "Releasing shard Lease; it expires by itself")
 	}
 }
