@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -63,7 +65,7 @@ type Replica struct {
 	acquires   chan struct{} // bounds concurrent Lease acquisitions
 	open       *batch        // the acquisition batch shards join, if any
 	groups     map[*group]bool
-	backoff    map[int32]acquireBackoff
+	backoff    map[int32]*acquireBackoff
 	observed   observations
 
 	// expected are the StatefulSet's desired members, read at start; they
@@ -134,7 +136,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		shards:     map[int32]*shard{},
 		acquires:   make(chan struct{}, 16),
 		groups:     map[*group]bool{},
-		backoff:    map[int32]acquireBackoff{},
+		backoff:    map[int32]*acquireBackoff{},
 	}
 	r.member = newMemberLease(r)
 	r.labeler = newLabeler(r)
@@ -400,6 +402,7 @@ func (r *Replica) startShard(ctx context.Context, n int32, reason string) {
 // taken, so a Lease that stays out of reach (a live holder the ring does not
 // know of, a failing API server) is not retried in a hot loop.
 type acquireBackoff struct {
+	delays    wait.Backoff
 	failures  int
 	notBefore time.Time
 }
@@ -413,9 +416,13 @@ func (r *Replica) noteAcquisitionLocked(n int32, err error) {
 		return
 	}
 	b := r.backoff[n]
+	if b == nil {
+		b = &acquireBackoff{delays: wait.Backoff{Duration: min(100*time.Millisecond, r.opts.RetryPeriod), Factor: 2,
+			Cap: r.opts.RetryPeriod, Steps: math.MaxInt32}}
+		r.backoff[n] = b
+	}
 	b.failures++
-	b.notBefore = time.Now().Add(min(r.opts.RetryPeriod, 100*time.Millisecond<<min(b.failures-1, 16)))
-	r.backoff[n] = b
+	b.notBefore = time.Now().Add(b.delays.Step())
 	if b.failures == 3 {
 		r.log.Info("Cannot acquire a shard Lease; backing off", "shard", n, "attempts", b.failures, "reason", err.Error())
 	}
