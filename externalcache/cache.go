@@ -105,7 +105,7 @@ type Cache struct {
 	wake    chan struct{}
 
 	feedsMu   sync.Mutex
-	feeds     map[string]*feedLoop
+	feeds     map[string]*subscription
 	running   bool
 	feedLoops atomic.Int32
 	// troubled holds the domains whose feed is unhealthy, replaced whole under feedsMu, so that
@@ -138,7 +138,7 @@ func New(opts Options) (*Cache, error) {
 		flights: map[flightKey]*flight{},
 		ttl:     map[flightKey]*ttlTimer{},
 		wake:    make(chan struct{}, opts.Workers),
-		feeds:   map[string]*feedLoop{},
+		feeds:   map[string]*subscription{},
 		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst),
 		sweep:   make(chan struct{}, 1),
 		dead:    map[string]struct{}{},
@@ -184,8 +184,8 @@ func (c *Cache) Start(ctx context.Context) error {
 	c.wg.Go(c.sweeper)
 	c.feedsMu.Lock()
 	c.running = true
-	for domain, fl := range c.feeds {
-		c.startFeedLocked(domain, fl)
+	for domain, sub := range c.feeds {
+		c.startFeedLocked(domain, sub)
 	}
 	c.feedsMu.Unlock()
 

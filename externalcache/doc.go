@@ -16,7 +16,13 @@
 //
 // Calls to the source go through, in order: dedupe at enqueue (a key already queued or in flight
 // is not queued again), single flight per key, a rate limit, a per-call timeout, a circuit
-// breaker, and bounded retries with exponential backoff and full jitter that honour the source's
-// Retry-After. A cache is partitioned by kshard shard, so releasing a shard drops exactly its
-// entries, pending fetches and change-feed subscriptions.
+// breaker, and bounded retries with exponential backoff (k8s.io/apimachinery's wait.Backoff,
+// jittered) that honour the source's Retry-After. Fetch offers the same guards to a reader that
+// keeps values elsewhere. A cache is partitioned by kshard shard, so releasing a shard drops
+// exactly its entries, pending fetches and change-feed subscriptions.
+//
+// FeedLoop is the one loop that follows a domain's change feed, for the cache and for any other
+// consumer (the ExternalDomain mirrors of reconcile/externaldomain), so that every reader of a
+// feed handles the source's restarts, flaps, failures and Retry-After, and judges the feed's
+// health, by the same rule.
 package externalcache

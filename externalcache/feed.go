@@ -2,13 +2,11 @@ package externalcache
 
 import (
 	"context"
-	"math/rand/v2"
-	"time"
 )
 
-// feedLoop is the change-feed subscription of one domain, shared by every held shard that uses
-// the domain: one long poll per domain per replica, whatever the number of keys.
-type feedLoop struct {
+// subscription is the cache's change-feed subscription of one domain, shared by every held shard
+// that uses the domain: one FeedLoop per domain per replica, whatever the number of keys.
+type subscription struct {
 	refs   int
 	cancel context.CancelFunc
 	// names are the domain's existing keys as the feed last listed them, once synced: what
@@ -24,14 +22,14 @@ func (c *Cache) acquireDomain(domain string) {
 	}
 	c.feedsMu.Lock()
 	defer c.feedsMu.Unlock()
-	fl := c.feeds[domain]
-	if fl == nil {
-		fl = &feedLoop{}
-		c.feeds[domain] = fl
+	sub := c.feeds[domain]
+	if sub == nil {
+		sub = &subscription{}
+		c.feeds[domain] = sub
 	}
-	fl.refs++
+	sub.refs++
 	if c.running {
-		c.startFeedLocked(domain, fl)
+		c.startFeedLocked(domain, sub)
 	}
 }
 
@@ -39,122 +37,75 @@ func (c *Cache) acquireDomain(domain string) {
 func (c *Cache) releaseDomain(domain string) {
 	c.feedsMu.Lock()
 	defer c.feedsMu.Unlock()
-	fl := c.feeds[domain]
-	if fl == nil {
+	sub := c.feeds[domain]
+	if sub == nil {
 		return
 	}
-	if fl.refs--; fl.refs > 0 {
+	if sub.refs--; sub.refs > 0 {
 		return
 	}
 	delete(c.feeds, domain)
 	c.forgetTroubleLocked(domain)
-	if fl.cancel != nil {
-		fl.cancel()
+	if sub.cancel != nil {
+		sub.cancel()
 	}
 }
 
-func (c *Cache) startFeedLocked(domain string, fl *feedLoop) {
-	if fl.cancel != nil || fl.refs == 0 {
+func (c *Cache) startFeedLocked(domain string, sub *subscription) {
+	if sub.cancel != nil || sub.refs == 0 {
 		return
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	fl.cancel = cancel
-	c.wg.Go(func() { c.runFeed(ctx, domain, fl) })
+	sub.cancel = cancel
+	c.wg.Go(func() { c.follow(ctx, domain, sub) })
 }
 
-// runFeed polls the domain's change feed until ctx is done. It starts from revision 0, so the
-// first answer lists every key of the domain with its revision and any key cached before the
-// feed started is checked; it backs off on errors (never earlier than a Retry-After), polls not
-// while the cache's Retry-After hold lasts (a fetch's or a poll's: the source asked every caller
-// to wait), and resynchronises from 0 when the source restarted and lost its history. It judges
-// the feed's health after every poll (FeedHealthOptions), and backs off when the source's
-// history flaps, as after errors.
-func (c *Cache) runFeed(ctx context.Context, domain string, fl *feedLoop) {
+// follow runs the domain's FeedLoop until ctx is done, through the cache's Retry-After hold: its
+// answers refresh the keys the held shards cache and tell OnUpdate of the others, and its
+// verdicts on the feed's health are judged after every poll.
+func (c *Cache) follow(ctx context.Context, domain string, sub *subscription) {
 	c.feedLoops.Add(1)
 	defer c.feedLoops.Add(-1)
 	log := c.log.WithValues("domain", domain)
+	l, err := NewFeedLoop(FeedLoopOptions{Feed: c.opts.Feed, Domain: domain, Retry: c.opts.FeedRetry,
+		MaxRetryAfter: c.opts.MaxRetryAfter, Health: c.opts.FeedHealth, Log: log, hold: &c.hold})
+	if err != nil {
+		log.Error(err, "Change feed not followed")
+		return
+	}
 	log.V(1).Info("Change feed started")
 	defer log.V(1).Info("Change feed stopped")
-	var since int64
-	var epoch string
-	failures, flaps := 0, 0
-	health := NewFeedHealth(c.opts.FeedHealth, c.opts.FeedRetry.MinInterval)
-	for {
-		// The source's Retry-After holds every call, polls included, whoever was told.
-		if d := c.hold.remaining(); d > 0 {
-			if !sleep(ctx, d) {
-				return
-			}
-			continue
-		}
-		start := time.Now()
-		cs, err := c.opts.Feed.Changes(ctx, domain, since)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			failures++
-			health.Failed(err)
-			c.judgeFeed(domain, fl, health)
-			hint := retryAfterHint(err, c.opts.MaxRetryAfter)
-			if hint > 0 {
-				c.hold.extend(hint)
-			}
-			d := max(feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, failures-1), hint)
-			if failures == 1 {
-				log.Info("Change feed failed; backing off", "error", err.Error(), "retryIn", d)
-			} else {
-				log.V(1).Info("Change feed failed again", "error", err.Error(), "failures", failures, "retryIn", d)
-			}
-			if !sleep(ctx, d) {
-				return
-			}
-			continue
-		}
-		if failures > 0 {
-			log.Info("Change feed recovered", "failures", failures)
-			failures = 0
-		}
-		if cs.Revision < since || (epoch != "" && cs.Epoch != epoch) {
-			flap := health.HistoryLost(epoch, cs.Epoch)
-			c.judgeFeed(domain, fl, health)
-			if !flap {
-				log.Info("Change feed source lost its history (restarted?); resynchronising",
-					"hadRevision", since, "revision", cs.Revision, "hadEpoch", epoch, "epoch", cs.Epoch)
-			}
-			since, epoch = 0, cs.Epoch
-			c.feedsMu.Lock()
-			fl.names, fl.synced = nil, false
-			c.feedsMu.Unlock()
-			if !flap {
-				flaps = 0
-				continue
-			}
-			// Relisting at once would list the domain at every poll while the histories
-			// alternate.
-			flaps++
-			d := feedBackoff(c.opts.FeedRetry.BaseDelay, c.opts.FeedRetry.MaxDelay, flaps-1)
-			log.V(1).Info("Change feed source's history flaps; resynchronising after a backoff", "epoch", cs.Epoch, "flaps", flaps, "retryIn", d)
-			if !sleep(ctx, d) {
-				return
-			}
-			continue
-		}
-		flaps = 0
-		epoch = cs.Epoch
-		for _, ch := range cs.Changes {
-			c.applyChange(domain, ch)
-		}
-		c.recordNames(fl, cs.Changes)
-		since = cs.Revision
-		health.Answered(cs.Epoch, len(cs.Changes), time.Since(start))
-		c.judgeFeed(domain, fl, health)
-		if len(cs.Changes) == 0 {
-			if el := time.Since(start); el < c.opts.FeedRetry.MinInterval && !sleep(ctx, c.opts.FeedRetry.MinInterval-el) {
-				return
-			}
-		}
+	l.Run(ctx, feedConsumer{c: c, domain: domain, sub: sub, loop: l})
+}
+
+// feedConsumer takes a domain's change feed into the cache.
+type feedConsumer struct {
+	c      *Cache
+	domain string
+	sub    *subscription
+	loop   *FeedLoop
+}
+
+// Apply refreshes the keys an answer changed, and records the domain's key names. It never
+// fails: a key whose refresh fails is retried by the fetch path.
+func (f feedConsumer) Apply(_ context.Context, a FeedAnswer) error {
+	for _, ch := range a.Changes {
+		f.c.applyChange(f.domain, ch)
 	}
+	f.c.recordNames(f.sub, a)
+	return nil
+}
+
+// Polled judges the feed's health. A flap forgets the key names, which the listing after it
+// brings again.
+func (f feedConsumer) Polled(_ context.Context, p FeedPoll) error {
+	if p.Flapped {
+		f.c.feedsMu.Lock()
+		f.sub.names, f.sub.synced = nil, false
+		f.c.feedsMu.Unlock()
+	}
+	f.c.judgeFeed(f.domain, f.sub, f.loop.health)
+	return nil
 }
 
 // applyChange refreshes the key in every held shard that caches another revision of it, and
@@ -209,22 +160,22 @@ func (c *Cache) applyChange(domain string, ch Change) {
 	}
 }
 
-// recordNames keeps the domain's key names current with one answer of its feed. The first
-// answer (from revision 0) lists every key, so from then on the set is complete.
-func (c *Cache) recordNames(fl *feedLoop, changes []Change) {
+// recordNames keeps the domain's key names current with one answer of its feed. An answer from
+// revision 0 lists every key, so from then on the set is complete.
+func (c *Cache) recordNames(sub *subscription, a FeedAnswer) {
 	c.feedsMu.Lock()
 	defer c.feedsMu.Unlock()
-	if fl.names == nil {
-		fl.names = make(map[string]struct{}, len(changes))
+	if sub.names == nil || a.Full {
+		sub.names = make(map[string]struct{}, len(a.Changes))
 	}
-	for _, ch := range changes {
+	for _, ch := range a.Changes {
 		if ch.Deleted {
-			delete(fl.names, ch.Name)
+			delete(sub.names, ch.Name)
 		} else {
-			fl.names[ch.Name] = struct{}{}
+			sub.names[ch.Name] = struct{}{}
 		}
 	}
-	fl.synced = true
+	sub.synced = true
 }
 
 // KeyExists answers from the change feed alone whether a key exists: known is false unless a
@@ -234,37 +185,10 @@ func (c *Cache) recordNames(fl *feedLoop, changes []Change) {
 func (c *Cache) KeyExists(key Key) (exists, known bool) {
 	c.feedsMu.Lock()
 	defer c.feedsMu.Unlock()
-	fl := c.feeds[key.Domain]
-	if fl == nil || !fl.synced || c.feedErr(key.Domain) != nil {
+	sub := c.feeds[key.Domain]
+	if sub == nil || !sub.synced || c.feedErr(key.Domain) != nil {
 		return false, false
 	}
-	_, exists = fl.names[key.Name]
+	_, exists = sub.names[key.Name]
 	return exists, true
-}
-
-// feedBackoff is exponential backoff with "equal jitter" (half fixed, half random): a feed loop
-// must not spin when every poll fails at once, which full jitter near zero would allow.
-func feedBackoff(base, maxDelay time.Duration, attempt int) time.Duration {
-	d := maxDelay
-	if attempt < 30 {
-		d = min(maxDelay, base<<attempt)
-	}
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

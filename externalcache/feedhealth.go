@@ -37,13 +37,13 @@ func (t trouble) String() string {
 // rememberedEpochs bounds the epochs a feed remembers to tell a flap from a restart.
 const rememberedEpochs = 8
 
-// FeedHealth judges one domain's change feed by the outcome of its polls, with the rule of
-// FeedHealthOptions. The cache's feed loops and the mirror's sync loops
-// (reconcile/externaldomain) keep one each, so that a feed is judged by one rule wherever it is
-// read. It belongs to one loop and is not guarded.
-type FeedHealth struct {
+// feedHealth judges one domain's change feed by the outcome of its polls, with the rule of
+// FeedHealthOptions. Every FeedLoop keeps one, the cache's and the mirror's
+// (reconcile/externaldomain) alike, so that a feed is judged by one rule wherever it is read. It
+// belongs to its loop and is not guarded.
+type feedHealth struct {
 	opts FeedHealthOptions
-	// minInterval is FeedRetry.MinInterval: an answer without changes sooner than it was not
+	// minInterval is the loop's FeedRetryOptions.MinInterval: an answer without changes sooner than it was not
 	// held open.
 	minInterval time.Duration
 	now         func() time.Time
@@ -59,30 +59,30 @@ type FeedHealth struct {
 	flappedAt time.Time
 }
 
-// NewFeedHealth judges a feed by o, whose zero fields take the defaults documented on
+// newFeedHealth judges a feed by o, whose zero fields take the defaults documented on
 // FeedHealthOptions. minInterval is the loop's spacing of answers without changes
-// (FeedRetry.MinInterval for the cache): such an answer sooner than it was not held open.
-func NewFeedHealth(o FeedHealthOptions, minInterval time.Duration) *FeedHealth {
+// (FeedRetryOptions.MinInterval): such an answer sooner than it was not held open.
+func newFeedHealth(o FeedHealthOptions, minInterval time.Duration) *feedHealth {
 	o.setDefaults()
-	return &FeedHealth{opts: o, minInterval: minInterval, now: time.Now}
+	return &feedHealth{opts: o, minInterval: minInterval, now: time.Now}
 }
 
-// Resumed records that the loop starts from a revision of epoch it kept (a mirror resuming
+// resumed records that the loop starts from a revision of epoch it kept (a mirror resuming
 // where the shard's previous holder left it): that history counts as applied, so its loss next
 // is a restart of the source, not a flap.
-func (h *FeedHealth) Resumed(epoch string) {
+func (h *feedHealth) resumed(epoch string) {
 	h.applied = true
 	h.remember(epoch)
 }
 
-// Err says why the feed is unhealthy now, wrapping ErrFeedUnhealthy; nil while it is healthy.
-func (h *FeedHealth) Err() error {
+// err says why the feed is unhealthy now, wrapping ErrFeedUnhealthy; nil while it is healthy.
+func (h *feedHealth) err() error {
 	_, err := h.verdict()
 	return err
 }
 
-// Failed records a poll that failed.
-func (h *FeedHealth) Failed(err error) {
+// failed records a poll that failed.
+func (h *feedHealth) failed(err error) {
 	if h.failures == 0 {
 		h.failingSince = h.now()
 	}
@@ -90,9 +90,9 @@ func (h *FeedHealth) Failed(err error) {
 	h.lastErr = err
 }
 
-// Answered records an answer the loop applied: of the current epoch, with changes changes,
+// answered records an answer the loop applied: of the current epoch, with changes changes,
 // that took took.
-func (h *FeedHealth) Answered(epoch string, changes int, took time.Duration) {
+func (h *feedHealth) answered(epoch string, changes int, took time.Duration) {
 	h.failures = 0
 	h.applied = true
 	h.remember(epoch)
@@ -105,10 +105,10 @@ func (h *FeedHealth) Answered(epoch string, changes int, took time.Duration) {
 	}
 }
 
-// HistoryLost records an answer that says the source lost its history (another epoch, or a
+// historyLost records an answer that says the source lost its history (another epoch, or a
 // revision lower than the one polled), and reports whether it is a flap rather than a restart:
 // an epoch seen before, or a second loss before any answer was applied.
-func (h *FeedHealth) HistoryLost(from, to string) bool {
+func (h *feedHealth) historyLost(from, to string) bool {
 	h.failures = 0
 	flap := !h.applied || (to != "" && slices.Contains(h.epochs, to))
 	h.remember(from)
@@ -120,7 +120,7 @@ func (h *FeedHealth) HistoryLost(from, to string) bool {
 	return flap
 }
 
-func (h *FeedHealth) remember(epoch string) {
+func (h *feedHealth) remember(epoch string) {
 	if epoch == "" || slices.Contains(h.epochs, epoch) {
 		return
 	}
@@ -131,7 +131,7 @@ func (h *FeedHealth) remember(epoch string) {
 }
 
 // verdict is the feed's trouble now, if any, with the error its Lookups carry.
-func (h *FeedHealth) verdict() (trouble, error) {
+func (h *feedHealth) verdict() (trouble, error) {
 	switch {
 	case h.failures > 0 && h.now().Sub(h.failingSince) >= h.opts.FailingFor:
 		return troubleFailing, fmt.Errorf("%w: its polls have failed since %s, the last with: %v",
@@ -161,14 +161,14 @@ func (c *Cache) feedErr(domain string) error {
 	return nil
 }
 
-// judgeFeed acts on the verdict of fl's health: a domain whose feed becomes unhealthy, changes
-// its reason or heals is logged, told to OnFeedHealth in every held shard that uses it, and,
-// when it heals, its TTL timers stop. Errors of one reason are not told again: the first says it.
-func (c *Cache) judgeFeed(domain string, fl *feedLoop, h *FeedHealth) {
+// judgeFeed acts on the verdict h gives on sub's feed: a domain whose feed becomes unhealthy,
+// changes its reason or heals is logged, told to OnFeedHealth in every held shard that uses it,
+// and, when it heals, its TTL timers stop. Errors of one reason are not told again: the first says it.
+func (c *Cache) judgeFeed(domain string, sub *subscription, h *feedHealth) {
 	why, err := h.verdict()
 	c.feedsMu.Lock()
 	was := (*c.troubled.Load())[domain].why
-	if c.feeds[domain] != fl || was == why {
+	if c.feeds[domain] != sub || was == why {
 		// Released (a later loop judges itself), or nothing new.
 		c.feedsMu.Unlock()
 		return

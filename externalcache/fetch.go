@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // A flight is the fetch state of one key of one shard while the key is queued, in flight,
@@ -20,6 +22,8 @@ type flight struct {
 
 	attempts   int
 	roundStart time.Time
+	// retries is the round's backoff, from its first retry on: most flights never retry.
+	retries *wait.Backoff
 	// err is the last error, reported by Get while the key is pending or stale.
 	err error
 	// retryAt is when a failed key may be fetched again; timer requeues it then, unless the
@@ -251,6 +255,38 @@ func (c *Cache) fetch(f *flight) {
 	}
 }
 
+// Fetch reads one key from the source now, through the guards of the cache's own fetches: the
+// Retry-After hold, the rate limit, the circuit breaker, and the single flight it shares with
+// the held shards' fetches of the key. It caches nothing. It is for a reader that keeps values
+// elsewhere (the mirror, reconcile/externaldomain), which would otherwise call the source around
+// the guards that protect it. A key that does not exist fails with an error wrapping
+// ErrNotFound; a call the guards stopped, with one wrapping ErrCircuitOpen, or ErrRetryAfterHold
+// with the wait left as its RetryAfterHint.
+func (c *Cache) Fetch(ctx context.Context, key Key) (Value, error) {
+	if err := key.validate(); err != nil {
+		return Value{}, fmt.Errorf("fetching %s: %w", key, err)
+	}
+	if err := c.hold.err(); err != nil {
+		return Value{}, fmt.Errorf("fetching %s: %w", key, err)
+	}
+	ch := c.group.DoChan(key.cacheKey(), func() (any, error) { return c.call(key) })
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			if hint := retryAfterHint(r.Err, c.opts.MaxRetryAfter); hint > 0 && classify(c.ctx, r.Err) == classRetryable {
+				c.hold.extend(hint)
+			}
+			return Value{}, fmt.Errorf("fetching %s: %w", key, r.Err)
+		}
+		v, _ := r.Val.(Value)
+		// The value is shared with the other callers of the flight.
+		v.Data = bytes.Clone(v.Data)
+		return v, nil
+	case <-ctx.Done():
+		return Value{}, fmt.Errorf("fetching %s: %w", key, ctx.Err())
+	}
+}
+
 // call makes one protected call: rate limit, timeout, circuit breaker. It runs on the cache's
 // context rather than a caller's, because its result is shared by every shard waiting for the key.
 func (c *Cache) call(key Key) (Value, error) {
@@ -291,9 +327,9 @@ func (c *Cache) complete(f *flight, v Value, err error) {
 		c.mu.Unlock()
 	case classCircuitOpen:
 		// Fail fast and come back when the breaker lets probes through.
-		c.fail(f, err, spread(c.opts.Breaker.Timeout, 0.2), true)
+		c.fail(f, err, wait.Jitter(c.opts.Breaker.Timeout, 0.2), true)
 	case classPermanent:
-		c.fail(f, err, spread(c.opts.Retry.FailureRetryInterval, 0.2), false)
+		c.fail(f, err, wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
 	case classRetryable:
 		hint := retryAfterHint(err, c.opts.MaxRetryAfter)
 		if hint > 0 {
@@ -333,7 +369,7 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	if err := f.sh.set(f.ck, buf); err != nil {
 		c.mu.Unlock()
 		c.fail(f, fmt.Errorf("%w: entry of %s is %d bytes: %v", ErrEntryTooLarge, f.key, len(buf), err),
-			spread(c.opts.Retry.FailureRetryInterval, 0.2), false)
+			wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
 		return
 	}
 	delete(c.flights, f.fk)
@@ -376,13 +412,17 @@ func (c *Cache) retry(f *flight, err error, hint time.Duration) {
 	}
 	f.err = fmt.Errorf("fetching %s: %w", f.key, err)
 	f.attempts++
-	d := max(backoff(c.opts.Retry.BaseDelay, c.opts.Retry.MaxDelay, f.attempts-1), hint)
+	if f.retries == nil {
+		b := retryBackoff(c.opts.Retry.BaseDelay, c.opts.Retry.MaxDelay)
+		f.retries = &b
+	}
+	d := max(f.retries.Step(), hint)
 	if f.attempts < c.opts.Retry.MaxAttempts && time.Since(f.roundStart)+d <= c.opts.Retry.MaxElapsed {
 		c.backoffLocked(f, d)
 		c.mu.Unlock()
 		return
 	}
-	notify := c.failLocked(f, err, max(spread(c.opts.Retry.FailureRetryInterval, 0.2), hint), true)
+	notify := c.failLocked(f, err, max(wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), hint), true)
 	c.mu.Unlock()
 	if notify {
 		c.notifier.add(f.fk)
@@ -418,6 +458,7 @@ func (c *Cache) failLocked(f *flight, err error, retryIn time.Duration, auto boo
 	f.state = stateFailed
 	f.err = fmt.Errorf("fetching %s: %w", f.key, err)
 	f.attempts = 0
+	f.retries = nil
 	f.roundStart = time.Time{}
 	f.retryAt = time.Now().Add(retryIn)
 	l, ok := f.sh.lookup(f.ck, c.opts.Now())
@@ -450,7 +491,7 @@ func (c *Cache) requeue(f *flight) {
 		f.state = stateQueued
 		return
 	}
-	f.timer = time.AfterFunc(spread(time.Second, 1), func() { c.requeue(f) })
+	f.timer = time.AfterFunc(wait.Jitter(time.Second, 1), func() { c.requeue(f) })
 }
 
 // refreshLocked makes sure a cached key is fetched again: its entry stops being fresh (a

@@ -130,21 +130,22 @@ type BreakerOptions struct {
 type RetryOptions struct {
 	// MaxAttempts per round of fetching. Default 4.
 	MaxAttempts int
-	// BaseDelay is the first backoff. Default 200ms.
+	// BaseDelay is the first backoff, jittered down to half of it. Default 200ms.
 	BaseDelay time.Duration
-	// MaxDelay caps one backoff. Default 5s.
+	// MaxDelay caps one backoff, jittered down to half of it. Default 5s.
 	MaxDelay time.Duration
 	// MaxElapsed bounds a round of attempts. Default 20s.
 	MaxElapsed time.Duration
-	// FailureRetryInterval is when a failed key is tried again (±20% jitter). Default 30s.
+	// FailureRetryInterval is when a failed key is tried again (jittered up to 20% later).
+	// Default 30s.
 	FailureRetryInterval time.Duration
 }
 
-// FeedRetryOptions configures how a change-feed loop backs off.
+// FeedRetryOptions configures how a change-feed loop (FeedLoop) backs off and spaces its polls.
 type FeedRetryOptions struct {
-	// BaseDelay is the first backoff after an error. Default 1s.
+	// BaseDelay is the first backoff after an error, jittered down to half of it. Default 1s.
 	BaseDelay time.Duration
-	// MaxDelay caps the backoff. Default 60s.
+	// MaxDelay caps the backoff, jittered down to half of it. Default 60s.
 	MaxDelay time.Duration
 	// MinInterval is the least time between two polls that returned no changes, a guard
 	// against a source that answers long polls at once. Default 1s.
@@ -183,6 +184,12 @@ type FeedHealthOptions struct {
 	// EpochStableFor is how long a feed whose epoch flapped stays unhealthy after the last flap.
 	// Default 2m: several long polls without a flap.
 	EpochStableFor time.Duration
+}
+
+func (o *FeedRetryOptions) setDefaults() {
+	setDefault(&o.BaseDelay, time.Second)
+	setDefault(&o.MaxDelay, time.Minute)
+	setDefault(&o.MinInterval, time.Second)
 }
 
 func (o *FeedHealthOptions) setDefaults() {
@@ -224,9 +231,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.Retry.MaxDelay, 5*time.Second)
 	setDefault(&o.Retry.MaxElapsed, 20*time.Second)
 	setDefault(&o.Retry.FailureRetryInterval, 30*time.Second)
-	setDefault(&o.FeedRetry.BaseDelay, time.Second)
-	setDefault(&o.FeedRetry.MaxDelay, time.Minute)
-	setDefault(&o.FeedRetry.MinInterval, time.Second)
+	o.FeedRetry.setDefaults()
 	o.FeedHealth.setDefaults()
 	setDefault(&o.NotifyQueueSize, 65536)
 }

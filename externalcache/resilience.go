@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/sony/gobreaker/v2"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // failureClass is what a fetch outcome means for caching, retrying and the circuit breaker.
@@ -89,25 +90,19 @@ func retryAfterHint(err error, most time.Duration) time.Duration {
 	return 0
 }
 
-// backoff is exponential backoff with full jitter: uniform in [0, min(maxDelay, base·2^attempt)),
-// which spreads retries of many keys instead of synchronising them.
-func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
-	d := maxDelay
-	if attempt < 30 {
-		d = min(maxDelay, base<<attempt)
-	}
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d)
+// retryBackoff is the backoff of the cache's retries and of change-feed loops: from base,
+// doubling, up to maxDelay, with "equal jitter" (each step uniform in [d/2, d)). The jitter
+// spreads the retries of keys or feeds that failed together; its floor of half the delay keeps a
+// loop from spinning when every call fails at once, which full jitter near zero would allow.
+// wait.Backoff jitters upwards, so it starts and caps at half the delays.
+func retryBackoff(base, maxDelay time.Duration) wait.Backoff {
+	return wait.Backoff{Duration: base / 2, Factor: 2, Jitter: 1, Cap: maxDelay / 2, Steps: math.MaxInt32}
 }
 
-// spread returns d plus up to frac of it, so that keys failed together are not retried together.
-func spread(d time.Duration, frac float64) time.Duration {
-	if d <= 0 || frac <= 0 {
-		return d
-	}
-	return d + rand.N(time.Duration(float64(d)*frac)+1)
+// retryDelay is b's next step, but never sooner than the Retry-After err carries (capped at
+// most): the source asked every caller to wait that long.
+func retryDelay(b *wait.Backoff, err error, most time.Duration) time.Duration {
+	return max(b.Step(), retryAfterHint(err, most))
 }
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
@@ -159,14 +154,28 @@ func (h *hold) remaining() time.Duration {
 	return time.Until(time.Unix(0, h.until.Load()))
 }
 
-// err says, while the hold lasts, until when, for the lookups that wait on it.
+// err says, while the hold lasts, until when, for the lookups and fetches that wait on it.
 func (h *hold) err() error {
 	until := time.Unix(0, h.until.Load())
 	if !time.Now().Before(until) {
 		return nil
 	}
-	return fmt.Errorf("%w: no call until %s", ErrRetryAfterHold, until.UTC().Format(time.RFC3339))
+	return holdError{until: until}
 }
+
+// holdError is the error of a call the Retry-After hold stopped. It carries the wait left as a
+// RetryAfterHint, so that a caller that retries (a FeedLoop) waits the hold out rather than
+// backing off by its own count.
+type holdError struct{ until time.Time }
+
+func (e holdError) Error() string {
+	return fmt.Sprintf("%v: no call until %s", ErrRetryAfterHold, e.until.UTC().Format(time.RFC3339))
+}
+
+func (e holdError) Unwrap() error { return ErrRetryAfterHold }
+
+// RetryAfterHint is the wait left.
+func (e holdError) RetryAfterHint() time.Duration { return time.Until(e.until) }
 
 // circuitOpen wraps a breaker rejection so callers can test errors.Is(err, ErrCircuitOpen).
 func circuitOpen(err error) error {

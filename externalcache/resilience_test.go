@@ -70,17 +70,56 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 	}
 }
 
+// TestBackoffStaysWithinItsCap: the retries' and feed loops' backoff doubles from its base up to
+// its cap, each step jittered down to no less than half of it, so that a loop cannot spin.
 func TestBackoffStaysWithinItsCap(t *testing.T) {
-	for attempt := range 70 {
-		for range 50 {
-			d := backoff(100*time.Millisecond, 2*time.Second, attempt)
-			if d < 0 || d >= 2*time.Second || d >= 100*time.Millisecond<<min(attempt, 20) {
-				t.Fatalf("backoff(attempt %d) = %s, outside [0, min(2s, 100ms·2^n))", attempt, d)
+	for range 50 {
+		b := retryBackoff(100*time.Millisecond, 2*time.Second)
+		for n := range 70 {
+			d := b.Step()
+			if limit := min(2*time.Second, 100*time.Millisecond<<min(n, 20)); d < limit/2 || d >= limit {
+				t.Fatalf("step %d = %s, outside [%s, %s)", n, d, limit/2, limit)
 			}
-			f := feedBackoff(time.Second, 8*time.Second, attempt)
-			if limit := min(8*time.Second, time.Second<<min(attempt, 20)); f < limit/2 || f > limit {
-				t.Fatalf("feedBackoff(attempt %d) = %s, outside [%s, %s]", attempt, f, limit/2, limit)
-			}
+		}
+	}
+}
+
+// TestRetryDelayCapsRetryAfter: a Retry-After is honoured up to its cap (a proxy's
+// "Retry-After: 86400" held a mirror's sync for a day), and a shorter one still delays the next
+// call past the backoff.
+func TestRetryDelayCapsRetryAfter(t *testing.T) {
+	b := retryBackoff(500*time.Millisecond, 30*time.Second)
+	if d := retryDelay(&b, fmt.Errorf("polling: %w", statusErr{code: 503, ra: 24 * time.Hour}), time.Minute); d != time.Minute {
+		t.Errorf("Retry-After 24h: next call in %s, want the cap of 1m", d)
+	}
+	if d := retryDelay(&b, statusErr{code: 503, ra: 10 * time.Second}, time.Minute); d != 10*time.Second {
+		t.Errorf("Retry-After 10s: next call in %s, want 10s", d)
+	}
+	b = retryBackoff(500*time.Millisecond, 30*time.Second)
+	if d := retryDelay(&b, errors.New("connection refused"), time.Minute); d > 500*time.Millisecond {
+		t.Errorf("first failure without Retry-After: next call in %s, want at most the base 500ms", d)
+	}
+}
+
+// TestLostHistory: which change-feed answers mean that the source lost the history the loop's
+// revision belongs to.
+func TestLostHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		since int64
+		epoch string
+		cs    ChangeSet
+		lost  bool
+	}{
+		{"first poll", 0, "", ChangeSet{Revision: 7, Epoch: "e1"}, false},
+		{"same epoch, on", 7, "e1", ChangeSet{Revision: 9, Epoch: "e1"}, false},
+		{"revision went back", 7, "e1", ChangeSet{Revision: 3, Epoch: "e1"}, true},
+		{"another epoch, revision on", 7, "e1", ChangeSet{Revision: 900, Epoch: "e2"}, true},
+		{"a source without epochs", 7, "", ChangeSet{Revision: 9}, false},
+		{"a mirror written before epochs were recorded", 7, "", ChangeSet{Revision: 9, Epoch: "e1"}, true},
+	} {
+		if got := lostHistory(tc.since, tc.epoch, tc.cs); got != tc.lost {
+			t.Errorf("%s: lostHistory = %v, want %v", tc.name, got, tc.lost)
 		}
 	}
 }

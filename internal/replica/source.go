@@ -50,7 +50,15 @@ type externalSource interface {
 func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Reconciler, log logr.Logger) (externalSource, error) {
 	switch {
 	case opts.ExternalSource == SourceMirror:
-		return &mirrorSource{opts: opts, cc: cc, rec: rec, log: log.WithName("mirror")}, nil
+		// The mirror keeps the values; the cache holds none of them, and
+		// only guards the mirror's fetches (Cache.Fetch).
+		co := opts.Cache
+		co.Source, co.Feed, co.Log = cc, nil, log.WithName("externalcache")
+		c, err := externalcache.New(co)
+		if err != nil {
+			return nil, fmt.Errorf("creating the external cache the mirror fetches through: %w", err)
+		}
+		return &mirrorSource{opts: opts, cc: cc, cache: c, rec: rec, log: log.WithName("mirror")}, nil
 	case opts.ExternalMode == ExternalCache:
 		co := opts.Cache
 		co.Source, co.Feed = cc, cc
@@ -101,6 +109,7 @@ func (s *cacheSource) released(shard int32)                      { s.cache.OnRel
 type mirrorSource struct {
 	opts      Options
 	cc        *configcenter.CacheSource
+	cache     *externalcache.Cache
 	rec       *configbinding.Reconciler
 	log       logr.Logger
 	shards    sharding.Shards
@@ -114,14 +123,17 @@ func (s *mirrorSource) owns() []sharding.Kind {
 
 func (s *mirrorSource) bind(mgr manager.Manager, shards sharding.Shards) error {
 	m, err := externaldomain.New(externaldomain.Options{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cc, Shards: shards, Ring: s.opts.Ring,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: s.cache, Feed: s.cc, Shards: shards, Ring: s.opts.Ring,
 		MaxBytes: s.opts.MirrorMaxBytes, MaxRetryAfter: s.opts.Cache.MaxRetryAfter, Log: s.log,
-		FeedHealth: s.opts.Cache.FeedHealth, RefreshInterval: s.opts.Cache.SoftTTL,
+		FeedRetry: s.opts.Cache.FeedRetry, FeedHealth: s.opts.Cache.FeedHealth, RefreshInterval: s.opts.Cache.SoftTTL,
 	})
 	if err != nil {
 		return err
 	}
 	s.shards, s.mirror, s.apiReader = shards, m, mgr.GetAPIReader()
+	if err := mgr.Add(s.cache); err != nil {
+		return err
+	}
 	return mgr.Add(m)
 }
 

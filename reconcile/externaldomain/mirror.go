@@ -40,13 +40,6 @@ const (
 	ReasonFeedUnhealthy = "FeedUnhealthy"
 )
 
-// Source is what the mirror reads from the external service: values, and
-// the per-domain change feed that says which values changed.
-type Source interface {
-	externalcache.Source
-	externalcache.Feed
-}
-
 // Shards is what the mirror needs from the sharding runtime.
 type Shards interface {
 	// Reader is the shard's cache, holding the shard's ExternalDomains.
@@ -65,8 +58,13 @@ type Options struct {
 	Client client.Client
 	// APIReader re-reads a mirror after a write conflict. Required.
 	APIReader client.Reader
-	// Source is the config center. Required.
-	Source Source
+	// Source reads the config center's values. The replica passes its
+	// external cache (externalcache.Cache.Fetch), so that the mirror's
+	// fetches go through the cache's Retry-After hold, rate limit, circuit
+	// breaker and single flight rather than around them. Required.
+	Source externalcache.Source
+	// Feed is the config center's change feed. Required.
+	Feed externalcache.Feed
 	// Shards tells which shards this replica holds. Required.
 	Shards Shards
 	// Ring names the ring whose replicas write the mirrors; each mirror
@@ -79,19 +77,16 @@ type Options struct {
 	// of a write the API server would reject. Defaults to 512 KiB, a third
 	// of etcd's default request limit.
 	MaxBytes int64
-	// FetchTimeout bounds one value fetch. Defaults to 5 seconds.
-	FetchTimeout time.Duration
-	// RetryBase and RetryMax bound the backoff after a failed poll or fetch.
-	// Defaults 500ms and 30s.
-	RetryBase, RetryMax time.Duration
 	// MaxRetryAfter caps a Retry-After the config center sends: a proxy's
 	// maintenance page may ask for a day, and the mirror would stay stale
 	// that long after the service is back. Defaults to one minute, as the
 	// cache's (the replica passes --cache-max-retry-after to both).
 	MaxRetryAfter time.Duration
-	// MinPollInterval spaces polls that returned no change, so a feed that
-	// answers at once cannot spin. Defaults to 100ms.
-	MinPollInterval time.Duration
+	// FeedRetry backs off a domain's change-feed loop after failures and
+	// spaces the polls that returned no change, so that a feed that answers
+	// at once cannot spin; its zero fields take the defaults documented on
+	// externalcache.FeedRetryOptions. The replica passes the cache's.
+	FeedRetry externalcache.FeedRetryOptions
 	// FeedHealth decides when a domain's change feed is unhealthy, by the
 	// cache's rule; its zero fields take externalcache.FeedHealthOptions'
 	// defaults. The replica passes the cache's.
@@ -116,6 +111,9 @@ func (o *Options) setDefaults() error {
 	if o.Source == nil {
 		errs = append(errs, errors.New("source is required"))
 	}
+	if o.Feed == nil {
+		errs = append(errs, errors.New("feed is required"))
+	}
 	if o.Shards == nil {
 		errs = append(errs, errors.New("shards are required"))
 	}
@@ -125,20 +123,8 @@ func (o *Options) setDefaults() error {
 	if o.MaxBytes == 0 {
 		o.MaxBytes = 512 << 10
 	}
-	if o.FetchTimeout == 0 {
-		o.FetchTimeout = 5 * time.Second
-	}
-	if o.RetryBase == 0 {
-		o.RetryBase = 500 * time.Millisecond
-	}
-	if o.RetryMax == 0 {
-		o.RetryMax = 30 * time.Second
-	}
 	if o.MaxRetryAfter == 0 {
 		o.MaxRetryAfter = time.Minute
-	}
-	if o.MinPollInterval == 0 {
-		o.MinPollInterval = 100 * time.Millisecond
 	}
 	if o.RefreshInterval == 0 {
 		o.RefreshInterval = 5 * time.Minute
