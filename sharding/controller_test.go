@@ -54,7 +54,7 @@ func TestRefusedWriteIsRetried(t *testing.T) {
 		{name: "held", lastRenew: time.Now(), wantWrote: 1},
 		{name: "hold lapsed, shard still held", lastRenew: time.Now().Add(-5 * time.Second), wantRetry: true},
 		{name: "hold lapsed, shard stopped", lastRenew: time.Now().Add(-5 * time.Second),
-			after: func() { s.mu.Lock(); s.setState(stateStopped); s.mu.Unlock() }},
+			after: func() { s.mu.Lock(); s.fire(eventStop); s.mu.Unlock() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.mu.Lock()

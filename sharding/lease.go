@@ -258,18 +258,27 @@ func (w *leaseWriter) renewBefore(ctx context.Context, deadline time.Time, retry
 }
 
 // release clears the holder of a Lease this process holds, so that the
-// next holder need not wait for it to expire.
+// next holder need not wait for it to expire. Like client-go's leader
+// election, it writes the release's time as acquire time too: from then on
+// the Lease has had no holder (the handover gaps the end-to-end suite
+// measures start there).
 func (w *leaseWriter) release(ctx context.Context) error {
 	if w.cur == nil || ptr.Deref(w.cur.Spec.HolderIdentity, "") != w.holder {
 		return nil
 	}
-	return w.handOver(ctx, "", time.Second)
+	return w.hand(ctx, "", time.Second, true)
 }
 
 // handOver writes another holder into the Lease this process holds, with a
-// fresh renew time and the given duration: "" releases it, the replica's
-// name alone keeps it for its next incarnation.
-func (w *leaseWriter) handOver(ctx context.Context, to string, duration time.Duration) error {
+// fresh renew time: the replica's name alone keeps it for its next
+// incarnation, which takes it at once.
+func (w *leaseWriter) handOver(ctx context.Context, to string) error {
+	return w.hand(ctx, to, w.duration, false)
+}
+
+// hand writes holder to and duration into the Lease as last read or
+// written, renewed now, and acquired now if acquired.
+func (w *leaseWriter) hand(ctx context.Context, to string, duration time.Duration, acquired bool) error {
 	if w.cur == nil {
 		return nil
 	}
@@ -278,6 +287,9 @@ func (w *leaseWriter) handOver(ctx context.Context, to string, duration time.Dur
 	l.Spec.HolderIdentity = ptr.To(to)
 	l.Spec.LeaseDurationSeconds = ptr.To(int32(duration / time.Second))
 	l.Spec.RenewTime = &stamp
+	if acquired {
+		l.Spec.AcquireTime = &stamp
+	}
 	return w.update(ctx, l)
 }
 

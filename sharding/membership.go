@@ -158,7 +158,7 @@ func (m *memberLease) handOver(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
 	defer cancel()
-	if err := m.lease.handOver(ctx, m.r.opts.Identity, m.r.opts.LeaseDuration); err != nil {
+	if err := m.lease.handOver(ctx, m.r.opts.Identity); err != nil {
 		m.r.log.Error(err, "Handing the member Lease over to the next incarnation; it waits for the Lease to expire")
 	}
 }

@@ -14,10 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// shardState is where a shard is in its life on this replica. Transitions
-// only go forward: acquiring → starting → active → draining → stopped, with
-// stopped reachable from every state (a failed acquisition, fencing, a
-// release before the shard ran).
+// shardState is where a shard is in its life on this replica. Every change
+// of state is an event looked up in shardLifecycle, the one table of the
+// shard's transitions.
 type shardState int
 
 const (
@@ -38,6 +37,41 @@ const (
 
 func (st shardState) String() string {
 	return [...]string{"Acquiring", "Starting", "Active", "Draining", "Stopped"}[st]
+}
+
+// shardEvent is what happens to a shard.
+type shardEvent int
+
+const (
+	// eventLeaseTaken: its Lease was written with this replica as holder.
+	eventLeaseTaken shardEvent = iota
+	// eventCacheReady: the cache of its acquisition batch exists (it may
+	// still be syncing).
+	eventCacheReady
+	// eventRelease: it is to be handed over; in-flight reconciles finish.
+	eventRelease
+	// eventStop: it stops at once: its Lease could not be taken or renewed
+	// (fenced), it was released before it ran, or its drain ended.
+	eventStop
+)
+
+func (ev shardEvent) String() string {
+	return [...]string{"LeaseTaken", "CacheReady", "Release", "Stop"}[ev]
+}
+
+// shardLifecycle is the shard's life on one replica: for each state, where
+// each event takes it. An event a state does not list changes nothing (a
+// second stop, a cache that comes ready after a release). Every path ends in
+// Stopped, and none goes back:
+//
+//	Acquiring ─LeaseTaken─► Starting ─CacheReady─► Active ─Release─► Draining ─Stop─► Stopped
+//	    └─Stop─► Stopped        ├─Release─► Draining       └─Stop─► Stopped
+//	                            └─Stop─► Stopped
+var shardLifecycle = map[shardState]map[shardEvent]shardState{
+	stateAcquiring: {eventLeaseTaken: stateStarting, eventStop: stateStopped},
+	stateStarting:  {eventCacheReady: stateActive, eventRelease: stateDraining, eventStop: stateStopped},
+	stateActive:    {eventRelease: stateDraining, eventStop: stateStopped},
+	stateDraining:  {eventStop: stateStopped},
 }
 
 // shard is the runtime of one shard on this replica: its Lease, the group
@@ -94,13 +128,16 @@ func newShard(r *Replica, n int32) *shard {
 	}
 }
 
-// setState moves the shard to a later state. Caller holds s.mu.
-func (s *shard) setState(to shardState) {
-	if to <= s.state {
-		return
+// fire moves the shard along shardLifecycle and reports whether the event
+// changed its state. Caller holds s.mu.
+func (s *shard) fire(ev shardEvent) bool {
+	to, ok := shardLifecycle[s.state][ev]
+	if !ok {
+		return false
 	}
-	s.log.V(1).Info("Shard state", "from", s.state, "to", to)
+	s.log.V(1).Info("Shard state", "from", s.state, "to", to, "event", ev)
 	s.state = to
+	return true
 }
 
 // release asks the shard to drain and release its Lease. It never blocks.
@@ -153,12 +190,11 @@ func (s *shard) currentReader() (client.Reader, bool) {
 func (s *shard) activate(g *group) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.state != stateStarting {
+	if !s.fire(eventCacheReady) {
 		return false
 	}
 	g.join()
 	s.group = g
-	s.setState(stateActive)
 	return true
 }
 
@@ -222,7 +258,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	defer s.r.metrics.owned.Dec()
 	s.log.V(1).Info("Acquired shard", "reason", reason)
 	s.mu.Lock()
-	s.setState(stateStarting)
+	s.fire(eventLeaseTaken)
 	s.mu.Unlock()
 	s.r.joinBatch(parent, s)
 
@@ -372,7 +408,7 @@ func (s *shard) fence(err error) {
 // leaves its group (whose cache stops when no shard reads it any more).
 func (s *shard) stop() {
 	s.mu.Lock()
-	s.setState(stateStopped)
+	s.fire(eventStop)
 	g := s.group
 	s.group = nil
 	s.mu.Unlock()
@@ -392,7 +428,7 @@ func (s *shard) stop() {
 func (s *shard) drain() bool {
 	timeout := s.r.opts.DrainTimeout
 	s.mu.Lock()
-	s.setState(stateDraining)
+	s.fire(eventRelease)
 	var idle chan struct{}
 	if s.inflight > 0 {
 		s.idle = make(chan struct{})
