@@ -67,7 +67,7 @@ func BenchmarkShardWritesPolicy(b *testing.B) {
 	app := uniqueName("app")
 	createNamespace(ctx, b, c, app, targets)
 	cb := &configv1alpha1.ConfigBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "bench", Labels: sharding.OwnedLabels(3, "domain-3")},
+		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "bench", Labels: map[string]string{sharding.LabelShard: "3", sharding.LabelDomain: "domain-3"}},
 		Spec: configv1alpha1.ConfigBindingSpec{Domain: "domain-3", Keys: []configv1alpha1.ConfigKey{"key-0"},
 			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: "bench-config"}},
 	}

@@ -504,7 +504,7 @@ func (s *suite) settle(ctx context.Context, t *testing.T, want int32) {
 	}
 	var why string
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		st, err := sharding.ReadStatus(ctx, s.c, systemNamespace, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+		st, err := sharding.ReadStatus(ctx, s.c, sharding.StatusOptions{Namespace: systemNamespace, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 		if err != nil {
 			why = err.Error()
 			return false, nil

@@ -21,7 +21,7 @@ import (
 // objects through Reader and asks WriteContext before each write. Run it
 // as a StatefulSet, with the Replica's Ready as its readiness check.
 func ExampleNew() {
-	// No manager leader election: the Replica elects its labeler itself,
+	// No manager leader election: the Replica takes its labeler Lease itself,
 	// and every replica runs its own shards.
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), manager.Options{})
 	if err != nil {
@@ -49,7 +49,7 @@ func ExampleNew() {
 		}
 		cm := &corev1.ConfigMap{}
 		cm.Namespace, cm.Name = cb.Namespace, cb.Spec.Target.ConfigMapName
-		cm.Labels = sharding.OwnedLabels(req.Shard, cb.Spec.Domain) // so the shard's cache sees it
+		cm.Labels = rep.OwnedLabels(req.Shard, cb.Spec.Domain) // so the shard's cache sees it
 		wctx, done, ok := rep.WriteContext(ctx, req.Shard)
 		if !ok {
 			return reconcile.Result{}, nil // no longer held: the next holder writes

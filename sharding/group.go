@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -44,19 +43,6 @@ type group struct {
 	counts     map[int32]int64 // primary objects cached, per shard
 }
 
-// selectorFor selects the objects of a set of shards.
-func selectorFor(shards []int32) (labels.Selector, error) {
-	values := make([]string, len(shards))
-	for i, n := range shards {
-		values[i] = strconv.Itoa(int(n))
-	}
-	req, err := labels.NewRequirement(LabelShard, selection.In, values)
-	if err != nil {
-		return nil, fmt.Errorf("building the selector of shards %v: %w", shards, err)
-	}
-	return labels.NewSelector().Add(*req), nil
-}
-
 // stripThen strips managed fields, then runs a kind's own transform: a
 // kind's transform replaces the cache's default one.
 func stripThen(t toolscache.TransformFunc) toolscache.TransformFunc {
@@ -75,7 +61,7 @@ func stripThen(t toolscache.TransformFunc) toolscache.TransformFunc {
 // and event handlers that hand each event to the shard it belongs to.
 func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err error) {
 	slices.Sort(shards)
-	sel, err := selectorFor(shards)
+	sel, err := r.keys.shardSelector(selection.In, shards...)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +225,7 @@ func (g *group) count(n int32, delta int64) int64 {
 // shard reads this group; objects of shards released since the group was
 // built are ignored.
 func (g *group) owner(o client.Object) (*shard, int32, bool) {
-	n, ok := ParseShardLabel(o.GetLabels(), g.r.opts.Shards)
+	n, ok := g.r.keys.shardOf(o.GetLabels(), g.r.opts.Shards)
 	if !ok {
 		return nil, 0, false
 	}
@@ -255,6 +241,7 @@ func (g *group) owner(o client.Object) (*shard, int32, bool) {
 // shard alone, and a List selects the shard's label.
 type shardReader struct {
 	c      client.Reader
+	key    string // the shard label's key
 	shard  string
 	scheme *runtime.Scheme
 }
@@ -263,7 +250,7 @@ func (sr shardReader) Get(ctx context.Context, key client.ObjectKey, obj client.
 	if err := sr.c.Get(ctx, key, obj, opts...); err != nil {
 		return err
 	}
-	if obj.GetLabels()[LabelShard] == sr.shard {
+	if obj.GetLabels()[sr.key] == sr.shard {
 		return nil
 	}
 	gvk, err := apiutil.GVKForObject(obj, sr.scheme)
@@ -275,7 +262,7 @@ func (sr shardReader) Get(ctx context.Context, key client.ObjectKey, obj client.
 
 func (sr shardReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	lo := (&client.ListOptions{}).ApplyOptions(opts)
-	req, err := labels.NewRequirement(LabelShard, selection.Equals, []string{sr.shard})
+	req, err := labels.NewRequirement(sr.key, selection.Equals, []string{sr.shard})
 	if err != nil {
 		return err
 	}

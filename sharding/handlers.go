@@ -57,7 +57,7 @@ func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool 
 func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 	preds := g.r.opts.For.Predicates
 	counted := func(o client.Object, delta int64) {
-		if n, ok := ParseShardLabel(o.GetLabels(), g.r.opts.Shards); ok {
+		if n, ok := g.r.keys.shardOf(o.GetLabels(), g.r.opts.Shards); ok {
 			c := g.count(n, delta)
 			if s, _, ok := g.owner(o); ok {
 				s.r.metrics.objects.WithLabelValues(s.name).Set(float64(c))
@@ -87,7 +87,7 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 			if !ok1 || !ok2 {
 				return
 			}
-			if oldO.GetLabels()[LabelShard] != newO.GetLabels()[LabelShard] {
+			if oldO.GetLabels()[g.r.keys.shard] != newO.GetLabels()[g.r.keys.shard] {
 				// The object moved between two shards of this group: the
 				// old shard's reconcile sees NotFound, as it would with a
 				// cache of its own.
@@ -209,10 +209,7 @@ func (s *shard) rightShard(o client.Object) bool {
 // of the labels alone: the shard follows from the immutable domain, so
 // concurrent stamps agree and need no resourceVersion guard.
 func (r *Replica) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{
-		LabelShard:  fmt.Sprint(shard),
-		LabelDomain: domain,
-	}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": r.keys.owned(shard, domain)}})
 	if err != nil {
 		return err
 	}

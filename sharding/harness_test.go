@@ -173,6 +173,8 @@ type replicaConfig struct {
 	everyNamespace bool
 	// shardTable names the shard table the labeler keeps.
 	shardTable string
+	// labelPrefix is the ring's label prefix (default kshard.dev).
+	labelPrefix string
 }
 
 // tenureLog records OnAcquire ("+") and OnRelease ("-") per shard, in order.
@@ -271,6 +273,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
 		StatefulSet:    rc.statefulSet,
 		ShardTable:     rc.shardTable,
+		LabelPrefix:    rc.labelPrefix,
 	}
 	if !rc.everyNamespace {
 		opts.Namespaces = []string{rc.namespace}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
@@ -109,18 +107,14 @@ func (l *labeler) setState(st labelerState, why error) {
 // campaigns again.
 func (l *labeler) NeedLeaderElection() bool { return false }
 
-// unlabeledSelector matches objects whose shard label is missing or is not
-// one of the ring's shards.
-func unlabeledSelector(shards int32) (labels.Selector, error) {
-	values := make([]string, shards)
-	for i := range values {
-		values[i] = strconv.Itoa(i)
+// shardNumbers lists a ring's shards, 0 to shards-1: the labeler watches
+// the objects whose shard label is missing or names none of them.
+func shardNumbers(shards int32) []int32 {
+	out := make([]int32, shards)
+	for i := range out {
+		out[i] = int32(i)
 	}
-	req, err := labels.NewRequirement(LabelShard, selection.NotIn, values)
-	if err != nil {
-		return nil, fmt.Errorf("building the unlabeled-object selector: %w", err)
-	}
-	return labels.NewSelector().Add(*req), nil
+	return out
 }
 
 // Start runs the labeler's lifecycle until ctx is done: Idle while this
@@ -250,7 +244,7 @@ func (l *labeler) lead(ctx context.Context) error {
 	r.metrics.labeler.Set(1)
 	defer r.metrics.labeler.Set(0)
 	l.unlabeled.Store(0) // this term's cache counts them afresh
-	sel, err := unlabeledSelector(r.opts.Shards)
+	sel, err := r.keys.shardSelector(selection.NotIn, shardNumbers(r.opts.Shards)...)
 	if err != nil {
 		return err
 	}

@@ -6,26 +6,36 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// The label and annotation keys of kshard. Shard labels live on the objects;
-// ring labels and annotations live on the Leases that coordinate replicas.
+// DefaultLabelPrefix prefixes the label and annotation keys a ring writes,
+// unless Options.LabelPrefix names another: a controller built on this
+// package marks its objects and Leases under its own domain.
+const DefaultLabelPrefix = "kshard.dev"
+
+// The label and annotation keys under DefaultLabelPrefix. Shard labels live
+// on the objects; ring labels and annotations live on the Leases that
+// coordinate replicas.
 const (
 	// LabelShard holds an object's shard number. Informers select on it, so
 	// a replica lists and watches only the shards it holds.
-	LabelShard = "kshard.dev/shard"
+	LabelShard = DefaultLabelPrefix + "/shard"
 	// LabelDomain holds the business domain the shard was computed from, so
 	// a person can see why an object landed where it did.
-	LabelDomain = "kshard.dev/domain"
+	LabelDomain = DefaultLabelPrefix + "/domain"
 	// LabelRing marks the Leases of one ring, so replicas watch only those,
 	// and the cluster-scoped objects a ring's replicas write, which another
 	// ring's shards of the same number must leave alone.
-	LabelRing = "kshard.dev/ring"
+	LabelRing = DefaultLabelPrefix + "/ring"
 	// LabelLeaseKind tells member Leases from shard Leases.
-	LabelLeaseKind = "kshard.dev/lease-kind"
+	LabelLeaseKind = DefaultLabelPrefix + "/lease-kind"
 	// AnnotationShards is the shard count a member was started with. Members
 	// that disagree with the ring claim nothing.
-	AnnotationShards = "kshard.dev/shards"
+	AnnotationShards = DefaultLabelPrefix + "/shards"
 )
 
 // Values of LabelLeaseKind.
@@ -34,11 +44,54 @@ const (
 	LeaseKindShard  = "shard"
 )
 
-// OwnedLabels are the labels an owned object carries so the shard caches
-// see it: its owner's shard and domain. A reconciler sets them on what it
-// creates (with its own mark, for Kind.Selector).
-func OwnedLabels(shard int32, domain string) map[string]string {
-	return map[string]string{LabelShard: strconv.Itoa(int(shard)), LabelDomain: domain}
+// labelKeys are the label and annotation keys of one ring: LabelShard and
+// the others, under the ring's prefix.
+type labelKeys struct {
+	shard, domain, ring, leaseKind, shards string
+}
+
+func newLabelKeys(prefix string) labelKeys {
+	return labelKeys{shard: prefix + "/shard", domain: prefix + "/domain", ring: prefix + "/ring",
+		leaseKind: prefix + "/lease-kind", shards: prefix + "/shards"}
+}
+
+// validateLabelPrefix refuses a prefix that would not make label keys: it
+// must be a DNS subdomain (the prefix part of a qualified name).
+func validateLabelPrefix(prefix string) error {
+	if errs := validation.IsDNS1123Subdomain(prefix); len(errs) > 0 {
+		return fmt.Errorf("label prefix %q: %s", prefix, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// owned are the labels an owned object carries so the shard caches see it:
+// its owner's shard and domain.
+func (k labelKeys) owned(shard int32, domain string) map[string]string {
+	return map[string]string{k.shard: strconv.Itoa(int(shard)), k.domain: domain}
+}
+
+// shardOf returns the shard an object's labels name, and whether they name
+// one in [0, shards).
+func (k labelKeys) shardOf(labels map[string]string, shards int32) (int32, bool) {
+	v, ok := labels[k.shard]
+	if !ok {
+		return 0, false
+	}
+	return parseShard(v, shards)
+}
+
+// shardSelector selects objects whose shard label is (selection.In) or is
+// not (selection.NotIn) one of shards.
+func (k labelKeys) shardSelector(op selection.Operator, shards ...int32) (labels.Selector, error) {
+	values := make([]string, len(shards))
+	for i, n := range shards {
+		values[i] = strconv.Itoa(int(n))
+	}
+	req, err := labels.NewRequirement(k.shard, op, values)
+	if err != nil {
+		return nil, fmt.Errorf("selecting shard label %s %s %v: %w", k.shard, op, shards, err)
+	}
+	return labels.NewSelector().Add(*req), nil
 }
 
 // HolderReplica returns the replica a Lease's holder identity names. A
@@ -94,14 +147,10 @@ func ParseMemberLeaseName(ring, name string) (string, bool) {
 	return replica, ok && replica != ""
 }
 
-// ParseShardLabel returns the shard an object's label names, and whether it
-// names one in [0, shards).
+// ParseShardLabel returns the shard an object's LabelShard names (the
+// default prefix's), and whether it names one in [0, shards).
 func ParseShardLabel(labels map[string]string, shards int32) (int32, bool) {
-	v, ok := labels[LabelShard]
-	if !ok {
-		return 0, false
-	}
-	return parseShard(v, shards)
+	return newLabelKeys(DefaultLabelPrefix).shardOf(labels, shards)
 }
 
 // parseShard reads a shard number written by strconv.Itoa, in [0, shards).

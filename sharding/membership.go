@@ -47,8 +47,8 @@ type memberLease struct {
 func newMemberLease(r *Replica) *memberLease {
 	opts := r.opts
 	return &memberLease{r: r, lease: r.newLeaseWriter(MemberLeaseName(opts.Ring, opts.Identity),
-		map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindMember},
-		map[string]string{AnnotationShards: strconv.Itoa(int(opts.Shards))})}
+		map[string]string{r.keys.ring: opts.Ring, r.keys.leaseKind: LeaseKindMember},
+		map[string]string{r.keys.shards: strconv.Itoa(int(opts.Shards))})}
 }
 
 // run renews the member Lease every RetryPeriod until ctx is done. A renewal
@@ -192,11 +192,11 @@ type leaseView struct {
 }
 
 // memberShardCount reads the shard count a member Lease announces.
-func memberShardCount(l *coordinationv1.Lease) (int32, error) {
-	v := l.Annotations[AnnotationShards]
+func (k labelKeys) memberShardCount(l *coordinationv1.Lease) (int32, error) {
+	v := l.Annotations[k.shards]
 	n, err := strconv.ParseInt(v, 10, 32)
 	if err != nil || n < 1 || n > maxShards {
-		return 0, fmt.Errorf("member Lease %s: annotation %s %q is not a shard count in [1, %d]", l.Name, AnnotationShards, v, maxShards)
+		return 0, fmt.Errorf("member Lease %s: annotation %s %q is not a shard count in [1, %d]", l.Name, k.shards, v, maxShards)
 	}
 	return int32(n), nil
 }
@@ -238,7 +238,7 @@ func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
 // readLeases builds the view from the Leases of a ring; expiryOf says when
 // each Lease expires (a replica: from its own observations; kshard status:
 // from the written renew time).
-func readLeases(ring string, items []coordinationv1.Lease, shards int32, now time.Time, expiryOf func(*coordinationv1.Lease) time.Time) *leaseView {
+func readLeases(keys labelKeys, ring string, items []coordinationv1.Lease, shards int32, now time.Time, expiryOf func(*coordinationv1.Lease) time.Time) *leaseView {
 	v := &leaseView{shards: map[int32]*shardLease{}, total: shards}
 	type live struct {
 		name    string
@@ -253,12 +253,12 @@ func readLeases(ring string, items []coordinationv1.Lease, shards int32, now tim
 		if expiry.After(now) && holder != "" {
 			v.expiries = append(v.expiries, expiry)
 		}
-		switch l.Labels[LabelLeaseKind] {
+		switch l.Labels[keys.leaseKind] {
 		case LeaseKindMember:
 			if holder == "" || !expiry.After(now) {
 				continue
 			}
-			n, err := memberShardCount(l)
+			n, err := keys.memberShardCount(l)
 			if err != nil {
 				v.invalid = append(v.invalid, err)
 				continue

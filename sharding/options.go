@@ -97,6 +97,12 @@ type Options struct {
 	LeaseNamespace string
 	// Shards is the fixed shard count of the ring. Defaults to 64.
 	Shards int32
+	// LabelPrefix prefixes the keys of the labels and annotations the ring
+	// writes: <prefix>/shard and <prefix>/domain on its objects,
+	// <prefix>/ring, <prefix>/lease-kind and <prefix>/shards on its Leases.
+	// A DNS subdomain; default DefaultLabelPrefix (kshard.dev). Every
+	// replica of a ring must use the same.
+	LabelPrefix string
 
 	// LeaseDuration, RenewDeadline and RetryPeriod have the meaning they have
 	// in client-go leader election, per shard Lease, member Lease and the
@@ -228,6 +234,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	if o.Shards == 0 {
 		o.Shards = DefaultShards
 	}
+	if o.LabelPrefix == "" {
+		o.LabelPrefix = DefaultLabelPrefix
+	}
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = DefaultLeaseDuration
 	}
@@ -321,6 +330,9 @@ func (o *Options) validate() error {
 	} else if msgs := validation.IsDNS1123Label(o.Ring); len(msgs) > 0 {
 		// It prefixes the ring's Lease names.
 		errs = append(errs, fmt.Errorf("ring %q: %s", o.Ring, strings.Join(msgs, "; ")))
+	}
+	if err := validateLabelPrefix(o.LabelPrefix); err != nil {
+		errs = append(errs, err)
 	}
 	if msgs := validation.IsDNS1123Subdomain(MemberLeaseName(o.Ring, o.Identity)); len(msgs) > 0 {
 		// It names the member Lease, and may not contain the "_" of holder

@@ -85,3 +85,18 @@ func TestAcceptedTimingRunsLeaderElection(t *testing.T) {
 		t.Fatal("no timing accepted")
 	}
 }
+
+// TestOptionsRefuseALabelPrefixThatMakesNoKeys: a label prefix must be a
+// DNS subdomain, the prefix part of a label key; otherwise every label the
+// ring writes would be refused by the API server, one object at a time.
+func TestOptionsRefuseALabelPrefixThatMakesNoKeys(t *testing.T) {
+	for prefix, ok := range map[string]bool{"": true, "kshard.dev": true, "pricing.example.dev": true,
+		"Pricing.example.dev": false, "pricing/example": false, "pricing_example": false} {
+		o := timingOptions(15*time.Second, 10*time.Second, 2*time.Second)
+		o.LabelPrefix = prefix
+		err := o.setDefaults(logr.Discard())
+		if (err == nil) != ok || err != nil && !strings.Contains(err.Error(), "label prefix") {
+			t.Errorf("LabelPrefix %q: error %v, want accepted: %v", prefix, err, ok)
+		}
+	}
+}

@@ -39,7 +39,9 @@ type Replica struct {
 	opts Options
 	// holder is this process's name in the Leases it holds:
 	// "<identity>_<incarnation>".
-	holder    string
+	holder string
+	// keys are the ring's label and annotation keys (Options.LabelPrefix).
+	keys      labelKeys
 	member    *memberLease
 	labeler   *labeler
 	metrics   ringMetrics
@@ -109,11 +111,12 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err := coordinationv1.AddToScheme(leaseScheme); err != nil {
 		return nil, err
 	}
+	keys := newLabelKeys(opts.LabelPrefix)
 	leaseCache, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient:           mgr.GetHTTPClient(),
 		Scheme:               leaseScheme,
 		DefaultNamespaces:    map[string]cache.Config{opts.LeaseNamespace: {}},
-		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{LabelRing: opts.Ring}),
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{keys.ring: opts.Ring}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)
@@ -121,6 +124,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	holder := HolderIdentity(opts.Identity, opts.Incarnation)
 	r := &Replica{
 		opts:       opts,
+		keys:       keys,
 		holder:     holder,
 		metrics:    newRingMetrics(opts.Ring),
 		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
@@ -163,6 +167,12 @@ func (r *Replica) namespaces() map[string]cache.Config {
 
 // Identity is this replica's name in the ring.
 func (r *Replica) Identity() string { return r.opts.Identity }
+
+// OwnedLabels are the labels of an object created for shard's objects,
+// under the ring's label prefix.
+func (r *Replica) OwnedLabels(shard int32, domain string) map[string]string {
+	return r.keys.owned(shard, domain)
+}
 
 // Count is the ring's shard count.
 func (r *Replica) Count() int32 { return r.opts.Shards }
@@ -301,7 +311,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 	}
 	now := time.Now()
 	next := now.Add(r.opts.RetryPeriod)
-	view := readLeases(r.opts.Ring, list.Items, r.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+	view := readLeases(r.keys, r.opts.Ring, list.Items, r.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time

@@ -254,7 +254,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	})
 
 	// kshard status reads the same picture from the cluster.
-	st, err := sharding.ReadStatus(context.Background(), c, ns, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	st, err := sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	for _, r := range reps {
 		r.stop(t)
 	}
-	st, err = sharding.ReadStatus(context.Background(), c, ns, ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	st, err = sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func (s *shard) reads(g *group) bool {
 
 // reader reads the shard's objects from group g's cache.
 func (s *shard) reader(g *group) client.Reader {
-	return shardReader{c: g.cache, shard: s.name, scheme: s.r.mgr.GetScheme()}
+	return shardReader{c: g.cache, key: s.r.keys.shard, shard: s.name, scheme: s.r.mgr.GetScheme()}
 }
 
 // currentReader reads the shard's objects from its group, if active.
@@ -348,7 +348,7 @@ func (s *shard) endTenure() {
 func (s *shard) acquire(ctx context.Context) error {
 	opts := s.r.opts
 	s.lease = s.r.newLeaseWriter(ShardLeaseName(opts.Ring, s.id),
-		map[string]string{LabelRing: opts.Ring, LabelLeaseKind: LeaseKindShard}, nil)
+		map[string]string{s.r.keys.ring: opts.Ring, s.r.keys.leaseKind: LeaseKindShard}, nil)
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()

@@ -34,6 +34,11 @@ type Shards interface {
 	Enqueue(req Request)
 	// Identity names this replica, as in the holder of its Leases.
 	Identity() string
+	// OwnedLabels are the labels an object created for a shard's object
+	// carries so that the shard's caches see it: the shard and the domain,
+	// under the ring's label prefix (add the controller's own mark for
+	// Kind.Selector).
+	OwnedLabels(shard int32, domain string) map[string]string
 }
 
 var (

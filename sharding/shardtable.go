@@ -289,8 +289,8 @@ func (t *shardTable) create(ctx context.Context, batch map[string]string, shards
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: t.r.opts.LeaseNamespace, Name: t.name,
-			Labels:      map[string]string{LabelRing: t.r.opts.Ring},
-			Annotations: map[string]string{AnnotationShardTableShards: shards},
+			Labels:      map[string]string{t.r.keys.ring: t.r.opts.Ring},
+			Annotations: map[string]string{t.r.keys.shards: shards},
 		},
 		Data: data,
 	}

@@ -51,6 +51,9 @@ type SingleOptions struct {
 	Shards int32
 	// Identity names the replica. Defaults to $POD_NAME, else the hostname.
 	Identity string
+	// LabelPrefix prefixes the label keys of owned objects, as a ring's
+	// (Options.LabelPrefix). Default DefaultLabelPrefix.
+	LabelPrefix string
 	// For is the controller's primary kind. Required. An object's shard is
 	// ShardOf(Domain(object), Shards), whatever its shard label says: with
 	// sharding off, nothing labels objects.
@@ -77,6 +80,12 @@ type SingleOptions struct {
 func NewSingle(mgr manager.Manager, opts SingleOptions) (*Single, error) {
 	if opts.Shards == 0 {
 		opts.Shards = DefaultShards
+	}
+	if opts.LabelPrefix == "" {
+		opts.LabelPrefix = DefaultLabelPrefix
+	}
+	if err := validateLabelPrefix(opts.LabelPrefix); err != nil {
+		return nil, fmt.Errorf("single replica: %w", err)
 	}
 	id, err := defaultIdentity(opts.Identity)
 	if err != nil {
@@ -125,6 +134,11 @@ func (s *Single) Start(ctx context.Context) error {
 
 // Count is the number of shards.
 func (s *Single) Count() int32 { return s.opts.Shards }
+
+// OwnedLabels are the labels of an object created for shard's objects.
+func (s *Single) OwnedLabels(shard int32, domain string) map[string]string {
+	return newLabelKeys(s.opts.LabelPrefix).owned(shard, domain)
+}
 
 // Identity names the replica.
 func (s *Single) Identity() string { return s.opts.Identity }
@@ -187,7 +201,7 @@ func (s *Single) belongs(o client.Object, n int32) bool {
 	if gvk, err := apiutil.GVKForObject(o, s.mgr.GetScheme()); err == nil && gvk == s.forGVK {
 		return s.ShardOf(o) == n
 	}
-	if m, ok := ParseShardLabel(o.GetLabels(), s.opts.Shards); ok {
+	if m, ok := newLabelKeys(s.opts.LabelPrefix).shardOf(o.GetLabels(), s.opts.Shards); ok {
 		return m == n
 	}
 	return true

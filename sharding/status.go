@@ -47,15 +47,33 @@ type ShardStatus struct {
 	Objects  int
 }
 
-// ReadStatus reads a ring's Leases and counts the primary objects of kind
-// gvk per shard label (metadata only, paginated).
-func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gvk schema.GroupVersionKind) (*RingStatus, error) {
+// StatusOptions name the ring ReadStatus reads, as its replicas' Options
+// do.
+type StatusOptions struct {
+	// Namespace holds the ring's Leases (Options.LeaseNamespace).
+	Namespace string
+	// Ring names the ring (Options.Ring).
+	Ring string
+	// Kind is the ring's primary kind, whose objects are counted per shard.
+	Kind schema.GroupVersionKind
+	// LabelPrefix is the ring's (Options.LabelPrefix). Default
+	// DefaultLabelPrefix.
+	LabelPrefix string
+}
+
+// ReadStatus reads a ring's Leases and counts its primary objects per shard
+// label (metadata only, paginated).
+func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*RingStatus, error) {
+	if opts.LabelPrefix == "" {
+		opts.LabelPrefix = DefaultLabelPrefix
+	}
+	keys, ring := newLabelKeys(opts.LabelPrefix), opts.Ring
 	var leases coordinationv1.LeaseList
-	if err := c.List(ctx, &leases, client.InNamespace(namespace), client.MatchingLabels{LabelRing: ring}); err != nil {
+	if err := c.List(ctx, &leases, client.InNamespace(opts.Namespace), client.MatchingLabels{keys.ring: ring}); err != nil {
 		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
 	}
 	now := time.Now()
-	view := readLeases(ring, leases.Items, maxShards, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
+	view := readLeases(keys, ring, leases.Items, maxShards, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
 	if len(view.invalid) > 0 {
 		// Hand-edited or written by something else: the ring cannot be
 		// drawn without knowing whether that member is in it.
@@ -68,7 +86,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 			st.ShardCount = max(st.ShardCount, n+1)
 		}
 	}
-	counts, unlabeled, err := countObjects(ctx, c, gvk, st.ShardCount)
+	counts, unlabeled, err := countObjects(ctx, c, keys, opts.Kind, st.ShardCount)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +104,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		st.Shards = append(st.Shards, s)
 	}
 	for _, l := range leases.Items {
-		switch l.Labels[LabelLeaseKind] {
+		switch l.Labels[keys.leaseKind] {
 		case LeaseKindShard:
 			if n, ok := ParseShardLeaseName(ring, l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
 				st.Shards[n].LeaseAge = now.Sub(l.Spec.AcquireTime.Time)
@@ -94,7 +112,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 		case LeaseKindMember:
 			replica, _ := ParseMemberLeaseName(ring, l.Name)
 			name := HolderReplica(ptr.Deref(l.Spec.HolderIdentity, replica))
-			count, _ := memberShardCount(&l) // 0 for an expired member's bad annotation
+			count, _ := keys.memberShardCount(&l) // 0 for an expired member's bad annotation
 			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}
 			m.Live = leaseExpiry(l.Spec).After(now) && ptr.Deref(l.Spec.HolderIdentity, "") != ""
 			if l.Spec.RenewTime != nil {
@@ -107,7 +125,7 @@ func ReadStatus(ctx context.Context, c client.Reader, namespace, ring string, gv
 	return st, nil
 }
 
-func countObjects(ctx context.Context, c client.Reader, gvk schema.GroupVersionKind, shards int32) (map[int32]int, int, error) {
+func countObjects(ctx context.Context, c client.Reader, keys labelKeys, gvk schema.GroupVersionKind, shards int32) (map[int32]int, int, error) {
 	counts := map[int32]int{}
 	unlabeled := 0
 	list := &metav1.PartialObjectMetadataList{}
@@ -117,7 +135,7 @@ func countObjects(ctx context.Context, c client.Reader, gvk schema.GroupVersionK
 			return nil, 0, fmt.Errorf("counting %s per shard: %w", gvk.Kind, err)
 		}
 		for _, o := range list.Items {
-			if n, ok := ParseShardLabel(o.Labels, shards); ok {
+			if n, ok := keys.shardOf(o.Labels, shards); ok {
 				counts[n]++
 			} else {
 				unlabeled++

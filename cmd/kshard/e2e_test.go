@@ -95,7 +95,7 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return err
 	}
-	st, err := sharding.ReadStatus(ctx, c, leaseNS, "e2e", configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	st, err := sharding.ReadStatus(ctx, c, sharding.StatusOptions{Namespace: leaseNS, Ring: "e2e", Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 	if err != nil {
 		return err
 	}

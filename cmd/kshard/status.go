@@ -33,8 +33,7 @@ func newStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := sharding.ReadStatus(cmd.Context(), c, namespace, ring,
-				configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+			st, err := sharding.ReadStatus(cmd.Context(), c, sharding.StatusOptions{Namespace: namespace, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 			if err != nil {
 				return err
 			}

@@ -19,7 +19,7 @@ const conditionReady = "Ready"
 // readRing reads the ring as the cluster shows it, the same way `kshard
 // status` does: the sandbox judges the replicas only by what they wrote.
 func readRing(ctx context.Context, c client.Reader) (*sharding.RingStatus, error) {
-	return sharding.ReadStatus(ctx, c, LeaseNamespace, Ring, configv1alpha1.GroupVersion.WithKind("ConfigBinding"))
+	return sharding.ReadStatus(ctx, c, sharding.StatusOptions{Namespace: LeaseNamespace, Ring: Ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
 }
 
 // listBindings reads every ConfigBinding, a page at a time.

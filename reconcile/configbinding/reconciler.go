@@ -106,6 +106,9 @@ type Shards interface {
 	// WriteContext grants one write of the shard's objects: ok is false
 	// when the shard is not held now, and the context ends with the hold.
 	WriteContext(ctx context.Context, shard int32) (context.Context, context.CancelFunc, bool)
+	// OwnedLabels label a binding's ConfigMap so that its shard's caches
+	// see it.
+	OwnedLabels(shard int32, domain string) map[string]string
 	Enqueuer
 }
 
@@ -249,7 +252,7 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	if c := tooLarge(target.Name, res.data); c != nil {
 		return c, nil
 	}
-	ac := renderConfigMap(cb, shard, res.data)
+	ac := renderConfigMap(cb, r.Shards.OwnedLabels(shard, cb.Spec.Domain), res.data)
 	wctx, done, ok := r.Shards.WriteContext(ctx, shard)
 	if !ok {
 		return nil, nil

@@ -5,16 +5,15 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
-	"github.com/kshard/kshard/sharding"
 )
 
 // renderConfigMap is the ConfigMap a ConfigBinding wants: its values, the
-// binding's shard label (so the shard's informer sees it and drift is
-// noticed), and a controller owner reference (so deleting the binding
+// binding's shard labels (owned: so the shard's informer sees it and drift
+// is noticed), and a controller owner reference (so deleting the binding
 // deletes it, and only the garbage collector ever does).
-func renderConfigMap(cb *configv1alpha1.ConfigBinding, shard int32, data map[string]string) *corev1ac.ConfigMapApplyConfiguration {
+func renderConfigMap(cb *configv1alpha1.ConfigBinding, owned, data map[string]string) *corev1ac.ConfigMapApplyConfiguration {
 	return corev1ac.ConfigMap(cb.Spec.Target.ConfigMapName, cb.Namespace).
-		WithLabels(sharding.OwnedLabels(shard, cb.Spec.Domain)).
+		WithLabels(owned).
 		WithLabels(map[string]string{LabelManagedBy: FieldManager}).
 		WithOwnerReferences(metav1ac.OwnerReference().
 			WithAPIVersion(configv1alpha1.GroupVersion.String()).

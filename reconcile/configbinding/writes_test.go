@@ -130,7 +130,7 @@ func TestHandoverWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	gvk := configv1alpha1.GroupVersion.WithKind("ConfigBinding")
 	byHolder := func() (map[string][]string, error) {
-		st, err := sharding.ReadStatus(ctx, e.c, e.opts.LeaseNamespace, e.opts.Ring, gvk)
+		st, err := sharding.ReadStatus(ctx, e.c, sharding.StatusOptions{Namespace: e.opts.LeaseNamespace, Ring: e.opts.Ring, Kind: gvk})
 		if err != nil {
 			return nil, err
 		}
