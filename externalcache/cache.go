@@ -84,6 +84,8 @@ type Cache struct {
 	// evictions remembers the entries evicted for room while servable, so that their refill is
 	// told from a change and their Lookups say why they are missing.
 	evictions evictions
+	// metrics are the metrics of the caches of this cache's prefix.
+	metrics *cacheMetrics
 	// sweep asks the sweeper to delete the entries of dropped tenures.
 	sweep  chan struct{}
 	deadMu sync.Mutex
@@ -143,7 +145,8 @@ func New(opts Options) (*Cache, error) {
 		sweep:   make(chan struct{}, 1),
 		dead:    map[string]struct{}{},
 	}
-	c.evictions.init(opts.Now)
+	c.metrics = metricsFor(opts.MetricsPrefix)
+	c.evictions.init(opts.Now, c.metrics.evictions)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	bc, err := bigcache.New(c.ctx, opts.bigcacheConfig(c.evictions.record))
 	if err != nil {
@@ -152,7 +155,7 @@ func New(opts Options) (*Cache, error) {
 	}
 	c.bc = bc
 	c.breaker = newBreaker(opts.Breaker, func() context.Context { return c.ctx }, c.log, &c.halfOpens)
-	c.notifier = newNotifier(opts.OnUpdate, opts.OnFeedHealth, opts.NotifyQueueSize, c.log)
+	c.notifier = newNotifier(opts.OnUpdate, opts.OnFeedHealth, opts.NotifyQueueSize, c.log, c.metrics.notificationsDropped)
 	c.shards.Store(&map[int32]*shard{})
 	c.troubled.Store(&map[string]feedTrouble{})
 	return c, nil
@@ -170,8 +173,8 @@ func (c *Cache) Start(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("starting the external cache: already started")
 	}
-	addLive(c)
-	defer removeLive(c)
+	c.metrics.addLive(c)
+	defer c.metrics.removeLive(c)
 	stop := context.AfterFunc(ctx, c.cancel)
 	defer stop()
 
@@ -211,12 +214,12 @@ func (c *Cache) Start(ctx context.Context) error {
 // The controller is told through OnUpdate when a pending key resolves or a value changes.
 func (c *Cache) Get(shard int32, key Key) Lookup {
 	if err := key.validate(); err != nil {
-		missCounter.Inc()
+		c.metrics.miss.Inc()
 		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
 	}
 	sh, err := c.shardFor(shard)
 	if err != nil {
-		missCounter.Inc()
+		c.metrics.miss.Inc()
 		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
 	}
 	ck := key.cacheKey()
@@ -228,7 +231,7 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 			c.armLocked(sh, key, ck)
 			c.mu.Unlock()
 		}
-		countLookup(l)
+		c.countLookup(l)
 		return l
 	}
 	sh.noteDomain(c, key.Domain)
@@ -237,7 +240,7 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	c.mu.Unlock()
 	l.FeedErr = c.feedErr(key.Domain)
 	if full {
-		queueRejected.Inc()
+		c.metrics.queueRejected.Inc()
 		l.Err = fmt.Errorf("fetching %s: %w", key, ErrQueueFull)
 	}
 	if l.Err == nil && l.State == StatePending {
@@ -246,20 +249,20 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	if l.Err == nil && l.State == StatePending {
 		l.Err = c.evictedErr(sh, key, ck)
 	}
-	countLookup(l)
+	c.countLookup(l)
 	return l
 }
 
-func countLookup(l Lookup) {
+func (c *Cache) countLookup(l Lookup) {
 	switch l.State {
 	case StateFresh:
-		hitCounter.Inc()
+		c.metrics.hit.Inc()
 	case StateStale:
-		staleCounter.Inc()
+		c.metrics.stale.Inc()
 	case StateNotFound:
-		negativeCounter.Inc()
+		c.metrics.negative.Inc()
 	default:
-		missCounter.Inc()
+		c.metrics.miss.Inc()
 	}
 }
 

@@ -866,3 +866,34 @@ func TestRetryAfterHoldsFeedPolls(t *testing.T) {
 		t.Errorf("the feed polled %s after a 429 asking every caller to wait %s", gap, retryAfter)
 	}
 }
+
+// TestMetricsPrefix: a cache with a metrics prefix of its own exports
+// under it (its lookups and its entries), and adds nothing to the default
+// prefix's series.
+func TestMetricsPrefix(t *testing.T) {
+	h := newHarness(t, setup{server: standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 8}},
+		opts: func(o *externalcache.Options) { o.MetricsPrefix = "pricing" }})
+	key := externalcache.Key{Domain: configcenter.SeedDomain(0), Name: configcenter.SeedKey(0)}
+	h.wait(0, key)
+	if l := h.cache.Get(0, key); l.State != externalcache.StateFresh {
+		t.Fatalf("lookup: %+v", l)
+	}
+	if n := gaugeSum(t, "pricing_externalcache_entries"); n != 1 {
+		t.Errorf("pricing_externalcache_entries = %v, want 1", n)
+	}
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lookups float64
+	for _, f := range families {
+		if f.GetName() == "pricing_externalcache_requests_total" {
+			for _, m := range f.GetMetric() {
+				lookups += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if lookups == 0 {
+		t.Error("no lookup counted in pricing_externalcache_requests_total")
+	}
+}

@@ -2,6 +2,7 @@ package externalcache
 
 import (
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"sync"
 	"time"
 
@@ -19,7 +20,8 @@ const maxEvictions = 1 << 14
 // on the Go heap, a few dozen bytes per evicted key, only for keys evicted and not yet fetched
 // again.
 type evictions struct {
-	now func() time.Time
+	now     func() time.Time
+	counted prometheus.Counter
 
 	mu    sync.Mutex
 	byKey map[string]evicted // by store key (tenure prefix and cache key)
@@ -32,8 +34,8 @@ type evicted struct {
 	bytes int
 }
 
-func (e *evictions) init(now func() time.Time) {
-	e.now = now
+func (e *evictions) init(now func() time.Time, counted prometheus.Counter) {
+	e.now, e.counted = now, counted
 	e.byKey = map[string]evicted{}
 }
 
@@ -47,7 +49,7 @@ func (e *evictions) record(key string, entry []byte, _ bigcache.RemoveReason) {
 	if _, ok := env.lookup(e.now()); !ok {
 		return // past its hard TTL: nothing servable was lost
 	}
-	evictionsTotal.Inc()
+	e.counted.Inc()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.byKey) >= maxEvictions {

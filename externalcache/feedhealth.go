@@ -272,7 +272,7 @@ func (c *Cache) ttlExpired(tt *ttlTimer, key Key) {
 		c.armLocked(tt.sh, key, ck)
 		return
 	}
-	fallbackRefreshes.Inc()
+	c.metrics.fallbackRefreshes.Inc()
 	c.refreshLocked(tt.sh, key, ck)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -50,6 +51,9 @@ type FeedLoopOptions struct {
 	// it lasts, and a poll's Retry-After extends it, so that the source's "wait" stops fetches
 	// and polls alike.
 	hold *hold
+	// capped counts the Retry-After answers capped at MaxRetryAfter: the cache's metric of its
+	// prefix; the default prefix's on a loop of NewFeedLoop's caller.
+	capped prometheus.Counter
 }
 
 // FeedAnswer is one answer of the feed, for the consumer to take in.
@@ -111,6 +115,9 @@ func NewFeedLoop(opts FeedLoopOptions) (*FeedLoop, error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
+	if opts.capped == nil {
+		opts.capped = metricsFor(DefaultMetricsPrefix).retryAfterCapped
+	}
 	return &FeedLoop{opts: opts, health: newFeedHealth(opts.Health, opts.Retry.MinInterval)}, nil
 }
 
@@ -164,7 +171,7 @@ func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 		case p.Err != nil:
 			failures++
 			d = retryDelay(&failed, p.Err, l.opts.MaxRetryAfter)
-			if hint := retryAfterHint(p.Err, l.opts.MaxRetryAfter); hint > 0 && l.opts.hold != nil {
+			if hint := retryAfterHint(p.Err, l.opts.MaxRetryAfter, l.opts.capped); hint > 0 && l.opts.hold != nil {
 				l.opts.hold.extend(hint)
 			}
 			if failures == 1 {

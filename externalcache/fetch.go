@@ -273,7 +273,7 @@ func (c *Cache) Fetch(ctx context.Context, key Key) (Value, error) {
 	select {
 	case r := <-ch:
 		if r.Err != nil {
-			if hint := retryAfterHint(r.Err, c.opts.MaxRetryAfter); hint > 0 && classify(c.ctx, r.Err) == classRetryable {
+			if hint := retryAfterHint(r.Err, c.opts.MaxRetryAfter, c.metrics.retryAfterCapped); hint > 0 && classify(c.ctx, r.Err) == classRetryable {
 				c.hold.extend(hint)
 			}
 			return Value{}, fmt.Errorf("fetching %s: %w", key, r.Err)
@@ -298,8 +298,8 @@ func (c *Cache) call(key Key) (Value, error) {
 	v, err := c.breaker.Execute(func() (Value, error) {
 		start := time.Now()
 		v, err := c.opts.Source.Fetch(ctx, key)
-		callDuration.Observe(time.Since(start).Seconds())
-		callsTotal.WithLabelValues(callCode(err, classify(c.ctx, err))).Inc()
+		c.metrics.callDuration.Observe(time.Since(start).Seconds())
+		c.metrics.calls.WithLabelValues(callCode(err, classify(c.ctx, err))).Inc()
 		return v, err
 	})
 	if classify(c.ctx, err) == classCircuitOpen {
@@ -331,7 +331,7 @@ func (c *Cache) complete(f *flight, v Value, err error) {
 	case classPermanent:
 		c.fail(f, err, wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
 	case classRetryable:
-		hint := retryAfterHint(err, c.opts.MaxRetryAfter)
+		hint := retryAfterHint(err, c.opts.MaxRetryAfter, c.metrics.retryAfterCapped)
 		if hint > 0 {
 			c.hold.extend(hint)
 		}

@@ -2,6 +2,7 @@ package externalcache
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -19,6 +20,8 @@ type notifier struct {
 	domainFn func(shard int32, domain string)
 	max      int
 	log      logr.Logger
+	// droppedCount counts the dropped notifications for the metrics.
+	droppedCount prometheus.Counter
 
 	mu      sync.Mutex
 	pending map[flightKey]struct{}
@@ -27,8 +30,8 @@ type notifier struct {
 	wake    chan struct{}
 }
 
-func newNotifier(fn func(int32, Key), domainFn func(int32, string), maxPending int, log logr.Logger) *notifier {
-	return &notifier{fn: fn, domainFn: domainFn, max: maxPending, log: log, pending: map[flightKey]struct{}{}, wake: make(chan struct{}, 1)}
+func newNotifier(fn func(int32, Key), domainFn func(int32, string), maxPending int, log logr.Logger, dropped prometheus.Counter) *notifier {
+	return &notifier{fn: fn, domainFn: domainFn, max: maxPending, log: log, droppedCount: dropped, pending: map[flightKey]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
 // addDomain tells domainFn that the health of domain's feed changed, for shard.
@@ -45,7 +48,7 @@ func (n *notifier) add(fk flightKey) {
 	case dup:
 	case len(n.pending) >= n.max:
 		n.dropped++
-		notificationsDropped.Inc()
+		n.droppedCount.Inc()
 	default:
 		n.pending[fk] = struct{}{}
 		n.order = append(n.order, fk)

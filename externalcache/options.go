@@ -80,6 +80,11 @@ type Options struct {
 	// key or feed, and waiting lookups carry ErrRetryAfterHold. A proxy's maintenance page may ask
 	// for a day. Default 60s.
 	MaxRetryAfter time.Duration
+	// MetricsPrefix begins the names of the cache's metrics on controller-runtime's registry
+	// (<prefix>_externalcache_entries, ...): a metric name's first part,
+	// [a-zA-Z_:][a-zA-Z0-9_:]*. Caches of one prefix in a process add up. Default
+	// DefaultMetricsPrefix (kshard).
+	MetricsPrefix string
 
 	// Workers is the number of fetch workers, which bounds concurrent calls to the source.
 	// Default 8.
@@ -202,6 +207,9 @@ func (o *Options) setDefaults() {
 	if o.Log.GetSink() == nil {
 		o.Log = logr.Discard()
 	}
+	if o.MetricsPrefix == "" {
+		o.MetricsPrefix = DefaultMetricsPrefix
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -255,6 +263,9 @@ func (o *Options) validate() error {
 	var errs []error
 	if o.Source == nil {
 		errs = append(errs, errors.New("a Source is required"))
+	}
+	if !metricsPrefix.MatchString(o.MetricsPrefix) {
+		errs = append(errs, fmt.Errorf("metrics prefix %q must match %s", o.MetricsPrefix, metricsPrefix))
 	}
 	if o.InternalShards&(o.InternalShards-1) != 0 {
 		errs = append(errs, fmt.Errorf("InternalShards %d must be a power of two", o.InternalShards))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"math"
 	"net/http"
 	"sync/atomic"
@@ -77,12 +78,15 @@ func isTimeout(err error) bool {
 
 // retryAfterHint is the wait the source asked for, if any, capped at most: a proxy's
 // maintenance page saying "Retry-After: 86400" must not stop every fetch and feed for a day.
-func retryAfterHint(err error, most time.Duration) time.Duration {
+// capped, unless nil, counts the answers capped so.
+func retryAfterHint(err error, most time.Duration, capped prometheus.Counter) time.Duration {
 	var h RetryAfterHinter
 	if errors.As(err, &h) {
 		d := max(0, h.RetryAfterHint())
 		if d > most {
-			retryAfterCapped.Inc()
+			if capped != nil {
+				capped.Inc()
+			}
 			d = most
 		}
 		return d
@@ -102,7 +106,7 @@ func retryBackoff(base, maxDelay time.Duration) wait.Backoff {
 // retryDelay is b's next step, but never sooner than the Retry-After err carries (capped at
 // most): the source asked every caller to wait that long.
 func retryDelay(b *wait.Backoff, err error, most time.Duration) time.Duration {
-	return max(b.Step(), retryAfterHint(err, most))
+	return max(b.Step(), retryAfterHint(err, most, nil))
 }
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the

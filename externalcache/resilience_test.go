@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"testing"
 	"time"
 
@@ -55,12 +57,16 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 			t.Errorf("%s: classify = %d, want %d", tc.name, got, tc.want)
 		}
 	}
-	if got := retryAfterHint(fmt.Errorf("w: %w", statusErr{code: 429, ra: 3 * time.Second}), time.Minute); got != 3*time.Second {
+	capped := prometheus.NewCounter(prometheus.CounterOpts{Name: "capped"})
+	if got := retryAfterHint(fmt.Errorf("w: %w", statusErr{code: 429, ra: 3 * time.Second}), time.Minute, capped); got != 3*time.Second {
 		t.Errorf("retryAfterHint = %s, want 3s", got)
 	}
-	// A maintenance page's day is honoured only up to the cap.
-	if got := retryAfterHint(statusErr{code: 503, ra: 24 * time.Hour}, time.Minute); got != time.Minute {
+	// A maintenance page's day is honoured only up to the cap, and counted.
+	if got := retryAfterHint(statusErr{code: 503, ra: 24 * time.Hour}, time.Minute, capped); got != time.Minute {
 		t.Errorf("retryAfterHint of a day, capped at a minute = %s", got)
+	}
+	if n := testutil.ToFloat64(capped); n != 1 {
+		t.Errorf("%v answers counted as capped, want 1", n)
 	}
 	if got := callCode(statusErr{code: 503}, classRetryable); got != "503" {
 		t.Errorf("callCode(503) = %q", got)

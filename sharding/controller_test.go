@@ -38,7 +38,7 @@ func (w *writeOnce) Reconcile(ctx context.Context, req Request) (reconcile.Resul
 func TestRefusedWriteIsRetried(t *testing.T) {
 	const n = 3
 	r := &Replica{opts: Options{RenewDeadline: 4 * time.Second, RetryPeriod: time.Second}, log: logr.Discard(),
-		metrics: newRingMetrics("refused-write"), shards: map[int32]*shard{}}
+		metrics: newRingMetrics(DefaultMetricsPrefix, "refused-write"), shards: map[int32]*shard{}}
 	s := newShard(r, n)
 	r.shards[n] = s
 	s.state = stateActive

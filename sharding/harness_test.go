@@ -173,8 +173,9 @@ type replicaConfig struct {
 	everyNamespace bool
 	// shardTable names the shard table the labeler keeps.
 	shardTable string
-	// labelPrefix is the ring's label prefix (default kshard.dev).
-	labelPrefix string
+	// labelPrefix is the ring's label prefix (default kshard.dev), and
+	// metricsPrefix its metric names' (default kshard).
+	labelPrefix, metricsPrefix string
 }
 
 // tenureLog records OnAcquire ("+") and OnRelease ("-") per shard, in order.
@@ -274,6 +275,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		StatefulSet:    rc.statefulSet,
 		ShardTable:     rc.shardTable,
 		LabelPrefix:    rc.labelPrefix,
+		MetricsPrefix:  rc.metricsPrefix,
 	}
 	if !rc.everyNamespace {
 		opts.Namespaces = []string{rc.namespace}

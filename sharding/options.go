@@ -103,6 +103,12 @@ type Options struct {
 	// A DNS subdomain; default DefaultLabelPrefix (kshard.dev). Every
 	// replica of a ring must use the same.
 	LabelPrefix string
+	// MetricsPrefix begins the names of the metrics the Replica exports on
+	// controller-runtime's registry (<prefix>_shards_owned, ...): a metric
+	// name's first part, [a-zA-Z_:][a-zA-Z0-9_:]*. Default
+	// DefaultMetricsPrefix (kshard), which deploy/'s dashboard and alerts
+	// query.
+	MetricsPrefix string
 
 	// LeaseDuration, RenewDeadline and RetryPeriod have the meaning they have
 	// in client-go leader election, per shard Lease, member Lease and the
@@ -237,6 +243,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	if o.LabelPrefix == "" {
 		o.LabelPrefix = DefaultLabelPrefix
 	}
+	if o.MetricsPrefix == "" {
+		o.MetricsPrefix = DefaultMetricsPrefix
+	}
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = DefaultLeaseDuration
 	}
@@ -333,6 +342,9 @@ func (o *Options) validate() error {
 	}
 	if err := validateLabelPrefix(o.LabelPrefix); err != nil {
 		errs = append(errs, err)
+	}
+	if !metricsPrefix.MatchString(o.MetricsPrefix) {
+		errs = append(errs, fmt.Errorf("metrics prefix %q must match %s", o.MetricsPrefix, metricsPrefix))
 	}
 	if msgs := validation.IsDNS1123Subdomain(MemberLeaseName(o.Ring, o.Identity)); len(msgs) > 0 {
 		// It names the member Lease, and may not contain the "_" of holder

@@ -86,10 +86,12 @@ func TestAcceptedTimingRunsLeaderElection(t *testing.T) {
 	}
 }
 
-// TestOptionsRefuseALabelPrefixThatMakesNoKeys: a label prefix must be a
-// DNS subdomain, the prefix part of a label key; otherwise every label the
-// ring writes would be refused by the API server, one object at a time.
-func TestOptionsRefuseALabelPrefixThatMakesNoKeys(t *testing.T) {
+// TestOptionsRefuseBadPrefixes: a label prefix must be a
+// DNS subdomain, the prefix part of a label key (otherwise every label the
+// ring writes would be refused by the API server, one object at a time),
+// and a metrics prefix the start of a metric name (otherwise registering
+// the metrics would panic).
+func TestOptionsRefuseBadPrefixes(t *testing.T) {
 	for prefix, ok := range map[string]bool{"": true, "kshard.dev": true, "pricing.example.dev": true,
 		"Pricing.example.dev": false, "pricing/example": false, "pricing_example": false} {
 		o := timingOptions(15*time.Second, 10*time.Second, 2*time.Second)
@@ -97,6 +99,14 @@ func TestOptionsRefuseALabelPrefixThatMakesNoKeys(t *testing.T) {
 		err := o.setDefaults(logr.Discard())
 		if (err == nil) != ok || err != nil && !strings.Contains(err.Error(), "label prefix") {
 			t.Errorf("LabelPrefix %q: error %v, want accepted: %v", prefix, err, ok)
+		}
+	}
+	for prefix, ok := range map[string]bool{"": true, "kshard": true, "pricing_v2": true, "pricing-v2": false, "2pricing": false} {
+		o := timingOptions(15*time.Second, 10*time.Second, 2*time.Second)
+		o.MetricsPrefix = prefix
+		err := o.setDefaults(logr.Discard())
+		if (err == nil) != ok || err != nil && !strings.Contains(err.Error(), "metrics prefix") {
+			t.Errorf("MetricsPrefix %q: error %v, want accepted: %v", prefix, err, ok)
 		}
 	}
 }

@@ -126,7 +126,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		opts:       opts,
 		keys:       keys,
 		holder:     holder,
-		metrics:    newRingMetrics(opts.Ring),
+		metrics:    newRingMetrics(opts.MetricsPrefix, opts.Ring),
 		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
 		mgr:        mgr,
 		leases:     cs,

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
@@ -49,18 +50,18 @@ func TestStatusNamesABadShardCountAnnotation(t *testing.T) {
 	}
 }
 
-// TestLabelPrefix: a ring with a label prefix of its own marks its objects
-// and Leases under it and under nothing else, and reads them back: every
-// object is labeled and reconciled, ReadStatus with
-// the prefix finds every shard held, and with kshard's default it finds no
-// ring at all.
-func TestLabelPrefix(t *testing.T) {
+// TestLabelAndMetricsPrefix: a ring with a label prefix of its own marks
+// its objects and Leases under it and under nothing else, and reads them
+// back: every object is labeled and reconciled, ReadStatus with the prefix
+// finds every shard held, and with kshard's default it finds no ring at all.
+// Its metrics are named under its metrics prefix.
+func TestLabelAndMetricsPrefix(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replica watches that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	ring := "prefixed"
 	rc := ringConfig(ns, ring, "r-0")
-	rc.labelPrefix = "pricing.example.dev"
+	rc.labelPrefix, rc.metricsPrefix = "pricing.example.dev", "pricing"
 	keys := createBindings(t, c, ns, 30, 10)
 	startReplica(t, rc)
 	gvk := configv1alpha1.GroupVersion.WithKind("ConfigBinding")
@@ -112,5 +113,25 @@ func TestLabelPrefix(t *testing.T) {
 	}
 	if len(st.Members) > 0 || st.ShardCount > 0 {
 		t.Errorf("with the default prefix ReadStatus finds %d members and %d shards, want none", len(st.Members), st.ShardCount)
+	}
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := -1.0
+	for _, f := range families {
+		if f.GetName() != "pricing_shards_owned" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "ring" && l.GetValue() == ring {
+					owned = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	if owned != float64(shards) {
+		t.Errorf("pricing_shards_owned{ring=%q} = %v, want %d (-1: not exported)", ring, owned, shards)
 	}
 }
