@@ -174,16 +174,16 @@ type instance struct {
 }
 
 // replicaProcess is one process of a replica, whoever started it: a child
-// process of the load tester (process) or a container of a StatefulSet's
-// pod (container).
+// process of the load tester (*childproc.Process) or a container of a
+// StatefulSet's pod (container).
 type replicaProcess interface {
-	// startTime is when it started: at or before its first Lease write.
-	startTime() time.Time
-	running() bool
-	// wait waits until it ended and says when, and how.
-	wait() (time.Time, error)
-	// peakRSS is the high-water mark of its resident memory, if known.
-	peakRSS() (float64, bool)
+	// Started is when it started: at or before its first Lease write.
+	Started() time.Time
+	Running() bool
+	// Wait waits until it ended and says when, and how.
+	Wait() (time.Time, error)
+	// PeakRSS is the high-water mark of its resident memory, if known.
+	PeakRSS() (float64, bool)
 }
 
 // window is a span of time; To is zero while it lasts.
@@ -200,7 +200,7 @@ func (s *slot) current() *instance {
 
 func (s *slot) running() bool {
 	in := s.current()
-	return in != nil && in.proc.running()
+	return in != nil && in.proc.Running()
 }
 
 // newFleet creates a fleet of the mode; nothing runs until scaleTo.
@@ -235,7 +235,7 @@ func (f *fleet) processOf(id string, at time.Time) *instance {
 			continue
 		}
 		for _, in := range s.instances {
-			if !in.proc.startTime().After(at) && (newest == nil || in.proc.startTime().After(newest.proc.startTime())) {
+			if !in.proc.Started().After(at) && (newest == nil || in.proc.Started().After(newest.proc.Started())) {
 				newest = in
 			}
 		}
@@ -322,7 +322,7 @@ func (f *fleet) scaleTo(ctx context.Context, n int) error {
 	// handover of all of them together.
 	var errs []error
 	for _, s := range slices.Backward(stopping) {
-		if _, err := s.current().proc.(*process).stop(f.r.opts.StopTimeout); err != nil {
+		if _, err := s.current().proc.(*childproc.Process).Stop(f.r.opts.StopTimeout); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -368,7 +368,7 @@ func (f *fleet) runsExactly(n int) bool {
 			return false
 		}
 		for _, in := range s.instances {
-			if in != s.current() && in.proc.running() {
+			if in != s.current() && in.proc.Running() {
 				return false
 			}
 		}
@@ -453,7 +453,7 @@ func (f *fleet) start(s *slot) error {
 			return err
 		}
 	}
-	p, err := f.r.procs.start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
+	p, err := f.r.procs.Start(s.id, bin, filepath.Join(f.r.work, "logs", base+".log"), args...)
 	if err != nil {
 		return err
 	}
@@ -461,7 +461,7 @@ func (f *fleet) start(s *slot) error {
 	f.mu.Lock()
 	s.instances = append(s.instances, in)
 	f.mu.Unlock()
-	f.r.log.V(1).Info("Started replica", "replica", s.id, "mode", f.mode.Name, "pid", p.pid())
+	f.r.log.V(1).Info("Started replica", "replica", s.id, "mode", f.mode.Name, "pid", p.Pid())
 	return nil
 }
 
@@ -566,12 +566,12 @@ func (f *fleet) deletePod(ctx context.Context, s *slot, force bool) error {
 }
 
 // childProcess is a slot's current process, for the faults that signal it.
-func (s *slot) childProcess(what string) (*instance, *process, error) {
+func (s *slot) childProcess(what string) (*instance, *childproc.Process, error) {
 	in := s.current()
-	if in == nil || !in.proc.running() {
+	if in == nil || !in.proc.Running() {
 		return nil, nil, fmt.Errorf("%s %s: not running", what, s.id)
 	}
-	p, ok := in.proc.(*process)
+	p, ok := in.proc.(*childproc.Process)
 	if !ok {
 		return nil, nil, fmt.Errorf("%s %s: a pod's container cannot be signalled by the load tester", what, s.id)
 	}
@@ -590,7 +590,7 @@ func (f *fleet) pause(s *slot) (time.Time, error) {
 	in.paused = true
 	in.pauses = append(in.pauses, window{From: at})
 	f.mu.Unlock()
-	return at, p.pause()
+	return at, p.Pause()
 }
 
 // resume lets a paused replica's process run again (SIGCONT).
@@ -599,11 +599,11 @@ func (f *fleet) resume(s *slot) error {
 	if in == nil {
 		return fmt.Errorf("resuming %s: no process", s.id)
 	}
-	p, ok := in.proc.(*process)
+	p, ok := in.proc.(*childproc.Process)
 	if !ok {
 		return fmt.Errorf("resuming %s: not a child process", s.id)
 	}
-	err := p.resume()
+	err := p.Resume()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if n := len(in.pauses); in.paused && n > 0 {
@@ -640,7 +640,7 @@ func (f *fleet) kill(ctx context.Context, s *slot) (time.Time, error) {
 		return time.Time{}, err
 	}
 	at := time.Now()
-	_, err = p.kill()
+	_, err = p.Kill()
 	return at, err
 }
 
@@ -649,34 +649,30 @@ func (f *fleet) kill(ctx context.Context, s *slot) (time.Time, error) {
 // instead.
 func (f *fleet) terminate(ctx context.Context, s *slot) (time.Time, error) {
 	in := s.current()
-	if in == nil || !in.proc.running() {
+	if in == nil || !in.proc.Running() {
 		return time.Time{}, fmt.Errorf("stopping %s: not running", s.id)
 	}
 	at := time.Now()
-	var kill func()
-	if f.r.pods != nil {
-		if err := f.deletePod(ctx, s, false); err != nil {
+	if f.r.pods == nil {
+		if err := in.proc.(*childproc.Process).Terminate(f.r.opts.StopTimeout); err != nil {
 			return at, err
 		}
-	} else {
-		p := in.proc.(*process)
-		if err := p.terminate(); err != nil {
+		if _, err := in.proc.Wait(); errors.Is(err, childproc.ErrGraceExpired) {
 			return at, err
 		}
-		kill = func() { _, _ = p.kill() }
+		return at, nil
+	}
+	if err := f.deletePod(ctx, s, false); err != nil {
+		return at, err
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); _, _ = in.proc.wait() }()
+	go func() { defer close(done); _, _ = in.proc.Wait() }()
 	select {
 	case <-done:
+		return at, nil
 	case <-time.After(f.r.opts.StopTimeout):
-		if kill == nil {
-			return at, fmt.Errorf("%s did not stop within %s of its deletion", s.id, f.r.opts.StopTimeout)
-		}
-		kill()
-		return at, fmt.Errorf("%s did not stop within %s of SIGTERM: killed", s.id, f.r.opts.StopTimeout)
+		return at, fmt.Errorf("%s did not stop within %s of its deletion", s.id, f.r.opts.StopTimeout)
 	}
-	return at, nil
 }
 
 // auditFiles lists every instance's audit log, with when each process
@@ -691,8 +687,8 @@ func (f *fleet) auditFiles() []auditFile {
 				continue // a plain replica writes no audit log
 			}
 			af := auditFile{Path: in.audit, Replica: s.id}
-			if !in.proc.running() {
-				af.Ended, _ = in.proc.wait()
+			if !in.proc.Running() {
+				af.Ended, _ = in.proc.Wait()
 			}
 			if _, err := os.Stat(in.audit); err == nil {
 				out = append(out, af)

@@ -127,9 +127,9 @@ type container struct {
 // closed): a forced deletion leaves the process its SIGTERM grace, 2 s.
 const containerLogGrace = time.Minute
 
-func (c *container) startTime() time.Time { return c.started }
+func (c *container) Started() time.Time { return c.started }
 
-func (c *container) running() bool {
+func (c *container) Running() bool {
 	select {
 	case <-c.done:
 		return false
@@ -138,9 +138,9 @@ func (c *container) running() bool {
 	}
 }
 
-// wait returns when the container ended: the later of its disappearance
+// Wait returns when the container ended: the later of its disappearance
 // from the API and the end of its log.
-func (c *container) wait() (time.Time, error) {
+func (c *container) Wait() (time.Time, error) {
 	<-c.done
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -150,8 +150,8 @@ func (c *container) wait() (time.Time, error) {
 	return c.gone, nil
 }
 
-// peakRSS is unknown for a container: the samples' RSS stand in.
-func (c *container) peakRSS() (float64, bool) { return 0, false }
+// PeakRSS is unknown for a container: the samples' RSS stand in.
+func (c *container) PeakRSS() (float64, bool) { return 0, false }
 
 // seenGone records that the API server no longer shows the container
 // running.
@@ -645,7 +645,7 @@ func (t *podTarget) runningCount() int {
 	defer t.mu.Unlock()
 	n := 0
 	for _, c := range t.all {
-		if c.running() {
+		if c.Running() {
 			n++
 		}
 	}

@@ -109,24 +109,24 @@ func TestContainerEndsWhenGoneAndLogEnded(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := &container{done: make(chan struct{})}
 	c.seenGone(t0)
-	if !c.running() {
+	if !c.Running() {
 		t.Fatal("ended when only its pod was gone")
 	}
 	c.logDone(t0.Add(2 * time.Second))
-	if c.running() {
+	if c.Running() {
 		t.Fatal("running after its pod and its log ended")
 	}
-	if at, _ := c.wait(); !at.Equal(t0.Add(2 * time.Second)) {
+	if at, _ := c.Wait(); !at.Equal(t0.Add(2 * time.Second)) {
 		t.Errorf("ended at %s, want the log's end", at)
 	}
 
 	c = &container{done: make(chan struct{})}
 	c.logDone(t0)
-	if !c.running() {
+	if !c.Running() {
 		t.Fatal("ended when only its log ended (a broken stream)")
 	}
 	c.seenGone(t0.Add(time.Second))
-	if at, _ := c.wait(); !at.Equal(t0.Add(time.Second)) {
+	if at, _ := c.Wait(); !at.Equal(t0.Add(time.Second)) {
 		t.Errorf("ended at %s, want when it was seen gone", at)
 	}
 }

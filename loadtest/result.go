@@ -374,7 +374,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			continue
 		}
 		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: f.mode.Sharded()}
-		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.startTime().After(f.started.Add(time.Second)) {
+		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.Started().After(f.started.Add(time.Second)) {
 			if r, ok := overClaim(in.samples, f.started, f.started.Add(f.startEvent.Reconciled)); ok {
 				res.StartOverClaim = math.Max(res.StartOverClaim, r)
 			}
@@ -412,7 +412,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			// "End" is the end of the measured phase: once the fleet is
 			// told to stop, leaving replicas hand their shards over. A
 			// replica holding no shard exports no series of objects.
-			if end, ok := in.at(to); ok && in.proc.startTime().Before(to) {
+			if end, ok := in.at(to); ok && in.proc.Started().Before(to) {
 				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
 			}
 			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })

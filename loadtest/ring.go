@@ -360,7 +360,7 @@ func (w *ringWatch) owner(n int32, now time.Time) string {
 // heldByRunning says whether a Lease is live and the process holding it
 // runs (a paused one included: its Leases expire by themselves).
 func (w *ringWatch) heldByRunning(l shardLease, now time.Time) bool {
-	return l.live(now) && l.proc != nil && l.proc.proc.running()
+	return l.live(now) && l.proc != nil && l.proc.proc.Running()
 }
 
 func (w *ringWatch) tick(now time.Time) {

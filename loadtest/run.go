@@ -116,7 +116,7 @@ type run struct {
 	c           client.Client
 	cs          kubernetes.Interface
 	rc          rest.Interface
-	procs       *processes
+	procs       *childproc.Supervisor
 	// cpuQuota holds the replica processes to Options.ReplicaCPU; nil
 	// without one.
 	cpuQuota *cpuQuota
@@ -259,10 +259,10 @@ func (r *run) run(parent context.Context) (*Report, error) {
 			}
 		}()
 	}
-	r.procs = newProcesses(func(err error) { cancel(err) })
+	r.procs = childproc.NewSupervisor(func(err error) { cancel(err) })
 	defer func() {
 		r.progress.printf("stopping every child process ...")
-		r.procs.stopAll(r.opts.StopTimeout)
+		r.procs.StopAll(r.opts.StopTimeout)
 	}()
 
 	if err := r.prepare(ctx); err != nil {
@@ -338,7 +338,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	}
 	if r.report.Passed && r.opts.WorkDir == "" {
 		// Stop the children first: they write into the folder.
-		r.procs.stopAll(r.opts.StopTimeout)
+		r.procs.StopAll(r.opts.StopTimeout)
 		_ = os.RemoveAll(r.work)
 	} else if !r.report.Passed {
 		r.progress.printf("checks failed; logs and audit logs kept in %s", r.work)
@@ -544,7 +544,7 @@ func (r *run) startCenter(ctx context.Context) error {
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	r.centerURL = "http://" + addr
-	if _, err := r.procs.start("configcenter", r.centerBin, filepath.Join(r.work, "logs", "configcenter.log"),
+	if _, err := r.procs.Start("configcenter", r.centerBin, filepath.Join(r.work, "logs", "configcenter.log"),
 		"--listen", addr,
 		"--seed-domains", strconv.Itoa(o.Domains),
 		"--keys-per-domain", strconv.Itoa(o.KeysPerDomain),
@@ -612,7 +612,7 @@ func (r *run) processOf(id string, at time.Time) *instance {
 	r.mu.Unlock()
 	var newest *instance
 	for _, f := range fleets {
-		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.startTime().After(newest.proc.startTime())) {
+		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.Started().After(newest.proc.Started())) {
 			newest = in
 		}
 	}

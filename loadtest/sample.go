@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
 )
 
@@ -43,7 +44,7 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 			in := s.current()
 			paused := in.paused
 			f.mu.Unlock()
-			if peak, ok := in.proc.peakRSS(); ok {
+			if peak, ok := in.proc.PeakRSS(); ok {
 				f.mu.Lock()
 				in.peakRSS = max(in.peakRSS, peak)
 				f.mu.Unlock()
@@ -61,7 +62,7 @@ func (r *run) sampleOnce(ctx context.Context, hc *http.Client) {
 				}
 			}
 			f.mu.Lock()
-			if in := s.current(); in != nil && in.proc.running() {
+			if in := s.current(); in != nil && in.proc.Running() {
 				in.samples = append(in.samples, smp)
 			}
 			f.mu.Unlock()
@@ -182,8 +183,8 @@ func (r *run) sampleControlPlane(now time.Time) (controlPlaneSample, bool) {
 // read.
 func readControlPlane(now time.Time, pids map[string]int) (controlPlaneSample, bool) {
 	s := controlPlaneSample{At: now, APIServerPID: pids["kube-apiserver"]}
-	s.APIServer, _ = readStatusBytes(pids["kube-apiserver"], "VmRSS:")
-	s.Etcd, _ = readStatusBytes(pids["etcd"], "VmRSS:")
+	s.APIServer, _ = childproc.StatusBytes(pids["kube-apiserver"], "VmRSS:")
+	s.Etcd, _ = childproc.StatusBytes(pids["etcd"], "VmRSS:")
 	s.APIServerCPU = readCPUSeconds(pids["kube-apiserver"])
 	s.EtcdCPU = readCPUSeconds(pids["etcd"])
 	return s, s.APIServer > 0 && s.Etcd > 0 && s.APIServerCPU >= 0 && s.EtcdCPU >= 0
@@ -269,42 +270,4 @@ func (r *run) controlPlanePeak(from, to time.Time) (apiServer, etcd float64) {
 		}
 	}
 	return apiServer, etcd
-}
-
-// readPeakRSS reads a process's resident-memory high-water mark (VmHWM) on
-// Linux; false elsewhere, or once the process is gone.
-func readPeakRSS(pid int) (float64, bool) { return readStatusBytes(pid, "VmHWM:") }
-
-// readStatusBytes reads one memory field of /proc/<pid>/status, in bytes;
-// false elsewhere than Linux, for pid 0, or once the process is gone.
-func readStatusBytes(pid int, field string) (float64, bool) {
-	if pid <= 0 {
-		return 0, false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, false
-	}
-	return parseStatusBytes(string(b), field)
-}
-
-// parseStatusBytes finds a field given in kB ("VmHWM:", "VmRSS:") in a
-// /proc/<pid>/status, in bytes.
-func parseStatusBytes(status, field string) (float64, bool) {
-	for _, line := range strings.Split(status, "\n") {
-		v, ok := strings.CutPrefix(line, field)
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, false
-		}
-		kb, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, false
-		}
-		return kb * 1024, true
-	}
-	return 0, false
 }

@@ -1,6 +1,7 @@
 package childproc
 
 import (
+	"errors"
 	"os"
 	"syscall"
 )
@@ -18,3 +19,12 @@ func SignalGroup(pid int, _ syscall.Signal) error {
 	}
 	return p.Kill()
 }
+
+// errNoPause says Windows cannot stop a process and let it go on.
+var errNoPause = errors.New("pausing a process (SIGSTOP) needs a Unix system")
+
+// Pause is unsupported on Windows: the chaos scenario's pause fault fails.
+func (p *Process) Pause() error { return errNoPause }
+
+// Resume has nothing to resume on Windows.
+func (p *Process) Resume() error { return nil }

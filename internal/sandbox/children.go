@@ -3,11 +3,8 @@ package sandbox
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -40,20 +37,13 @@ type supervisorOptions struct {
 	Log          logr.Logger
 }
 
-// supervisor starts, stops and kills the replica processes, and makes sure
-// none outlives the sandbox.
-//
-// Each replica runs in its own process group: a Ctrl-C at the terminal goes
-// to the foreground group only, so the sandbox, not the terminal, decides the
-// order of shutdown (replicas hand over while the API server still runs), and
-// signalling the group reaches anything a replica started. On Linux each
-// replica also gets SIGKILL from the kernel if the thread that started it
-// dies (Pdeathsig), the last line of defence when the sandbox itself is
-// killed or crashes in a way no deferred cleanup survives.
+// supervisor starts, stops and kills the replica processes through
+// childproc's Supervisor, which makes sure none outlives the sandbox, and
+// keeps what the sandbox last did to each, for the view.
 type supervisor struct {
 	opts     supervisorOptions
 	replicas []*replica
-	spawn    *childproc.Spawner
+	procs    *childproc.Supervisor
 }
 
 // replicaState is what the sandbox last did to a replica, so an exit can be
@@ -76,15 +66,9 @@ type replica struct {
 	logPath     string
 	args        []string
 
-	mu      sync.Mutex
-	state   replicaState
-	cmd     *exec.Cmd
-	started time.Time
-	done    chan struct{} // closed once the current process was reaped
-	exitErr error
-	killer  *time.Timer // SIGKILL after a stop's grace period
-	forced  bool        // the killer fired
-	ended   time.Time   // when the current process was reaped
+	mu    sync.Mutex
+	state replicaState
+	proc  *childproc.Process // the current process; nil before the first start
 }
 
 func newSupervisor(opts supervisorOptions) (*supervisor, error) {
@@ -123,7 +107,7 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 		}
 		s.replicas = append(s.replicas, r)
 	}
-	s.spawn = childproc.NewSpawner()
+	s.procs = childproc.NewSupervisor(opts.OnUnexpected)
 	return s, nil
 }
 
@@ -156,63 +140,38 @@ func (s *supervisor) start(r *replica) error {
 	if r.state == stateRunning || r.state == stateStopping {
 		return fmt.Errorf("starting %s: already running", r.id)
 	}
-	logFile, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	p, err := s.procs.Start(r.id, s.opts.Executable, r.logPath, r.args...)
 	if err != nil {
-		return fmt.Errorf("opening the log of %s: %w", r.id, err)
+		return err
 	}
-	// The child has its own copy of the descriptor once started.
-	defer logFile.Close()
-	fmt.Fprintf(logFile, "=== %s: %s %s\n", time.Now().Format(time.RFC3339), s.opts.Executable, strings.Join(r.args, " "))
-
-	cmd := exec.Command(s.opts.Executable, r.args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = childproc.SysProcAttr()
-	if err := s.spawn.Start(cmd); err != nil {
-		return fmt.Errorf("starting %s (%s): %w", r.id, s.opts.Executable, err)
-	}
-	r.cmd, r.state, r.started, r.exitErr, r.forced = cmd, stateRunning, time.Now(), nil, false
-	done := make(chan struct{})
-	r.done = done
-	s.opts.Log.V(2).Info("Started replica", "replica", r.id, "pid", cmd.Process.Pid)
+	r.proc, r.state = p, stateRunning
+	s.opts.Log.V(2).Info("Started replica", "replica", r.id, "pid", p.Pid())
 	if s.opts.OnStarted != nil {
-		s.opts.OnStarted(r.id, cmd.Process.Pid)
+		s.opts.OnStarted(r.id, p.Pid())
 	}
-	go s.reap(r, cmd, done)
+	go s.reap(r, p)
 	return nil
 }
 
-// reap waits for a replica's process, records how it ended, and reports an
-// exit nobody asked for.
-func (s *supervisor) reap(r *replica, cmd *exec.Cmd, done chan struct{}) {
-	err := cmd.Wait()
+// reap records how a replica's process ended (childproc's Supervisor
+// reports an exit nobody asked for).
+func (s *supervisor) reap(r *replica, p *childproc.Process) {
+	_, err := p.Wait()
 	r.mu.Lock()
-	r.exitErr, r.ended = err, time.Now()
-	if r.forced {
-		r.exitErr = fmt.Errorf("did not stop within %s after SIGTERM: killed", s.opts.StopTimeout)
-	}
-	if r.killer != nil {
-		r.killer.Stop()
-		r.killer = nil
-	}
-	unexpected := r.state == stateRunning
-	switch r.state {
-	case stateRunning:
+	switch {
+	case r.proc != p: // restarted since
+	case r.state == stateRunning:
 		r.state = stateExited
-	case stateStopping:
+	case r.state == stateStopping:
 		r.state = stateStopped
 	}
-	close(done)
 	r.mu.Unlock()
-	s.opts.Log.V(2).Info("Replica exited", "replica", r.id, "pid", cmd.Process.Pid, "err", err)
-	if unexpected && s.opts.OnUnexpected != nil {
-		s.opts.OnUnexpected(fmt.Errorf("replica %s (pid %d) exited on its own (%v); the end of %s:\n%s",
-			r.id, cmd.Process.Pid, childproc.ExitText(err), shown(r.logPath), childproc.Tail(r.logPath, 20)))
-	}
+	s.opts.Log.V(2).Info("Replica exited", "replica", r.id, "pid", p.Pid(), "err", err)
 }
 
 // terminate asks a replica to hand its shards over and exit (SIGTERM to its
-// group), and arms a SIGKILL of the group after the grace period. It does not
-// wait: wait does.
+// group); its group is killed if it did not end within the stop timeout. It
+// does not wait: wait does.
 func (s *supervisor) terminate(r *replica) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -220,19 +179,9 @@ func (s *supervisor) terminate(r *replica) {
 		return
 	}
 	r.state = stateStopping
-	pid := r.cmd.Process.Pid
-	if err := childproc.SignalGroup(pid, syscall.SIGTERM); err != nil {
-		s.opts.Log.Error(err, "Sending SIGTERM", "replica", r.id, "pid", pid)
+	if err := r.proc.Terminate(s.opts.StopTimeout); err != nil {
+		s.opts.Log.Error(err, "Stopping a replica", "replica", r.id)
 	}
-	r.killer = time.AfterFunc(s.opts.StopTimeout, func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if r.state == stateStopping && r.killer != nil {
-			s.opts.Log.Info("Replica did not stop in time: killing it", "replica", r.id, "pid", pid, "timeout", s.opts.StopTimeout)
-			r.forced = true
-			_ = childproc.SignalGroup(pid, syscall.SIGKILL)
-		}
-	})
 }
 
 // kill crashes a replica (SIGKILL to its group), as a node failure or the
@@ -244,14 +193,10 @@ func (s *supervisor) kill(r *replica) error {
 		return nil
 	}
 	r.state = stateKilled
-	pid, done := r.cmd.Process.Pid, r.done
-	err := childproc.SignalGroup(pid, syscall.SIGKILL)
+	p := r.proc
 	r.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("killing %s (pid %d): %w", r.id, pid, err)
-	}
-	<-done
-	return nil
+	_, err := p.Kill()
+	return err
 }
 
 // wait waits for a replica's current process to end and says when and how
@@ -259,15 +204,12 @@ func (s *supervisor) kill(r *replica) error {
 // the time SIGKILL takes.
 func (r *replica) wait() (time.Time, error) {
 	r.mu.Lock()
-	done := r.done
+	p := r.proc
 	r.mu.Unlock()
-	if done == nil {
+	if p == nil {
 		return time.Time{}, nil
 	}
-	<-done
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ended, r.exitErr
+	return p.Wait()
 }
 
 // stopResult is how one replica ended when the sandbox stopped.
@@ -290,17 +232,17 @@ func (s *supervisor) stopAll() []stopResult {
 	return out
 }
 
-// close ends the spawner thread, after every replica stopped.
-func (s *supervisor) close() { s.spawn.Close() }
+// close ends the spawning thread, after every replica stopped.
+func (s *supervisor) close() { s.procs.StopAll(s.opts.StopTimeout) }
 
 // status is a replica's state and, while it runs, its process id.
 func (r *replica) status() (replicaState, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cmd == nil || r.cmd.Process == nil {
+	if r.proc == nil {
 		return r.state, 0
 	}
-	return r.state, r.cmd.Process.Pid
+	return r.state, r.proc.Pid()
 }
 
 func (r *replica) pid() int {

@@ -344,7 +344,10 @@ func (s *sandbox) stopReplicas() {
 		s.out.printf("stopping %d replicas (SIGTERM, SIGKILL after %s) ...", len(running), s.opts.StopTimeout)
 	}
 	for _, res := range s.replicas.stopAll() {
-		if res.err != nil {
+		switch {
+		case errors.Is(res.err, childproc.ErrGraceExpired):
+			s.out.printf("  %v", res.err)
+		case res.err != nil:
 			s.out.printf("  %s: %s", res.id, childproc.ExitText(res.err))
 		}
 	}
