@@ -45,37 +45,6 @@ const (
 	goalLinear = 0.90
 )
 
-// capacityDefaults sets the capacity scenario's own defaults on zero
-// fields.
-func capacityDefaults(o *Options) {
-	defaultDuration(o, 30*time.Second)
-	if o.Objects == 0 {
-		// The objects' count matters little to a rate of updates; each
-		// fleet's start reconciles all of them on its quota.
-		o.Objects = 2000
-	}
-	if o.Domains == 0 {
-		// Many domains, so that a replica's share of the objects is close
-		// to its share of the shards: the ring balances shards, and a
-		// domain is never split.
-		o.Domains = 1000
-	}
-	if o.UpdateRate == 0 {
-		o.UpdateRate = capacityStartRate / float64(o.Objects)
-	}
-	if o.ReplicaCPU == "" {
-		// Below it, a replica holding all 64 shards misses Lease renewals
-		// during its first reconciles (at 25m it was fenced 479 times in
-		// its first minutes and never settled).
-		o.ReplicaCPU = "50m"
-	}
-	if o.SampleInterval == 0 {
-		// Each scrape costs the replica CPU of its quota; Prometheus scrapes
-		// every 15–30 s.
-		o.SampleInterval = 5 * time.Second
-	}
-}
-
 // CapacityResult is one fleet's capacity: the highest spec-update rate at
 // which a window of the load still held both objectives.
 type CapacityResult struct {

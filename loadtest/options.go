@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -233,61 +234,38 @@ type Options struct {
 	Progress io.Writer
 }
 
+// defaultOptions are the load tester's defaults, each documented on its
+// field of Options.
+var defaultOptions = Options{
+	Duration: time.Minute, Objects: 1000, Domains: 100, KeysPerDomain: 16, KeysPerObject: 2, Replicas: 3,
+	CreateRate: 200, UpdateRate: 0.02, Skew: SkewUniform, ZipfS: 1.1, Seed: 1, ValueBytes: 256,
+	Latency: 5 * time.Millisecond, Shards: sharding.DefaultShards, LeaseDuration: sharding.DefaultLeaseDuration,
+	RenewDeadline: sharding.DefaultRenewDeadline, RetryPeriod: sharding.DefaultRetryPeriod,
+	ChaosInterval: 30 * time.Second, RestartDelay: 5 * time.Second, ClockOffset: 30 * time.Second,
+	MemoryLimit: DefaultMemoryLimit, SettleTimeout: 5 * time.Minute, StopTimeout: 45 * time.Second,
+	CalibrateFor: 5 * time.Second, HPATimeScale: 1, SampleInterval: time.Second,
+}
+
+// fillZero sets every zero field of o to d's.
+func fillZero(o *Options, d Options) {
+	ov, dv := reflect.ValueOf(o).Elem(), reflect.ValueOf(d)
+	for i := range ov.NumField() {
+		if f := ov.Field(i); f.IsZero() && f.CanSet() {
+			f.Set(dv.Field(i))
+		}
+	}
+}
+
+// setDefaults fills the zero fields, the scenario's defaults before the
+// load tester's, and validates the result.
 func (o *Options) setDefaults(sc *scenario) error {
-	if sc.defaults != nil {
-		sc.defaults(o)
+	fillZero(o, sc.defaults)
+	if sc.derive != nil {
+		sc.derive(o)
 	}
-	setDuration := func(p *time.Duration, d time.Duration) {
-		if *p == 0 {
-			*p = d
-		}
-	}
-	setInt := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setFloat := func(p *float64, v float64) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setDuration(&o.Duration, time.Minute)
-	setInt(&o.Objects, 1000)
-	setInt(&o.Domains, 100)
-	setInt(&o.KeysPerDomain, 16)
-	setInt(&o.KeysPerObject, 2)
-	setInt(&o.Replicas, 3)
-	setFloat(&o.CreateRate, 200)
-	setFloat(&o.UpdateRate, 0.02)
-	if o.Skew == "" {
-		o.Skew = SkewUniform
-	}
-	setFloat(&o.ZipfS, 1.1)
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
-	setInt(&o.ValueBytes, 256)
-	setDuration(&o.Latency, 5*time.Millisecond)
-	if o.Shards == 0 {
-		o.Shards = sharding.DefaultShards
-	}
-	setDuration(&o.LeaseDuration, sharding.DefaultLeaseDuration)
-	setDuration(&o.RenewDeadline, sharding.DefaultRenewDeadline)
-	setDuration(&o.RetryPeriod, sharding.DefaultRetryPeriod)
-	setDuration(&o.ChaosInterval, 30*time.Second)
-	setDuration(&o.RestartDelay, 5*time.Second)
-	setDuration(&o.PauseFor, o.LeaseDuration+2*o.RetryPeriod)
-	setDuration(&o.DelayFor, o.LeaseDuration+2*o.RetryPeriod)
-	setDuration(&o.ClockOffset, 30*time.Second)
-	if o.MemoryLimit == "" {
-		o.MemoryLimit = DefaultMemoryLimit
-	}
-	setDuration(&o.SettleTimeout, 5*time.Minute)
-	setDuration(&o.StopTimeout, 45*time.Second)
-	setDuration(&o.CalibrateFor, 5*time.Second)
-	setFloat(&o.HPATimeScale, 1)
-	setDuration(&o.SampleInterval, time.Second)
+	fillZero(o, defaultOptions)
+	// The faults' lengths follow the Lease timing.
+	fillZero(o, Options{PauseFor: o.LeaseDuration + 2*o.RetryPeriod, DelayFor: o.LeaseDuration + 2*o.RetryPeriod})
 	if o.Progress == nil {
 		o.Progress = os.Stderr
 	}

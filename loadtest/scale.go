@@ -37,31 +37,6 @@ const (
 // whatever the object count.
 const scaleUpdatesPerSec = 100
 
-// scaleDefaults sets the scale scenario's own defaults on zero fields.
-func scaleDefaults(o *Options) {
-	if o.Objects == 0 {
-		o.Objects = 100_000
-	}
-	if o.Domains == 0 {
-		o.Domains = 1000
-	}
-	if o.UpdateRate == 0 {
-		o.UpdateRate = scaleUpdatesPerSec / float64(o.Objects)
-	}
-	if o.CreateRate == 0 {
-		o.CreateRate = recreateRate
-	}
-	if o.MemoryLimit == "" {
-		// The singleton caches every object: deploy/base's 512Mi is
-		// sized for a replica's share, not for 100,000 objects.
-		o.MemoryLimit = "4Gi"
-	}
-	if o.SettleTimeout == 0 {
-		// The first reconcile of 100,000 objects writes 200,000 times.
-		o.SettleTimeout = 30 * time.Minute
-	}
-}
-
 // runScale creates the objects with no fleet running, has one sharded fleet
 // reconcile them once (the create storm at this size), then starts each
 // compared fleet on the objects already there, Ready, as a controller that
