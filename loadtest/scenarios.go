@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -63,13 +64,24 @@ type scenario struct {
 // ScenarioInfo names and describes a scenario, for help texts.
 type ScenarioInfo struct {
 	Name, Doc string
+	// Defaults are the options the scenario sets itself where the caller
+	// left them zero, as "Field=value": the flag help cannot list them
+	// all in one line.
+	Defaults []string
 }
 
 // Scenarios lists the scenarios, sorted by name.
 func Scenarios() []ScenarioInfo {
 	out := make([]ScenarioInfo, 0, len(scenarioList))
 	for _, s := range scenarioList {
-		out = append(out, ScenarioInfo{Name: s.name, Doc: s.doc})
+		info := ScenarioInfo{Name: s.name, Doc: s.doc}
+		v := reflect.ValueOf(s.defaults)
+		for i := range v.NumField() {
+			if f := v.Field(i); !f.IsZero() {
+				info.Defaults = append(info.Defaults, fmt.Sprintf("%s=%v", v.Type().Field(i).Name, f.Interface()))
+			}
+		}
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

@@ -33,40 +33,45 @@ func main() {
 	os.Exit(run())
 }
 
-func run() int {
-	var (
-		o    loadtest.Options
-		list bool
-		seed uint64
-		// calibrateFor defaults to the real default, so that 0 can mean off.
-		calibrateFor time.Duration
-		// memoryLimit is empty for the scenario's default; "0" means none.
-		memoryLimit string
-		zo          = zap.Options{}
-	)
-	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
+// flags are the command line, beside the options it sets.
+type flags struct {
+	list bool
+	seed uint64
+	// calibrateFor defaults to the real default, so that 0 can mean off.
+	calibrateFor time.Duration
+	// memoryLimit is empty for the scenario's default; "0" means none.
+	memoryLimit string
+	zap         zap.Options
+}
+
+// scenarioDefault is the end of the help of an option some scenarios set.
+const scenarioDefault = "; some scenarios set their own: --list-scenarios"
+
+// bindFlags defines the flags on fs. Each help is one line;
+// loadtest/README.md explains the options.
+func bindFlags(fs *flag.FlagSet, o *loadtest.Options, fl *flags) {
 	fs.StringVar(&o.Scenario, "scenario", "", "scenario to run (--list-scenarios shows them)")
-	fs.BoolVar(&list, "list-scenarios", false, "list the scenarios and exit")
-	fs.DurationVar(&o.Duration, "duration", 0, "load per measured phase (per fleet in a comparison) (default 60s; chaos 6m, scale-out and external-outage 90s, autoscale 5m)")
-	fs.IntVar(&o.Objects, "objects", 0, "ConfigBindings (default 1000; compare-sharding 5000, handover 10000, autoscale and resync-storm 3000)")
-	fs.IntVar(&o.Domains, "domains", 0, "business domains, seeded in the config center (default 100)")
+	fs.BoolVar(&fl.list, "list-scenarios", false, "list the scenarios, with the defaults each sets, and exit")
+	fs.DurationVar(&o.Duration, "duration", 0, "load per measured phase, per fleet in a comparison (default 60s"+scenarioDefault+")")
+	fs.IntVar(&o.Objects, "objects", 0, "ConfigBindings (default 1000"+scenarioDefault+")")
+	fs.IntVar(&o.Domains, "domains", 0, "business domains, seeded in the config center (default 100"+scenarioDefault+")")
 	fs.IntVar(&o.KeysPerDomain, "keys-per-domain", 0, "keys seeded per domain (default 16)")
 	fs.IntVar(&o.KeysPerObject, "keys-per-object", 0, "keys each ConfigBinding binds (default 2)")
 	fs.IntVar(&o.Replicas, "replicas", 0, "controller replicas (default 3)")
-	fs.Float64Var(&o.CreateRate, "create-rate", 0, "ConfigBinding creations per second (default 200; handover 500)")
-	fs.Float64Var(&o.UpdateRate, "update-rate", 0, "spec updates per object per second (default 0.02; compare-sharding 0.01, compare-external 0.05)")
+	fs.Float64Var(&o.CreateRate, "create-rate", 0, "ConfigBinding creations per second (default 200"+scenarioDefault+")")
+	fs.Float64Var(&o.UpdateRate, "update-rate", 0, "spec updates per object per second (default 0.02"+scenarioDefault+")")
 	fs.StringVar(&o.Skew, "skew", "", "spread of objects over domains: uniform or zipf (default uniform)")
 	fs.Float64Var(&o.ZipfS, "zipf-s", 0, "Zipf exponent, above 1 (default 1.1)")
-	fs.Uint64Var(&seed, "seed", 0, "seed of object placement and update order (default 1)")
+	fs.Uint64Var(&fl.seed, "seed", 0, "seed of object placement and update order (default 1)")
 	fs.IntVar(&o.ValueBytes, "value-bytes", 0, "bytes per config-center value (default 256)")
-	fs.DurationVar(&o.ValueChangeInterval, "value-change-interval", 0, "write a new value to one bound config-center key per interval under load and time its arrival in the ConfigMaps (default off; compare-external 2s)")
-	fs.DurationVar(&o.Latency, "latency", 0, "config-center latency per data request (default 5ms; compare-external 50ms)")
+	fs.DurationVar(&o.ValueChangeInterval, "value-change-interval", 0, "change one bound config-center value per interval under load and time its arrival (default off"+scenarioDefault+")")
+	fs.DurationVar(&o.Latency, "latency", 0, "config-center latency per data request (default 5ms"+scenarioDefault+")")
 	fs.DurationVar(&o.Jitter, "jitter", 0, "uniform random latency on top of --latency")
 	fs.Float64Var(&o.ErrorRate, "error-rate", 0, "share of config-center data requests answered 500")
 	fs.DurationVar(&o.OutageAfter, "outage-after", 0, "config-center outage start, into each measured phase (external-outage: duration/3)")
 	fs.DurationVar(&o.OutageFor, "outage-for", 0, "config-center outage length; 0 means none (external-outage: duration/3)")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", 0, "replicas' lease duration, whole seconds (default 15s)")
-	fs.Func("shards", "the ring's shard count, passed to every replica and fenced shard by shard (default 64); on --statefulset the pods' --shards is read instead", func(v string) error {
+	fs.Func("shards", "the ring's shard count, fenced shard by shard (default 64; on --statefulset the pods' is read)", func(v string) error {
 		n, err := strconv.ParseInt(v, 10, 32)
 		o.Shards = int32(n)
 		return err
@@ -75,62 +80,66 @@ func run() int {
 	fs.DurationVar(&o.RetryPeriod, "retry-period", 0, "replicas' Lease renewal period (default 5s)")
 	fs.DurationVar(&o.ChaosInterval, "chaos-interval", 0, "chaos: time between faults, from the settle after the last one (default 30s)")
 	fs.DurationVar(&o.RestartDelay, "restart-delay", 0, "chaos: how long a killed replica stays down (default 5s)")
-	fs.DurationVar(&o.PauseFor, "pause-for", 0, "chaos: how long a paused replica stays stopped (SIGSTOP); above the lease duration, below the chaos interval (default lease duration + 2 × retry period)")
-	fs.DurationVar(&o.DelayFor, "delay-for", 0, "chaos: how long a delay fault holds what its victim sends to the API server, and a partition cuts it off; above the lease duration, below the chaos interval (default lease duration + 2 × retry period)")
-	fs.StringVar(&o.Faults, "faults", "", "chaos: the fault kinds in rotation, comma-separated: kill, pause, clock, delay, partition, apiserver-restart on replica processes; force-delete, delete (and with --node-faults delay, partition, apiserver-restart) on --statefulset pods (default: all of the target's, in that order)")
-	fs.BoolVar(&o.NoFencing, "no-fencing", false, "leave deploy/base's kshard-shard-writes admission policy unbound, so the API server does not refuse a write by a replica that does not hold the shard's Lease (a delay fault's late writes then commit, and the write check fails)")
+	fs.DurationVar(&o.PauseFor, "pause-for", 0, "chaos: how long a paused replica stays stopped, in (lease duration, chaos interval) (default lease duration + 2 × retry period)")
+	fs.DurationVar(&o.DelayFor, "delay-for", 0, "chaos: how long a delay or partition fault lasts, in (lease duration, chaos interval) (default lease duration + 2 × retry period)")
+	fs.StringVar(&o.Faults, "faults", "", "chaos: the fault kinds in rotation, comma-separated (default all of the target's; loadtest/README.md lists them)")
+	fs.BoolVar(&o.NoFencing, "no-fencing", false, "leave the kshard-shard-writes admission policy unbound, so late writes commit (the write check then fails)")
 	fs.DurationVar(&o.ClockOffset, "clock-offset", 0, "chaos: the Lease clock offset of a clock fault, ahead and behind in turn; above the lease duration (default 30s)")
-	fs.StringVar(&memoryLimit, "memory-limit", "", "--memory-limit of every kshard replica, whose peak resident memory the report divides by it; 0 passes none (default deploy/base's "+loadtest.DefaultMemoryLimit+"; scale: 4Gi)")
-	fs.StringVar(&o.ReplicaCPU, "replica-cpu", "", "hold every replica process to this much CPU (a quantity such as 50m) in a cgroup of its own; needs root on a cgroup v1 host; 0 for none (default none; capacity: 50m)")
-	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m; handover 10m)")
-	fs.DurationVar(&calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling (status patches from 64 workers on throwaway ConfigBindings) before the first fleet; 0 turns it off")
+	fs.StringVar(&fl.memoryLimit, "memory-limit", "", "every replica's --memory-limit, the report's memory yardstick; 0 for none (default "+loadtest.DefaultMemoryLimit+scenarioDefault+")")
+	fs.StringVar(&o.ReplicaCPU, "replica-cpu", "", "CPU quota of every replica process (e.g. 50m), a cgroup of its own; needs root on cgroup v1 (default none"+scenarioDefault+")")
+	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m"+scenarioDefault+")")
+	fs.DurationVar(&fl.calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
 	fs.StringVar(&o.HPAFile, "hpa-file", "", "autoscale: the HorizontalPodAutoscaler to follow (default deploy/autoscaling/hpa.yaml)")
 	fs.Float64Var(&o.HPATimeScale, "hpa-time-scale", 0, "autoscale: multiply the HPA's windows, policy periods and sync period by this, in (0, 1] (default 1)")
 	fs.Float64Var(&o.HPATarget, "hpa-target", 0, "autoscale: replace the HPA's target average value (the report says so)")
-	fs.StringVar(&o.Fleets, "fleets", "", "compare-sharding, compare-external: the fleets to compare instead of the scenario's, as mode:replicas,… with modes sharded, off, plain, cache, mirror, direct (e.g. off:1,sharded:4)")
-	fs.Func("replica-args", "flags appended to every kshard replica's command line, space-separated, to measure one (e.g. \"--max-concurrent-reconciles=16\"); the report lists them", func(v string) error {
+	fs.StringVar(&o.Fleets, "fleets", "", "compare-*: the fleets to compare, as mode:replicas,… of sharded, off, plain, cache, mirror, direct (e.g. off:1,sharded:4)")
+	fs.Func("replica-args", "flags appended to every kshard replica's command line, space-separated (e.g. \"--max-concurrent-reconciles=16\")", func(v string) error {
 		o.ReplicaArgs = append(o.ReplicaArgs, strings.Fields(v)...)
 		return nil
 	})
-	fs.BoolVar(&o.Profile, "profile", false, "serve pprof on every replica (the plain controller too) and write a CPU profile over each measured phase and a heap profile at its end into the work folder's profiles/ (give --work-dir to keep them)")
+	fs.BoolVar(&o.Profile, "profile", false, "write CPU and heap profiles of every replica per measured phase into the work folder's profiles/")
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must allow reading /metrics and hold no namespace \"loadtest\")")
-	fs.StringVar(&o.NodeFaults, "node-faults", "", "with --statefulset: the command that injects faults of the pods' node (make cluster's hack/cluster/fault.sh); chaos then also holds what a pod sends to the API server, cuts its network (each for --delay-for) and restarts the API server")
-	fs.StringVar(&o.APIServerAuditLog, "apiserver-audit-log", "", "with --kubeconfig: the cluster's kube-apiserver audit log, written under internal/audit/policy.yaml in JSON (make cluster's: bin/cluster/log/kube-apiserver-audit.log); the write check reads it, and without it has no data and fails")
-	fs.StringVar(&o.StatefulSet, "statefulset", "", "namespace/name: run on this StatefulSet's kshard pods in the --kubeconfig cluster instead of starting replica processes (basic and chaos; the pods must run with --audit-log=-, as e2e/overlay adds)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must hold no namespace \"loadtest\")")
+	fs.StringVar(&o.NodeFaults, "node-faults", "", "with --statefulset: the command that injects faults of the pods' node (make cluster's hack/cluster/fault.sh)")
+	fs.StringVar(&o.APIServerAuditLog, "apiserver-audit-log", "", "with --kubeconfig: the cluster's kube-apiserver audit log (JSON), which the write check reads")
+	fs.StringVar(&o.StatefulSet, "statefulset", "", "namespace/name: run basic or chaos on this StatefulSet's kshard pods in the --kubeconfig cluster")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")
-	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard and configcenter binaries, and plaincontroller for compare-sharding (default: go build them)")
+	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard, configcenter and plaincontroller binaries (default: go build them)")
 	fs.StringVar(&o.WorkDir, "work-dir", "", "folder for logs and audit logs, kept (default: a temporary folder, removed after a passing run)")
-	fs.DurationVar(&o.SampleInterval, "sample-interval", 0, "how often replicas and the config center are sampled (default 1s)")
-	zo.BindFlags(fs)
+	fs.DurationVar(&o.SampleInterval, "sample-interval", 0, "how often replicas and the config center are sampled (default 1s"+scenarioDefault+")")
+	fl.zap.BindFlags(fs)
+}
+
+func run() int {
+	var (
+		o  loadtest.Options
+		fl flags
+	)
+	fs := flag.NewFlagSet("loadtest", flag.ExitOnError)
+	bindFlags(fs, &o, &fl)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: loadtest --scenario NAME [flags]\n\nRuns a kshard load-test scenario and writes its report; loadtest/README.md explains each number.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:]) // ExitOnError
-	if fs.NArg() > 0 {
+	switch {
+	case fs.NArg() > 0:
 		fmt.Fprintf(os.Stderr, "loadtest: unexpected arguments %q\n", fs.Args())
 		return 2
-	}
-	if list {
-		for _, s := range loadtest.Scenarios() {
-			fmt.Printf("%s\n    %s\n\n", s.Name, s.Doc)
-		}
+	case fl.list:
+		listScenarios()
 		return 0
-	}
-	if o.Scenario == "" {
+	case o.Scenario == "":
 		fmt.Fprintln(os.Stderr, "loadtest: --scenario is required (--list-scenarios shows them)")
 		return 2
 	}
-	o.Seed = seed
-	o.MemoryLimit = memoryLimit
-	o.CalibrateFor = calibrateFor
-	if calibrateFor == 0 {
+	o.Seed, o.MemoryLimit, o.CalibrateFor = fl.seed, fl.memoryLimit, fl.calibrateFor
+	if fl.calibrateFor == 0 {
 		o.CalibrateFor = -1 // Options' zero means the default
 	}
 	o.Command = command(os.Args[1:])
-	log := zap.New(zap.UseFlagOptions(&zo))
+	log := zap.New(zap.UseFlagOptions(&fl.zap))
 	ctrl.SetLogger(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -145,6 +154,24 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		return 1
 	}
+	return printChecks(rep)
+}
+
+// listScenarios prints every scenario, what it does and the defaults it
+// sets.
+func listScenarios() {
+	for _, s := range loadtest.Scenarios() {
+		fmt.Printf("%s\n    %s\n", s.Name, s.Doc)
+		if len(s.Defaults) > 0 {
+			fmt.Printf("    Defaults: %s\n", strings.Join(s.Defaults, ", "))
+		}
+		fmt.Println()
+	}
+}
+
+// printChecks prints the report's checks and returns the exit code: 1 when
+// a check of a gated scenario failed.
+func printChecks(rep *loadtest.Report) int {
 	failed := 0
 	for _, c := range rep.Checks {
 		mark := "pass"
