@@ -208,21 +208,8 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 
-	r.work = r.opts.WorkDir
-	if r.work == "" {
-		dir, err := os.MkdirTemp("", "kshard-loadtest-")
-		if err != nil {
-			return nil, fmt.Errorf("creating the work folder: %w", err)
-		}
-		r.work = dir
-	}
-	for _, d := range []string{"logs", "audit", "bin"} {
-		if err := os.MkdirAll(filepath.Join(r.work, d), 0o755); err != nil {
-			return nil, fmt.Errorf("creating the work folder: %w", err)
-		}
-	}
-	if err := os.MkdirAll(r.opts.Out, 0o755); err != nil {
-		return nil, fmt.Errorf("creating the report folder: %w", err)
+	if err := r.folders(); err != nil {
+		return nil, err
 	}
 	r.progress = newProgress(r.opts.Progress)
 	defer r.progress.close()
@@ -247,18 +234,13 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	defer r.closeProxies()
 	// Children stop before the cluster (defers run in reverse): replicas
 	// hand over while the API server still answers.
-	if m, _ := r.opts.replicaMillicores(); m > 0 {
-		if r.cpuQuota, err = newCPUQuota(m); err != nil {
-			return nil, err
-		}
-		// After the children stopped (defers run in reverse): a cgroup
-		// with a process in it cannot be removed.
-		defer func() {
-			if err := r.cpuQuota.remove(); err != nil {
-				r.progress.printf("%v", err)
-			}
-		}()
+	removeQuota, err := r.startCPUQuota()
+	if err != nil {
+		return nil, err
 	}
+	// After the children stopped (defers run in reverse): a cgroup with a
+	// process in it cannot be removed.
+	defer removeQuota()
 	r.procs = childproc.NewSupervisor(func(err error) { cancel(err) })
 	defer func() {
 		r.progress.printf("stopping every child process ...")
@@ -285,36 +267,27 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.startCenter(ctx); err != nil {
 		return nil, err
 	}
-	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig), r.opts.Shards); err != nil {
+	if err := r.watch(ctx); err != nil {
 		return nil, err
-	}
-	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
-	if r.pods != nil {
-		ns, ring, byHolder = r.pods.namespace, r.pods.ring, r.instanceOfHolder
-	}
-	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.opts.Shards, r.processOf, byHolder); err != nil {
-		return nil, err
-	}
-	r.audit = newAuditTail()
-	r.set = newObjectSet(r.opts, r.sc.splitKeys)
-	r.gen = newGenerator(r.c, r.set, r.tracker)
-	if r.opts.ValueChangeInterval > 0 {
-		wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
-		if err != nil {
-			return nil, fmt.Errorf("creating the ConfigMap watch client: %w", err)
-		}
-		r.propagation = newPropagation(wc, r.cc, r.set, r.gen)
 	}
 	r.report = r.newReport(ctx)
 
+	scenarioErr := r.runScenario(ctx, cancel)
+	if parent.Err() != nil {
+		return nil, fmt.Errorf("interrupted; no report written: %w", context.Cause(parent))
+	}
+	return r.conclude(scenarioErr)
+}
+
+// runScenario runs the scenario with the sampler beside it, and leaves
+// every fleet stopped, its numbers final. Its error is the scenario's, or
+// why ctx ended.
+func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) error {
 	r.begin = time.Now()
 	stopSampling := childproc.GoSafe(ctx, cancel, "sampler", r.sample)
-	scenarioErr := r.sc.run(ctx, r)
-	if scenarioErr == nil {
-		scenarioErr = context.Cause(ctx)
-		if ctx.Err() == nil {
-			scenarioErr = nil
-		}
+	err := r.sc.run(ctx, r)
+	if err == nil && ctx.Err() != nil {
+		err = context.Cause(ctx)
 	}
 	// The last API server restart's relist window ends with the scenario.
 	r.closeRestartWindow(ctx)
@@ -324,9 +297,80 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		r.stopFleet(context.WithoutCancel(ctx), f)
 	}
 	stopSampling()
-	if parent.Err() != nil {
-		return nil, fmt.Errorf("interrupted; no report written: %w", context.Cause(parent))
+	return err
+}
+
+// startCPUQuota puts the replicas under the CPU quota the options ask for,
+// if any, and returns how to remove it.
+func (r *run) startCPUQuota() (remove func(), err error) {
+	m, _ := r.opts.replicaMillicores()
+	if m <= 0 {
+		return func() {}, nil
 	}
+	if r.cpuQuota, err = newCPUQuota(m); err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := r.cpuQuota.remove(); err != nil {
+			r.progress.printf("%v", err)
+		}
+	}, nil
+}
+
+// folders creates the work folder (a temporary one unless WorkDir names
+// it) and the report folder.
+func (r *run) folders() error {
+	r.work = r.opts.WorkDir
+	if r.work == "" {
+		dir, err := os.MkdirTemp("", "kshard-loadtest-")
+		if err != nil {
+			return fmt.Errorf("creating the work folder: %w", err)
+		}
+		r.work = dir
+	}
+	for _, d := range []string{"logs", "audit", "bin"} {
+		if err := os.MkdirAll(filepath.Join(r.work, d), 0o755); err != nil {
+			return fmt.Errorf("creating the work folder: %w", err)
+		}
+	}
+	if err := os.MkdirAll(r.opts.Out, 0o755); err != nil {
+		return fmt.Errorf("creating the report folder: %w", err)
+	}
+	return nil
+}
+
+// watch starts what the load tester watches and writes with: the object
+// tracker, the ring's Leases, the audit tail, the objects and their
+// generator, and the propagation probe.
+func (r *run) watch(ctx context.Context) error {
+	var err error
+	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig), r.opts.Shards); err != nil {
+		return err
+	}
+	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
+	if r.pods != nil {
+		ns, ring, byHolder = r.pods.namespace, r.pods.ring, r.instanceOfHolder
+	}
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.opts.Shards, r.processOf, byHolder); err != nil {
+		return err
+	}
+	r.audit = newAuditTail()
+	r.set = newObjectSet(r.opts, r.sc.splitKeys)
+	r.gen = newGenerator(r.c, r.set, r.tracker)
+	if r.opts.ValueChangeInterval > 0 {
+		wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
+		if err != nil {
+			return fmt.Errorf("creating the ConfigMap watch client: %w", err)
+		}
+		r.propagation = newPropagation(wc, r.cc, r.set, r.gen)
+	}
+	return nil
+}
+
+// conclude writes the report of a scenario that ran to its end (or
+// failed) and says how it went; the work folder goes when the run passed
+// and no WorkDir keeps it.
+func (r *run) conclude(scenarioErr error) (*Report, error) {
 	r.finish(scenarioErr)
 	if err := r.writeReport(); err != nil {
 		return r.report, err
