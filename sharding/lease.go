@@ -2,9 +2,12 @@ package sharding
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,12 +19,13 @@ import (
 )
 
 // A ring coordinates through three kinds of Lease: each replica's member
-// Lease, one Lease per shard, and the labeler's. All three are judged and
-// written through this file: stateOf is the one verdict on a Lease,
-// observations (observe.go) time its expiry on this replica's clock, and
-// leaseWriter makes every write conditional on the resourceVersion last
-// read, so that of two processes writing one Lease, one wins and the other
-// learns that it lost.
+// Lease, one Lease per shard, and the labeler's. All three are named,
+// judged and written through this file: their names and holder identities
+// (at its end), stateOf, the one verdict on a Lease, with observations
+// (observe.go) timing its expiry on this replica's clock, and leaseWriter,
+// which makes every write conditional on the resourceVersion last read, so
+// that of two processes writing one Lease, one wins and the other learns
+// that it lost.
 
 // leaseState is what a Lease is to the process that reads it.
 type leaseState int
@@ -348,4 +352,57 @@ func (r *Replica) newLeaseWriter(name string, labels, annotations map[string]str
 		clock:       r.opts.Clock,
 		observed:    &r.observed,
 	}
+}
+
+// HolderReplica returns the replica a Lease's holder identity names. A
+// replica holds Leases as "<replica>_<incarnation>", with an incarnation
+// drawn once per process, so two processes started with one identity (a
+// duplicated --replica-id, a pod force-deleted during a partition) never
+// take each other's Leases for their own. A holder without an incarnation
+// is the replica itself: a member Lease kept, by a replica restarting in a
+// StatefulSet, for its next incarnation.
+func HolderReplica(holder string) string {
+	replica, _, _ := strings.Cut(holder, "_")
+	return replica
+}
+
+// HolderIdentity is the name a process holds Leases under: its replica
+// identity and its incarnation, "<identity>_<incarnation>".
+func HolderIdentity(identity, incarnation string) string { return identity + "_" + incarnation }
+
+// NewIncarnation draws an incarnation: eight hex digits, fresh per process,
+// so a restarted replica never takes its predecessor's Leases for its own.
+func NewIncarnation() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// LabelerLeaseName is the name of the Lease whose holder labels the ring's
+// unlabeled objects.
+func LabelerLeaseName(ring string) string { return ring + "-labeler" }
+
+// MemberLeaseName is the name of a replica's member Lease in a ring. Names
+// carry the ring, so rings can share a namespace: with the default ring
+// "kshard" they are kshard-member-<replica> and kshard-shard-<n>.
+func MemberLeaseName(ring, replica string) string { return ring + "-member-" + replica }
+
+// ShardLeaseName is the name of the Lease that one replica must hold to run
+// a shard of a ring.
+func ShardLeaseName(ring string, shard int32) string { return fmt.Sprintf("%s-shard-%d", ring, shard) }
+
+// ParseShardLeaseName is the inverse of ShardLeaseName: the shard, in
+// [0, shards), that a Lease of the ring is for.
+func ParseShardLeaseName(ring, name string, shards int32) (int32, bool) {
+	v, ok := strings.CutPrefix(name, ring+"-shard-")
+	if !ok {
+		return 0, false
+	}
+	return parseShard(v, shards)
+}
+
+// ParseMemberLeaseName is the inverse of MemberLeaseName.
+func ParseMemberLeaseName(ring, name string) (string, bool) {
+	replica, ok := strings.CutPrefix(name, ring+"-member-")
+	return replica, ok && replica != ""
 }

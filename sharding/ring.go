@@ -3,10 +3,19 @@ package sharding
 import (
 	"fmt"
 	"sort"
+	"strconv"
+	"time"
 
 	"github.com/buraksezer/consistent"
 	"github.com/cespare/xxhash/v2"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/utils/ptr"
 )
+
+// The ring, as pure functions of what its Leases say: which shard a domain
+// is in (ShardOf), who should own each shard (Ring), and what the ring's
+// Leases say at one moment (readLeases, its leaseView). The runtime
+// (replica.go, shard.go) acts on them; ReadStatus (status.go) prints them.
 
 // Ring settings. With 64 shards and 3 to 10 members they keep the busiest
 // member at or below 1.25 times the mean (TestRingBalance checks every count):
@@ -90,4 +99,130 @@ func (r *Ring) ShardsOf(m string) []int32 {
 		}
 	}
 	return out
+}
+
+// leaseView is what the ring's Leases say at one moment.
+type leaseView struct {
+	// members are the live members whose shard count is the ring's.
+	members []string
+	// shardCount is the ring's shard count: the one most live members
+	// announce (ties: the oldest member's), 0 with no live member.
+	shardCount int32
+	// shards holds each shard's Lease record, when it exists.
+	shards map[int32]*shardLease
+	// expiries are the times at which a live Lease will expire.
+	expiries []time.Time
+	total    int32
+	// invalid says, per live member Lease whose AnnotationShards is not a
+	// shard count, why: such a member is no member of the ring.
+	invalid []error
+}
+
+// memberShardCount reads the shard count a member Lease announces.
+func (k labelKeys) memberShardCount(l *coordinationv1.Lease) (int32, error) {
+	v := l.Annotations[k.shards]
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < 1 || n > maxShards {
+		return 0, fmt.Errorf("member Lease %s: annotation %s %q is not a shard count in [1, %d]", l.Name, k.shards, v, maxShards)
+	}
+	return int32(n), nil
+}
+
+// shardLease is the part of a shard Lease that claims depend on.
+type shardLease struct {
+	holder string
+	expiry time.Time
+}
+
+func (v *leaseView) unowned() int {
+	n := 0
+	for s := range v.total {
+		if l, ok := v.shards[s]; !ok || l.holder == "" || !l.live(time.Now()) {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *shardLease) live(now time.Time) bool { return l.holder != "" && now.Before(l.expiry) }
+
+// state judges the shard Lease for the process holding Leases as me; nil is
+// a Lease that does not exist.
+func (l *shardLease) state(me string, now time.Time) leaseState {
+	if l == nil {
+		return stateOf(false, "", me, time.Time{}, now)
+	}
+	return stateOf(true, l.holder, me, l.expiry, now)
+}
+
+func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
+	if spec.RenewTime == nil || spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return spec.RenewTime.Add(time.Duration(*spec.LeaseDurationSeconds) * time.Second)
+}
+
+// readLeases builds the view from the Leases of a ring; expiryOf says when
+// each Lease expires (a replica: from its own observations; kshard status:
+// from the written renew time).
+func readLeases(keys labelKeys, ring string, items []coordinationv1.Lease, shards int32, now time.Time, expiryOf func(*coordinationv1.Lease) time.Time) *leaseView {
+	v := &leaseView{shards: map[int32]*shardLease{}, total: shards}
+	type live struct {
+		name    string
+		shards  int32
+		created time.Time
+	}
+	var members []live
+	for i := range items {
+		l := &items[i]
+		expiry := expiryOf(l)
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		if expiry.After(now) && holder != "" {
+			v.expiries = append(v.expiries, expiry)
+		}
+		switch l.Labels[keys.leaseKind] {
+		case LeaseKindMember:
+			if holder == "" || !expiry.After(now) {
+				continue
+			}
+			n, err := keys.memberShardCount(l)
+			if err != nil {
+				v.invalid = append(v.invalid, err)
+				continue
+			}
+			members = append(members, live{name: HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time})
+		case LeaseKindShard:
+			n, ok := ParseShardLeaseName(ring, l.Name, shards)
+			if !ok {
+				continue
+			}
+			v.shards[n] = &shardLease{holder: holder, expiry: expiry}
+		}
+	}
+	if len(members) == 0 {
+		return v
+	}
+	sort.Slice(members, func(i, j int) bool {
+		if !members[i].created.Equal(members[j].created) {
+			return members[i].created.Before(members[j].created)
+		}
+		return members[i].name < members[j].name
+	})
+	votes := map[int32]int{}
+	for _, m := range members {
+		votes[m.shards]++
+	}
+	best := members[0].shards // the oldest member breaks ties
+	for count, n := range votes {
+		if n > votes[best] {
+			best = count
+		}
+	}
+	v.shardCount = best
+	for _, m := range members {
+		if m.shards == best {
+			v.members = append(v.members, m.name)
+		}
+	}
+	return v
 }
