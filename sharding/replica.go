@@ -215,7 +215,7 @@ func (r *Replica) Start(ctx context.Context) error {
 	r.log.Info("Stopping replica", "intent", intent)
 	stopMember()
 	<-memberDone
-	if intent == IntentLeave {
+	if intent == intentLeave {
 		// Leaving first lets the others compute the new ring at once, so they
 		// are ready to acquire each shard the moment it is released.
 		member.delete(shutdownCtx)
@@ -223,7 +223,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		member.handOver(shutdownCtx)
 	}
 	reason := "shutdown"
-	if intent == IntentRestart {
+	if intent == intentRestart {
 		reason = "restart"
 	}
 	r.releaseAll(reason)

@@ -565,30 +565,6 @@ func TestShardCountMismatch(t *testing.T) {
 	})
 }
 
-func TestTerminationIntent(t *testing.T) {
-	for _, tc := range []struct {
-		identity, sts string
-		desired       int32
-		deleting      bool
-		want          sharding.Intent
-	}{
-		{"kshard-1", "kshard", 3, false, sharding.IntentRestart},
-		{"kshard-2", "kshard", 3, false, sharding.IntentRestart},
-		{"kshard-3", "kshard", 3, false, sharding.IntentLeave},
-		{"kshard-2", "kshard", 2, false, sharding.IntentLeave},
-		{"kshard-0", "kshard", 0, false, sharding.IntentLeave},
-		{"kshard-0", "kshard", 3, true, sharding.IntentLeave},
-		{"kshard-01", "kshard", 3, false, sharding.IntentLeave},
-		{"other-0", "kshard", 3, false, sharding.IntentLeave},
-		{"kshard-0", "", 3, false, sharding.IntentLeave},
-		{"kshard-x", "kshard", 3, false, sharding.IntentLeave},
-	} {
-		if got := sharding.TerminationIntent(tc.identity, tc.sts, tc.desired, tc.deleting); got != tc.want {
-			t.Errorf("%s in %s of %d (deleting %v): %s, want %s", tc.identity, tc.sts, tc.desired, tc.deleting, got, tc.want)
-		}
-	}
-}
-
 // TestStatefulSetRestartKeepsShards: a replica that stops while its ordinal
 // is below the StatefulSet's replicas keeps its ring position: nobody takes
 // its shards, and it reclaims them on return. Scaled below its ordinal, it

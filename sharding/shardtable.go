@@ -17,11 +17,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// AnnotationShardTableShards records the shard count a shard table's
-// entries were computed with. A labeler of another count starts the table
-// afresh, so the admission policy never labels by a count the ring left.
-const AnnotationShardTableShards = "kshard.dev/shards"
-
 // maxShardTableBytes bounds the table's domain names and shard numbers
 // together. The API server counts only a ConfigMap's values against its 1
 // MiB, but etcd takes at most 1.5 MiB in one request (its default
@@ -93,7 +88,11 @@ func (t *shardTable) load(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("reading shard table %s/%s: %w", t.r.opts.LeaseNamespace, t.name, err)
 	}
-	if got := cm.Annotations[AnnotationShardTableShards]; got != strconv.Itoa(int(t.r.opts.Shards)) {
+	// The table's <prefix>/shards annotation records the shard count its
+	// entries were computed with. A labeler of another count starts the
+	// table afresh, so the admission policy never labels by a count the
+	// ring left.
+	if got := cm.Annotations[t.r.keys.shards]; got != strconv.Itoa(int(t.r.opts.Shards)) {
 		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.r.opts.Shards)
 		return t.reset(ctx, &cm)
 	}
@@ -124,7 +123,7 @@ func (t *shardTable) reset(ctx context.Context, cm *corev1.ConfigMap) error {
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[AnnotationShardTableShards] = strconv.Itoa(int(t.r.opts.Shards))
+	cm.Annotations[t.r.keys.shards] = strconv.Itoa(int(t.r.opts.Shards))
 	if err := t.r.writer.Update(ctx, cm); err != nil {
 		return fmt.Errorf("starting shard table %s/%s afresh: %w", cm.Namespace, cm.Name, err)
 	}
@@ -250,7 +249,7 @@ func (t *shardTable) flush(ctx context.Context) error {
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{AnnotationShardTableShards: shards}},
+		"metadata": map[string]any{"annotations": map[string]string{t.r.keys.shards: shards}},
 		"data":     batch,
 	})
 	if err != nil {

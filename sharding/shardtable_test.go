@@ -173,7 +173,7 @@ func TestShardTableLabelsAtAdmission(t *testing.T) {
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: table}, &cm); err != nil {
 			return err
 		}
-		if cm.Data[domain] != want || cm.Annotations[sharding.AnnotationShardTableShards] != strconv.Itoa(int(shardsOf(ring))) {
+		if cm.Data[domain] != want || cm.Annotations[sharding.AnnotationShards] != strconv.Itoa(int(shardsOf(ring))) {
 			return fmt.Errorf("table %v, annotations %v", cm.Data, cm.Annotations)
 		}
 		return nil
@@ -250,7 +250,7 @@ func TestFullShardTable(t *testing.T) {
 	// Filler up to the table's 1 MiB of names and numbers.
 	full := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: table,
-			Annotations: map[string]string{sharding.AnnotationShardTableShards: strconv.Itoa(int(shardsOf(ring)))}},
+			Annotations: map[string]string{sharding.AnnotationShards: strconv.Itoa(int(shardsOf(ring)))}},
 		Data: map[string]string{},
 	}
 	size := 0

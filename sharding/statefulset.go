@@ -11,39 +11,39 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Intent is what a terminating replica does with its place in the ring.
-type Intent string
+// intent is what a terminating replica does with its place in the ring.
+type intent string
 
 const (
-	// IntentLeave hands every shard over and leaves the ring: the replica is
+	// intentLeave hands every shard over and leaves the ring: the replica is
 	// going away (scale-down, or no StatefulSet to say otherwise).
-	IntentLeave Intent = "leave"
-	// IntentRestart releases the shards but keeps the member Lease, so the
+	intentLeave intent = "leave"
+	// intentRestart releases the shards but keeps the member Lease, so the
 	// ring does not change and the same replica reclaims its shards when it
 	// returns, instead of moving them away and back (a rolling update).
-	IntentRestart Intent = "restart"
+	intentRestart intent = "restart"
 )
 
-// TerminationIntent decides from StatefulSet facts: a pod whose ordinal is
+// intentOf decides from StatefulSet facts: a pod whose ordinal is
 // below the desired replica count will be recreated under the same name, so
 // it is restarting; one at or above it is being scaled away. A StatefulSet
 // being deleted, or an identity that is not "<statefulset>-<ordinal>", leaves.
-func TerminationIntent(identity, statefulSet string, desiredReplicas int32, deleting bool) Intent {
+func intentOf(identity, statefulSet string, desiredReplicas int32, deleting bool) intent {
 	if deleting || statefulSet == "" {
-		return IntentLeave
+		return intentLeave
 	}
 	suffix, ok := strings.CutPrefix(identity, statefulSet+"-")
 	if !ok {
-		return IntentLeave
+		return intentLeave
 	}
 	ordinal, err := strconv.ParseInt(suffix, 10, 32)
 	if err != nil || ordinal < 0 || strconv.FormatInt(ordinal, 10) != suffix {
-		return IntentLeave
+		return intentLeave
 	}
 	if int32(ordinal) < desiredReplicas {
-		return IntentRestart
+		return intentRestart
 	}
-	return IntentLeave
+	return intentLeave
 }
 
 // statefulSet reads the configured StatefulSet and its desired replicas
@@ -59,16 +59,16 @@ func (r *Replica) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, 
 // terminationIntent reads the StatefulSet. Any doubt (no StatefulSet
 // configured, an API error) means leave: handing over costs a move, while a
 // wrong restart leaves shards unowned until the member Lease expires.
-func (r *Replica) terminationIntent(ctx context.Context) Intent {
+func (r *Replica) terminationIntent(ctx context.Context) intent {
 	if r.opts.StatefulSet == "" {
-		return IntentLeave
+		return intentLeave
 	}
 	sts, desired, err := r.statefulSet(ctx)
 	if err != nil {
 		r.log.Error(err, "Deciding between restart and leave; leaving")
-		return IntentLeave
+		return intentLeave
 	}
-	return TerminationIntent(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
+	return intentOf(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
 }
 
 // expectedMembers names the StatefulSet's desired replicas
