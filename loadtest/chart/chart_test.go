@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"flag"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -134,6 +137,47 @@ func TestLabel(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 0.1 + 0.2: "0.3", 2: "2", 1500: "1500", 25000: "25k", 3e6: "3M"} {
 		if got := label(v); got != want {
 			t.Errorf("label(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/*.svg from the current code")
+
+// TestWriteGolden draws fixed charts (series of every kind, markers, no
+// points at all) and compares them with testdata, drawn by the code before
+// Write was split into steps: the SVG must stay the same to the byte.
+func TestWriteGolden(t *testing.T) {
+	for name, c := range map[string]*Chart{
+		"series": {
+			Title: "latency <p99>", XLabel: "seconds since start", YLabel: "seconds",
+			Series: []Series{
+				{Name: "p50", Points: []Point{{0, 0.1}, {5, 0.2}, {10, 0.15}}},
+				{Name: "p99", Points: []Point{{0, 0.5}, {5, 2.5}, {10, 0.9}}},
+				{Name: "kshard-0 shards", Step: true, Points: []Point{{0, 64}, {4, 32}, {10, 21}}},
+				{Name: "empty"},
+				{Name: "single", Points: []Point{{3, 1}}},
+			},
+			Markers: []Marker{{X: 4, Label: "kill kshard-1"}, {X: 7.5, Label: "restart"}},
+		},
+		"empty": {Title: "nothing yet", Series: []Series{{Name: "p99"}}, Markers: []Marker{{X: 3, Label: "kill kshard-1"}}},
+	} {
+		var buf bytes.Buffer
+		if err := c.Write(&buf); err != nil {
+			t.Fatal(err)
+		}
+		golden := filepath.Join("testdata", name+".svg")
+		if *update {
+			if err := os.WriteFile(golden, buf.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(golden)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf.Bytes(), want) {
+			t.Errorf("%s: drawn\n%s\nwant\n%s", name, buf.Bytes(), want)
 		}
 	}
 }
