@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -70,111 +72,125 @@ type namedChart struct {
 	chart *chart.Chart
 }
 
-// charts draws the run's charts: latency, ownership, config-center calls
-// and heap for every scenario, plus what a scenario adds.
-func (r *run) charts() []namedChart {
-	secs := func(t time.Time) float64 { return t.Sub(r.begin).Seconds() }
-	r.mu.Lock()
-	markers := make([]chart.Marker, 0, len(r.markers))
-	for _, m := range r.markers {
-		markers = append(markers, chart.Marker{X: secs(m.At), Label: m.Label})
-	}
-	center := append([]centerSample(nil), r.center...)
-	reasons := append([]reasonSample(nil), r.reasons...)
-	sizes := append([]sizeSample(nil), r.sizes...)
-	r.mu.Unlock()
-	const xl = "seconds since the start of the run"
-	var out []namedChart
+// chartData is what the charts are drawn from: the run's samples, copied
+// under its lock, and the x axis (seconds since the run began).
+type chartData struct {
+	scenario string
+	begin    time.Time
+	span     time.Duration
+	markers  []chart.Marker
+	center   []centerSample
+	reasons  []reasonSample
+	sizes    []sizeSample
+}
 
-	// Latency over time: percentiles of the generations that became Ready
-	// in each window.
-	samples := r.tracker.samplesCopy()
-	span := time.Since(r.begin)
-	window := max(5*time.Second, (span / 60).Round(time.Second))
-	type agg struct{ h histogram }
-	buckets := map[int64]*agg{}
+// secs is a time's x: seconds since the start of the run.
+func (d *chartData) secs(t time.Time) float64 { return t.Sub(d.begin).Seconds() }
+
+// chart is a chart of the run with the common x axis and the run's event
+// markers.
+func (d *chartData) chart(title, yLabel string, series ...chart.Series) *chart.Chart {
+	return &chart.Chart{Title: d.scenario + ": " + title, XLabel: "seconds since the start of the run", YLabel: yLabel, Series: series, Markers: d.markers}
+}
+
+// charts draws the run's charts: latency, throughput, ownership,
+// config-center calls and heap for every scenario, plus what a scenario
+// adds.
+func (r *run) charts() []namedChart {
+	d := &chartData{scenario: r.opts.Scenario, begin: r.begin, span: time.Since(r.begin)}
+	r.mu.Lock()
+	for _, m := range r.markers {
+		d.markers = append(d.markers, chart.Marker{X: d.secs(m.At), Label: m.Label})
+	}
+	d.center = slices.Clone(r.center)
+	d.reasons = slices.Clone(r.reasons)
+	d.sizes = slices.Clone(r.sizes)
+	r.mu.Unlock()
+	out := d.latencyCharts(r.tracker.samplesCopy())
+	out = append(out,
+		namedChart{"ownership", d.ownershipChart(r.ring.ownershipSeries())},
+		namedChart{"calls", d.callsChart()},
+		namedChart{"heap", d.heapChart(r.fleets)})
+	if r.sc.name == "external-outage" {
+		out = append(out, namedChart{"reasons", d.reasonsChart()})
+	}
+	if r.sc.name == "autoscale" || r.sc.name == "scale-out" {
+		out = append(out, namedChart{"replicas", d.replicasChart()})
+	}
+	return out
+}
+
+// latencyCharts are the percentiles of the generations that became Ready
+// in each window, and how many per second.
+func (d *chartData) latencyCharts(samples []latencySample) []namedChart {
+	window := max(5*time.Second, (d.span / 60).Round(time.Second))
+	buckets := map[int64]*histogram{}
 	for _, s := range samples {
-		k := int64(s.Done.Sub(r.begin) / window)
+		k := int64(s.Done.Sub(d.begin) / window)
 		if buckets[k] == nil {
-			buckets[k] = &agg{}
+			buckets[k] = &histogram{}
 		}
-		buckets[k].h.Observe(s.Latency)
+		buckets[k].Observe(s.Latency)
 	}
-	keys := make([]int64, 0, len(buckets))
-	for k := range buckets {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	var p50, p99, mx, n []chart.Point
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(buckets)) {
 		x := (time.Duration(k)*window + window/2).Seconds()
-		h := &buckets[k].h
+		h := buckets[k]
 		p50 = append(p50, chart.Point{X: x, Y: h.Quantile(0.5).Seconds()})
 		p99 = append(p99, chart.Point{X: x, Y: h.Quantile(0.99).Seconds()})
 		mx = append(mx, chart.Point{X: x, Y: h.Max().Seconds()})
 		n = append(n, chart.Point{X: x, Y: float64(h.Count()) / window.Seconds()})
 	}
-	out = append(out, namedChart{"latency", &chart.Chart{
-		Title:  fmt.Sprintf("%s: spec change (or create) to status Ready, per %s window", r.opts.Scenario, window),
-		XLabel: xl, YLabel: "seconds",
-		Series:  []chart.Series{{Name: "p50", Points: p50}, {Name: "p99", Points: p99}, {Name: "max", Points: mx}},
-		Markers: markers,
-	}})
-	out = append(out, namedChart{"throughput", &chart.Chart{
-		Title:  fmt.Sprintf("%s: generations seen Ready per second, per %s window", r.opts.Scenario, window),
-		XLabel: xl, YLabel: "per second",
-		Series: []chart.Series{{Name: "Ready/s", Points: n}}, Markers: markers,
-	}})
+	return []namedChart{
+		{"latency", d.chart(fmt.Sprintf("spec change (or create) to status Ready, per %s window", window), "seconds",
+			chart.Series{Name: "p50", Points: p50}, chart.Series{Name: "p99", Points: p99}, chart.Series{Name: "max", Points: mx})},
+		{"throughput", d.chart(fmt.Sprintf("generations seen Ready per second, per %s window", window), "per second",
+			chart.Series{Name: "Ready/s", Points: n})},
+	}
+}
 
-	// Shards owned per replica (by a running holder), and unowned.
-	points := r.ring.ownershipSeries()
+// ownershipChart is the shards owned per replica (by a running holder).
+func (d *chartData) ownershipChart(points []ownershipPoint) *chart.Chart {
 	holders := map[string]bool{}
 	for _, p := range points {
 		for h := range p.Count {
 			holders[h] = true
 		}
 	}
-	names := make([]string, 0, len(holders))
-	for h := range holders {
-		names = append(names, h)
-	}
-	sort.Strings(names)
 	var own []chart.Series
-	for _, h := range names {
+	for _, h := range slices.Sorted(maps.Keys(holders)) {
 		s := chart.Series{Name: h, Step: true}
 		for _, p := range points {
-			s.Points = append(s.Points, chart.Point{X: secs(p.At), Y: float64(p.Count[h])})
+			s.Points = append(s.Points, chart.Point{X: d.secs(p.At), Y: float64(p.Count[h])})
 		}
 		if len(points) > 0 {
-			s.Points = append(s.Points, chart.Point{X: span.Seconds(), Y: float64(points[len(points)-1].Count[h])})
+			s.Points = append(s.Points, chart.Point{X: d.span.Seconds(), Y: float64(points[len(points)-1].Count[h])})
 		}
 		own = append(own, s)
 	}
-	out = append(out, namedChart{"ownership", &chart.Chart{
-		Title:  r.opts.Scenario + ": shards owned per replica (Lease held, unexpired, process running)",
-		XLabel: xl, YLabel: "shards", Series: own, Markers: markers,
-	}})
+	return d.chart("shards owned per replica (Lease held, unexpired, process running)", "shards", own...)
+}
 
-	// Config-center calls per second.
+// callsChart is the config-center calls per second by the replicas.
+func (d *chartData) callsChart() *chart.Chart {
 	var gets, polls []chart.Point
-	for i := 1; i < len(center); i++ {
-		dt := center[i].At.Sub(center[i-1].At).Seconds()
+	for i := 1; i < len(d.center); i++ {
+		prev, cur := d.center[i-1], d.center[i]
+		dt := cur.At.Sub(prev.At).Seconds()
 		if dt <= 0 {
 			continue
 		}
-		x := secs(center[i].At)
-		gets = append(gets, chart.Point{X: x, Y: math.Max(0, center[i].Gets-center[i-1].Gets) / dt})
-		polls = append(polls, chart.Point{X: x, Y: math.Max(0, center[i].Polls-center[i-1].Polls) / dt})
+		gets = append(gets, chart.Point{X: d.secs(cur.At), Y: math.Max(0, cur.Gets-prev.Gets) / dt})
+		polls = append(polls, chart.Point{X: d.secs(cur.At), Y: math.Max(0, cur.Polls-prev.Polls) / dt})
 	}
-	out = append(out, namedChart{"calls", &chart.Chart{
-		Title:  r.opts.Scenario + ": config-center calls per second by the replicas",
-		XLabel: xl, YLabel: "calls per second",
-		Series: []chart.Series{{Name: "key reads", Points: gets}, {Name: "change-feed polls", Points: polls}}, Markers: markers,
-	}})
+	return d.chart("config-center calls per second by the replicas", "calls per second",
+		chart.Series{Name: "key reads", Points: gets}, chart.Series{Name: "change-feed polls", Points: polls})
+}
 
-	// Heap per replica process.
+// heapChart is the Go heap per replica identity, its processes joined.
+func (d *chartData) heapChart(fleets []*fleet) *chart.Chart {
 	var heap []chart.Series
-	for _, f := range r.fleets {
+	for _, f := range fleets {
 		f.mu.Lock()
 		for _, s := range f.slots {
 			for _, in := range s.instances {
@@ -183,52 +199,45 @@ func (r *run) charts() []namedChart {
 				}
 				ser := chart.Series{Name: fmt.Sprintf("%s %s", f.mode.Name, s.id)}
 				for _, x := range in.samples {
-					ser.Points = append(ser.Points, chart.Point{X: secs(x.At), Y: x.HeapInuse / (1 << 20)})
+					ser.Points = append(ser.Points, chart.Point{X: d.secs(x.At), Y: x.HeapInuse / (1 << 20)})
 				}
 				heap = append(heap, ser)
 			}
 		}
 		f.mu.Unlock()
 	}
-	heap = mergeByName(heap)
-	out = append(out, namedChart{"heap", &chart.Chart{
-		Title:  r.opts.Scenario + ": Go heap in use per replica (go_memstats_heap_inuse_bytes)",
-		XLabel: xl, YLabel: "MiB", Series: heap, Markers: markers,
-	}})
+	return d.chart("Go heap in use per replica (go_memstats_heap_inuse_bytes)", "MiB", mergeByName(heap)...)
+}
 
-	if r.sc.name == "external-outage" {
-		counts := map[string][]chart.Point{}
-		for _, rs := range reasons {
-			for _, reason := range []string{"Synced", "ExternalUnavailable"} {
-				counts[reason] = append(counts[reason], chart.Point{X: secs(rs.At), Y: float64(rs.Reasons[reason])})
-			}
+// reasonsChart is the ConfigBindings by Ready reason (external-outage).
+func (d *chartData) reasonsChart() *chart.Chart {
+	reasons := []string{"Synced", "ExternalUnavailable"}
+	series := make([]chart.Series, len(reasons))
+	for i, reason := range reasons {
+		series[i].Name = reason
+		for _, rs := range d.reasons {
+			series[i].Points = append(series[i].Points, chart.Point{X: d.secs(rs.At), Y: float64(rs.Reasons[reason])})
 		}
-		out = append(out, namedChart{"reasons", &chart.Chart{
-			Title:  r.opts.Scenario + ": ConfigBindings by Ready reason",
-			XLabel: xl, YLabel: "objects",
-			Series:  []chart.Series{{Name: "Synced", Points: counts["Synced"]}, {Name: "ExternalUnavailable", Points: counts["ExternalUnavailable"]}},
-			Markers: markers,
-		}})
 	}
-	if r.sc.name == "autoscale" || r.sc.name == "scale-out" {
-		var rp, objs []chart.Point
-		for _, s := range sizes {
-			rp = append(rp, chart.Point{X: secs(s.At), Y: float64(s.Replicas)})
-		}
-		for _, rs := range reasons {
-			total := 0
-			for _, v := range rs.Reasons {
-				total += v
-			}
-			objs = append(objs, chart.Point{X: secs(rs.At), Y: float64(total) / 1000})
-		}
-		out = append(out, namedChart{"replicas", &chart.Chart{
-			Title:  r.opts.Scenario + ": running replicas, and ConfigBindings (thousands)",
-			XLabel: xl, YLabel: "replicas / thousands of objects",
-			Series: []chart.Series{{Name: "replicas", Points: rp, Step: true}, {Name: "objects (k)", Points: objs}}, Markers: markers,
-		}})
+	return d.chart("ConfigBindings by Ready reason", "objects", series...)
+}
+
+// replicasChart is the running replicas and the ConfigBindings, in
+// thousands (autoscale, scale-out).
+func (d *chartData) replicasChart() *chart.Chart {
+	var rp, objs []chart.Point
+	for _, s := range d.sizes {
+		rp = append(rp, chart.Point{X: d.secs(s.At), Y: float64(s.Replicas)})
 	}
-	return out
+	for _, rs := range d.reasons {
+		total := 0
+		for _, v := range rs.Reasons {
+			total += v
+		}
+		objs = append(objs, chart.Point{X: d.secs(rs.At), Y: float64(total) / 1000})
+	}
+	return d.chart("running replicas, and ConfigBindings (thousands)", "replicas / thousands of objects",
+		chart.Series{Name: "replicas", Points: rp, Step: true}, chart.Series{Name: "objects (k)", Points: objs})
 }
 
 // mergeByName joins series of one name (one replica identity's process
@@ -250,10 +259,27 @@ func mergeByName(in []chart.Series) []chart.Series {
 	return out
 }
 
-// renderMarkdown writes the report a person reads.
+// renderMarkdown writes the report a person reads: its sections in order.
 func renderMarkdown(rep *Report) string {
 	var b strings.Builder
-	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	renderHeader(&b, rep)
+	renderChecks(&b, rep)
+	renderCapacity(&b, rep.Capacity)
+	if len(rep.Fleets) > 0 {
+		renderFleets(&b, rep)
+	}
+	if len(rep.Events) > 0 {
+		renderEvents(&b, rep.Events)
+	}
+	renderLatency(&b, rep)
+	renderCharts(&b, rep)
+	return b.String()
+}
+
+// renderHeader writes the title, the verdict, how to reproduce the run,
+// where it ran and its settings.
+func renderHeader(b *strings.Builder, rep *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("# kshard load test: %s\n\n", rep.Scenario)
 	p("%s\n\n", rep.Description)
 	verdict := "PASSED"
@@ -286,6 +312,11 @@ func renderMarkdown(rep *Report) string {
 	for _, s := range rep.Settings {
 		p("| %s | %s |\n", s[0], mdEscape(s[1]))
 	}
+}
+
+// renderChecks writes the checks and the findings.
+func renderChecks(b *strings.Builder, rep *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("\n## Checks\n\n| check | result | detail |\n| --- | --- | --- |\n")
 	for _, c := range rep.Checks {
 		p("| %s | %s | %s |\n", mdEscape(c.Name), c.result(), mdEscape(c.Detail))
@@ -296,42 +327,48 @@ func renderMarkdown(rep *Report) string {
 			p("- %s\n", mdEscape(f))
 		}
 	}
-	renderCapacity(&b, rep.Capacity)
-	if len(rep.Fleets) > 0 {
-		renderFleets(&b, rep)
-	}
-	if len(rep.Events) > 0 {
-		p("\n## Events\n\nTimes from the event (the signal, the start of the new process, the first write of a batch). " +
-			"*Shards held*: every running replica a live ring member and every shard held by the running replica the ring assigns it (membership changes only). " +
-			"*Settled*: every object of a shard acquired since the event reconciled by its new holder (audit logs)" +
-			" and, unless the event happened under continuous updates, every object Ready at its latest generation. " +
-			"*Shards moved*: shards acquired since the event, by anyone; *… to another replica*: shards whose running holder when the event settled differs from the one right before it " +
-			"(a rolling restart's goal is 0: the restarted replica takes its own shards back; —: no shard had a running holder before, or no shards). " +
-			"*Object writes per moved object*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
-			"any subresource, from right before the event until it settled, less the load tester's own, divided by the objects in the moved shards; " +
-			"counted for events without load only (—: under load, or nothing moved).\n\n")
-		p("| event | at | shards moved | shards moved to another replica | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		for _, ev := range rep.Events {
-			reconciled := fmtDur(ev.Reconciled)
-			if ev.Error != "" {
-				reconciled = "**not settled**: " + mdEscape(ev.Error)
-			}
-			held := "-"
-			if ev.Handover {
-				held = fmtDur(ev.Held)
-			}
-			toOther := "—"
-			if ev.MovedToOther >= 0 {
-				toOther = fmt.Sprint(ev.MovedToOther)
-			}
-			p("| %s | %s | %d | %s | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, toOther, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
+}
+
+// renderEvents writes a row per event: what moved, when it settled, what
+// it cost in writes.
+func renderEvents(b *strings.Builder, events []EventResult) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	p("\n## Events\n\nTimes from the event (the signal, the start of the new process, the first write of a batch). " +
+		"*Shards held*: every running replica a live ring member and every shard held by the running replica the ring assigns it (membership changes only). " +
+		"*Settled*: every object of a shard acquired since the event reconciled by its new holder (audit logs)" +
+		" and, unless the event happened under continuous updates, every object Ready at its latest generation. " +
+		"*Shards moved*: shards acquired since the event, by anyone; *… to another replica*: shards whose running holder when the event settled differs from the one right before it " +
+		"(a rolling restart's goal is 0: the restarted replica takes its own shards back; —: no shard had a running holder before, or no shards). " +
+		"*Object writes per moved object*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
+		"any subresource, from right before the event until it settled, less the load tester's own, divided by the objects in the moved shards; " +
+		"counted for events without load only (—: under load, or nothing moved).\n\n")
+	p("| event | at | shards moved | shards moved to another replica | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, ev := range events {
+		reconciled := fmtDur(ev.Reconciled)
+		if ev.Error != "" {
+			reconciled = "**not settled**: " + mdEscape(ev.Error)
 		}
-		if n, own := eventOwnWrites(rep.Events); n > 0 && own == 0 {
-			p("\nThe load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (%d of %d events): every write counted there is the replicas'.\n", n, len(rep.Events))
-		} else if n > 0 {
-			p("\nThe load tester's own ConfigBinding and ConfigMap writes during the events whose writes were counted (%d of %d events), %d in all, are subtracted.\n", n, len(rep.Events), own)
+		held := "-"
+		if ev.Handover {
+			held = fmtDur(ev.Held)
 		}
+		toOther := "—"
+		if ev.MovedToOther >= 0 {
+			toOther = fmt.Sprint(ev.MovedToOther)
+		}
+		p("| %s | %s | %d | %s | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, toOther, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
 	}
+	if n, own := eventOwnWrites(events); n > 0 && own == 0 {
+		p("\nThe load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (%d of %d events): every write counted there is the replicas'.\n", n, len(events))
+	} else if n > 0 {
+		p("\nThe load tester's own ConfigBinding and ConfigMap writes during the events whose writes were counted (%d of %d events), %d in all, are subtracted.\n", n, len(events), own)
+	}
+}
+
+// renderLatency writes the run's end-to-end latencies and the spec
+// updates' distribution.
+func renderLatency(b *strings.Builder, rep *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	p("\n## End-to-end latency\n\nFrom sending a write to the watch showing status Ready at that generation " +
 		"(`observedGeneration` and the Ready condition's `observedGeneration` both at it). Updates: the measured phases; creates: the whole run.\n\n")
 	p("| | samples | p50 | p90 | p99 | max | ≤ 1 s | ≤ 5 s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
@@ -356,6 +393,12 @@ func renderMarkdown(rep *Report) string {
 		}
 		p("| %s | %d | %s |\n", bound, c, share)
 	}
+}
+
+// renderCharts writes the charts, the notes and the link to what every
+// number means.
+func renderCharts(b *strings.Builder, rep *Report) {
+	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	if len(rep.Charts) > 0 {
 		p("\n## Charts\n\nDashed lines mark the run's events.\n\n")
 		for _, c := range rep.Charts {
@@ -374,7 +417,6 @@ func renderMarkdown(rep *Report) string {
 		guide = "../README.md"
 	}
 	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
-	return b.String()
 }
 
 // result is a check's result cell: a check without data fails as such,
