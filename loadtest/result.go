@@ -336,6 +336,44 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, QueueWaitP99: -1, StatusPatchP99: -1, UnlabeledPeak: -1, StartOverClaim: -1}
 	res.Storm = f.storm
 	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
+	res.startFigures(f)
+	from, to := f.loadFrom, f.loadTo
+	if from.IsZero() {
+		from, to = f.started, f.stopped
+	}
+	res.Window = to.Sub(from)
+	h := r.tracker.latencies(from, to, writeUpdate)
+	res.Updates = summarize(h)
+	if s := res.Window.Seconds(); s > 0 {
+		res.Throughput = float64(h.Count()) / s
+	}
+	res.replicaFigures(f, from, to)
+	if b, _ := r.opts.memoryLimitBytes(); !f.mode.Plain {
+		res.MemoryLimit = float64(b)
+	}
+	res.APIServerRSSPeak, res.EtcdRSSPeak = r.controlPlanePeak(f.started, f.stopped)
+	res.Offered = r.offeredBetween(from, to)
+	res.LoadMean, res.LoadMax = r.loadBetween(from, to)
+	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
+	res.Propagation = f.propagation
+	res.apiFigures(f)
+	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
+	res.ControllerWritesPerUpdate = perCause(res.ControllerWrites, res.WritesCounted, res.SpecUpdates)
+	res.CenterGets, res.CenterPolls, res.CenterGetsOutside = -1, -1, -1
+	inWindow, okWindow := r.centerDelta(from, to)
+	life, okLife := r.centerDelta(f.started, f.stopped)
+	if okWindow {
+		res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
+		if okLife {
+			res.CenterGetsOutside = life.Gets - inWindow.Gets
+		}
+	}
+	return res
+}
+
+// startFigures are the fleet's start event's: how long it took to settle,
+// and the writes and initial syncs it cost.
+func (res *FleetResult) startFigures(f *fleet) {
 	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
 	res.StartWritesCounted, res.StartWrites = f.startEvent.WritesCounted, f.startEvent.ObjectWrites
 	res.StartScanned, res.StartSyncs = -1, -1
@@ -351,86 +389,43 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.StartScanned = max(api.Scanned-own*float64(f.startObjects), 0)
 		res.StartSyncs = api.Syncs - own
 	}
-	from, to := f.loadFrom, f.loadTo
-	if from.IsZero() {
-		from, to = f.started, f.stopped
-	}
-	res.Window = to.Sub(from)
-	h := r.tracker.latencies(from, to, writeUpdate)
-	res.Updates = summarize(h)
-	if s := res.Window.Seconds(); s > 0 {
-		res.Throughput = float64(h.Count()) / s
-	}
+}
 
-	var hits, lookups float64
-	var reconcile, queueWait cumulative
+// replicaTally gathers what a fleet's figures need of every replica
+// process beyond the sums: whether a metric family was ever seen, the
+// histograms, and the per-replica memory figures to take the largest and
+// the mean of.
+type replicaTally struct {
+	hits, lookups        float64
+	reconcile, queueWait cumulative
 	// Whether any scrape of the fleet had the families of objects held,
 	// caches started and shards acquired: a sharded fleet that never
 	// exported one has no such figure, rather than 0.
-	var heldSeen, cachesSeen, acquiredSeen bool
-	var heapPeaks, rssPeaks, heapEnds []float64
+	heldSeen, cachesSeen, acquiredSeen bool
+	heapPeaks, rssPeaks, heapEnds      []float64
+}
+
+// replicaFigures sums the fleet's replica processes over its life and its
+// measured phase [from, to], a ReplicaResult per replica identity.
+func (res *FleetResult) replicaFigures(f *fleet, from, to time.Time) {
+	var t replicaTally
+	sharded := f.mode.Sharded()
 	for _, s := range f.slots {
 		if len(s.instances) == 0 {
 			continue
 		}
-		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: f.mode.Sharded()}
-		if in := s.instances[0]; f.mode.Sharded() && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.Started().After(f.started.Add(time.Second)) {
+		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: sharded}
+		if in := s.instances[0]; sharded && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.Started().After(f.started.Add(time.Second)) {
 			if r, ok := overClaim(in.samples, f.started, f.started.Add(f.startEvent.Reconciled)); ok {
 				res.StartOverClaim = math.Max(res.StartOverClaim, r)
 			}
 		}
 		var slotHits, slotLookups float64
 		for _, in := range s.instances {
-			res.Processes++
-			rr.Samples += len(in.samples)
-			for _, x := range in.samples {
-				rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
-				rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
-				rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
-				heldSeen = heldSeen || x.Objects >= 0
-				if f.mode.Sharded() {
-					res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
-				}
-			}
-			rr.RSSPeak = math.Max(rr.RSSPeak, in.peakRSS)
-			if n := len(in.samples); n > 0 {
-				last := in.samples[n-1]
-				rr.Reconciles += last.Reconciles
-				rr.ExternalCalls += last.ExternalCalls
-				if last.Caches != nil {
-					cachesSeen = true
-					for _, v := range last.Caches {
-						res.CachesStarted += v
-					}
-					res.AcquisitionCaches += last.Caches["acquisition"]
-				}
-				if last.Acquired >= 0 {
-					acquiredSeen = true
-					res.Acquisitions += last.Acquired
-				}
-			}
-			// "End" is the end of the measured phase: once the fleet is
-			// told to stop, leaving replicas hand their shards over. A
-			// replica holding no shard exports no series of objects.
-			if end, ok := in.at(to); ok && in.proc.Started().Before(to) {
-				rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
-			}
-			res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
-			res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
-			res.ReconcileErrors += in.delta(from, to, func(x replicaSample) float64 { return x.ReconcileErrors })
-			h := in.delta(from, to, func(x replicaSample) float64 { return x.Cache[cacheResultHit] + x.Cache[cacheResultStale] })
-			l := in.delta(from, to, func(x replicaSample) float64 {
-				var t float64
-				for _, v := range x.Cache {
-					t += v
-				}
-				return t
-			})
+			h, l := res.addInstance(&rr, &t, in, sharded, from, to)
 			slotHits, slotLookups = slotHits+h, slotLookups+l
-			reconcile = reconcile.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.Reconcile }))
-			queueWait = queueWait.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.QueueWait }))
 		}
-		hits, lookups = hits+slotHits, lookups+slotLookups
+		t.hits, t.lookups = t.hits+slotHits, t.lookups+slotLookups
 		if slotLookups > 0 {
 			rr.CacheHitRatio = slotHits / slotLookups
 		}
@@ -441,13 +436,13 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		// would be one.
 		res.Samples += rr.Samples
 		if rr.Samples > 0 {
-			heapPeaks = append(heapPeaks, rr.HeapPeak)
+			t.heapPeaks = append(t.heapPeaks, rr.HeapPeak)
 		}
 		if rr.HeapEnd > 0 {
-			heapEnds = append(heapEnds, rr.HeapEnd)
+			t.heapEnds = append(t.heapEnds, rr.HeapEnd)
 		}
 		if rr.RSSPeak > 0 {
-			rssPeaks = append(rssPeaks, rr.RSSPeak)
+			t.rssPeaks = append(t.rssPeaks, rr.RSSPeak)
 		}
 		if rr.RSSPeak > res.RSSPeakMax {
 			res.RSSPeakMax, res.RSSPeakReplica = rr.RSSPeak, rr.Replica
@@ -455,46 +450,104 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 		res.PerReplica = append(res.PerReplica, rr)
 		res.Replicas++
 	}
-	if !f.mode.Sharded() || !cachesSeen {
+	res.conclude(&t, sharded)
+}
+
+// addInstance adds one process of a replica to its ReplicaResult, the
+// fleet's sums and the tally; it returns the process's cache hits and
+// lookups in the measured phase [from, to].
+func (res *FleetResult) addInstance(rr *ReplicaResult, t *replicaTally, in *instance, sharded bool, from, to time.Time) (hits, lookups float64) {
+	res.Processes++
+	rr.Samples += len(in.samples)
+	for _, x := range in.samples {
+		rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
+		rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
+		rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
+		t.heldSeen = t.heldSeen || x.Objects >= 0
+		if sharded {
+			res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
+		}
+	}
+	rr.RSSPeak = math.Max(rr.RSSPeak, in.peakRSS)
+	if n := len(in.samples); n > 0 {
+		last := in.samples[n-1]
+		rr.Reconciles += last.Reconciles
+		rr.ExternalCalls += last.ExternalCalls
+		if last.Caches != nil {
+			t.cachesSeen = true
+			for _, v := range last.Caches {
+				res.CachesStarted += v
+			}
+			res.AcquisitionCaches += last.Caches["acquisition"]
+		}
+		if last.Acquired >= 0 {
+			t.acquiredSeen = true
+			res.Acquisitions += last.Acquired
+		}
+	}
+	// "End" is the end of the measured phase: once the fleet is told to
+	// stop, leaving replicas hand their shards over. A replica holding no
+	// shard exports no series of objects.
+	if end, ok := in.at(to); ok && in.proc.Started().Before(to) {
+		rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
+	}
+	res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
+	res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
+	res.ReconcileErrors += in.delta(from, to, func(x replicaSample) float64 { return x.ReconcileErrors })
+	t.reconcile = t.reconcile.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.Reconcile }))
+	t.queueWait = t.queueWait.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.QueueWait }))
+	hits = in.delta(from, to, func(x replicaSample) float64 { return x.Cache[cacheResultHit] + x.Cache[cacheResultStale] })
+	lookups = in.delta(from, to, func(x replicaSample) float64 {
+		var sum float64
+		for _, v := range x.Cache {
+			sum += v
+		}
+		return sum
+	})
+	return hits, lookups
+}
+
+// conclude turns the replicas' sums into the fleet's figures: families
+// never seen to no data, memory to largest, mean and sum, counts over the
+// measured phase to rates, histograms to their p99.
+func (res *FleetResult) conclude(t *replicaTally, sharded bool) {
+	if !sharded || !t.cachesSeen {
 		res.CachesStarted, res.AcquisitionCaches = -1, -1
 	}
-	if !f.mode.Sharded() || !acquiredSeen {
+	if !sharded || !t.acquiredSeen {
 		res.Acquisitions = -1
 	}
-	if !heldSeen {
+	if !t.heldSeen {
 		res.HeldMax = -1
 	}
-	res.HeapPeakMax, res.HeapPeakMean = maxMean(heapPeaks)
-	_, res.RSSPeakMean = maxMean(rssPeaks)
-	if b, _ := r.opts.memoryLimitBytes(); !f.mode.Plain {
-		res.MemoryLimit = float64(b)
-	}
-	res.HeapEndMax, res.HeapEndMean = maxMean(heapEnds)
-	for _, h := range heapPeaks {
+	res.HeapPeakMax, res.HeapPeakMean = maxMean(t.heapPeaks)
+	_, res.RSSPeakMean = maxMean(t.rssPeaks)
+	res.HeapEndMax, res.HeapEndMean = maxMean(t.heapEnds)
+	for _, h := range t.heapPeaks {
 		res.HeapPeakSum += h
 	}
-	for _, h := range heapEnds {
+	for _, h := range t.heapEnds {
 		res.HeapEndSum += h
 	}
-	res.APIServerRSSPeak, res.EtcdRSSPeak = r.controlPlanePeak(f.started, f.stopped)
 	if s := res.Window.Seconds(); s > 0 {
 		res.Reconciles /= s
 		res.CPUCores /= s
 	}
-	if lookups > 0 {
-		res.CacheHitRatio = hits / lookups
+	if t.lookups > 0 {
+		res.CacheHitRatio = t.hits / t.lookups
 	}
-	if q, ok := bucketQuantile(0.99, reconcile.Bounds, reconcile.Counts); ok {
+	if q, ok := bucketQuantile(0.99, t.reconcile.Bounds, t.reconcile.Counts); ok {
 		res.ReconcileP99 = q
 	}
-	if q, ok := bucketQuantile(0.99, queueWait.Bounds, queueWait.Counts); ok {
+	if q, ok := bucketQuantile(0.99, t.queueWait.Bounds, t.queueWait.Counts); ok {
 		res.QueueWaitP99 = q
 	}
-	res.Offered = r.offeredBetween(from, to)
-	res.LoadMean, res.LoadMax = r.loadBetween(from, to)
-	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
-	res.Propagation = f.propagation
+}
 
+// apiFigures are the API server's counts: over the fleet's life (syncs,
+// objects scanned, bytes, watches, write rates) and over its measured
+// phase (status patches, the controller's writes).
+func (res *FleetResult) apiFigures(f *fleet) {
 	// A scrape that failed at either end leaves nothing to subtract from
 	// or to: its difference would be every count since the server started,
 	// or a negative one. So does a restart of the API server in between:
@@ -519,20 +572,7 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 			res.StatusPatchP99 = q
 		}
 	}
-	writes, own, counted := controllerWrites(f.loadWritesFrom, f.loadWritesTo)
-	res.WritesCounted, res.ControllerWrites, res.OwnWrites = counted, writes, own
-	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
-	res.ControllerWritesPerUpdate = perCause(writes, counted, res.SpecUpdates)
-	res.CenterGets, res.CenterPolls, res.CenterGetsOutside = -1, -1, -1
-	inWindow, okWindow := r.centerDelta(from, to)
-	life, okLife := r.centerDelta(f.started, f.stopped)
-	if okWindow {
-		res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
-		if okLife {
-			res.CenterGetsOutside = life.Gets - inWindow.Gets
-		}
-	}
-	return res
+	res.ControllerWrites, res.OwnWrites, res.WritesCounted = controllerWrites(f.loadWritesFrom, f.loadWritesTo)
 }
 
 // histogramDelta is the growth of one of the instance's histograms within
