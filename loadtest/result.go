@@ -671,6 +671,8 @@ func (r *run) offeredBetween(from, to time.Time) float64 {
 	return float64(r.tracker.writesBetween(from, to, writeUpdate)) / to.Sub(from).Seconds()
 }
 
+// newReport starts the run's report: what it is, where it runs, and its
+// settings in words.
 func (r *run) newReport(ctx context.Context) *Report {
 	o := r.opts
 	src, err := readSource(ctx)
@@ -693,33 +695,18 @@ func (r *run) newReport(ctx context.Context) *Report {
 	if t := r.pods; t != nil {
 		rep.Machine.Pods = fmt.Sprintf("the pods of StatefulSet %s/%s", t.namespace, t.name)
 	}
-	total := float64(o.Objects) * o.UpdateRate
-	set := func(k, v string) { rep.Settings = append(rep.Settings, [2]string{k, v}) }
+	rep.Settings = r.settings()
+	return rep
+}
+
+// settings is the report's settings table, in order.
+func (r *run) settings() [][2]string {
+	o := r.opts
+	var out [][2]string
+	set := func(k, v string) { out = append(out, [2]string{k, v}) }
 	set("objects", fmt.Sprintf("%d ConfigBindings over %d domains (%s), %d of %d keys each", o.Objects, o.Domains, skewText(o), o.KeysPerObject, o.KeysPerDomain))
-	if r.sc.name == "capacity" {
-		set("load", fmt.Sprintf("creates at %g/s; spec updates to random objects in windows of %s, the first fleet's first at %g/s (--update-rate × objects), a later fleet's first at %.1f × its replicas × the first fleet's capacity per replica", o.CreateRate, o.Duration, o.UpdateRate*float64(o.Objects), capacityStartShare))
-	} else if r.sc.noLoad {
-		set("load", fmt.Sprintf("creates at %g/s; no continuous updates: the scenario's storms are the load", o.CreateRate))
-	} else {
-		set("load", fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, total, o.Duration))
-	}
-	if t := r.pods; t != nil {
-		set("replicas", fmt.Sprintf("%d pods of StatefulSet %s/%s (image %s, ring %s), scaled and deleted through the API server; "+
-			"audit records from the container logs, metrics over HTTPS with the load tester's ServiceAccount token", o.Replicas, t.namespace, t.name, t.image, t.ring))
-		set("config center", fmt.Sprintf("the cluster's (Service %s/%s at %s), seeded and given its faults through its admin API: %d-byte values, %s latency + up to %s jitter, %g error rate",
-			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
-	} else {
-		set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
-		if fe := r.fencing; fe != nil {
-			policy := "deploy/base's " + audit.FencingPolicy + " admission policy, which refuses a shard write by a pod not holding the shard's Lease"
-			if !fe.enforced {
-				policy = "the " + audit.FencingPolicy + " admission policy NOT bound (--no-fencing): the API server refuses no late write"
-			}
-			set("replica identity", "sharded replicas: a token of deploy/base's ServiceAccount bound to a Pod object of the replica's name (created, never run), deploy/base's RBAC, "+
-				policy+"; sharding off and the plain controller: the load tester's admin credentials")
-		}
-		set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
-	}
+	set("load", r.loadSetting())
+	r.replicaSettings(set)
 	set("API server write ceiling (calibration)", ceilingText(r.calibration))
 	switch {
 	case r.apiAuditLog == "":
@@ -733,31 +720,10 @@ func (r *run) newReport(ctx context.Context) *Report {
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}
-	if r.sc.faults && r.pods != nil {
-		kinds := map[faultKind]string{
-			faultForceDelete:      "forced pod deletion (grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go; the StatefulSet recreates the pod at once)",
-			faultDelete:           "pod deletion with its grace period (the StatefulSet recreates the pod at once)",
-			faultDelay:            fmt.Sprintf("delay (what the pod sends to the API server dropped for %s in its network namespace, then sent again by TCP: %s)", o.DelayFor, o.NodeFaults),
-			faultPartition:        fmt.Sprintf("partition (the pod's veth down for %s, then up: %s)", o.DelayFor, o.NodeFaults),
-			faultAPIServerRestart: fmt.Sprintf("API server restart (SIGTERM, then the same command line: %s)", o.NodeFaults),
-		}
+	if r.sc.faults {
 		var rotation []string
 		for _, k := range r.chaos {
-			rotation = append(rotation, kinds[k])
-		}
-		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
-	} else if r.sc.faults {
-		kinds := map[faultKind]string{
-			faultKill:             fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
-			faultPause:            fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
-			faultClock:            fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
-			faultDelay:            fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
-			faultPartition:        fmt.Sprintf("partition (both ways of its connection to the API server held for %s by the proxy, then delivered)", o.DelayFor),
-			faultAPIServerRestart: "API server restart (SIGTERM, then the same command line, port and certificates)",
-		}
-		var rotation []string
-		for _, k := range r.chaos {
-			rotation = append(rotation, kinds[k])
+			rotation = append(rotation, r.faultText(k))
 		}
 		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
 	}
@@ -769,7 +735,66 @@ func (r *run) newReport(ctx context.Context) *Report {
 	} else {
 		set("memory limit", memorySetting(o))
 	}
-	return rep
+	return out
+}
+
+// loadSetting says what load the run put on the replicas.
+func (r *run) loadSetting() string {
+	o := r.opts
+	switch {
+	case r.sc.name == "capacity":
+		return fmt.Sprintf("creates at %g/s; spec updates to random objects in windows of %s, the first fleet's first at %g/s (--update-rate × objects), a later fleet's first at %.1f × its replicas × the first fleet's capacity per replica", o.CreateRate, o.Duration, o.UpdateRate*float64(o.Objects), capacityStartShare)
+	case r.sc.noLoad:
+		return fmt.Sprintf("creates at %g/s; no continuous updates: the scenario's storms are the load", o.CreateRate)
+	}
+	return fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, float64(o.Objects)*o.UpdateRate, o.Duration)
+}
+
+// replicaSettings say what the replicas and the config center were: a
+// StatefulSet's pods and the cluster's config center, or the load
+// tester's processes with its identity for each.
+func (r *run) replicaSettings(set func(k, v string)) {
+	o := r.opts
+	if t := r.pods; t != nil {
+		set("replicas", fmt.Sprintf("%d pods of StatefulSet %s/%s (image %s, ring %s), scaled and deleted through the API server; "+
+			"audit records from the container logs, metrics over HTTPS with the load tester's ServiceAccount token", o.Replicas, t.namespace, t.name, t.image, t.ring))
+		set("config center", fmt.Sprintf("the cluster's (Service %s/%s at %s), seeded and given its faults through its admin API: %d-byte values, %s latency + up to %s jitter, %g error rate",
+			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+		return
+	}
+	set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
+	if fe := r.fencing; fe != nil {
+		policy := "deploy/base's " + audit.FencingPolicy + " admission policy, which refuses a shard write by a pod not holding the shard's Lease"
+		if !fe.enforced {
+			policy = "the " + audit.FencingPolicy + " admission policy NOT bound (--no-fencing): the API server refuses no late write"
+		}
+		set("replica identity", "sharded replicas: a token of deploy/base's ServiceAccount bound to a Pod object of the replica's name (created, never run), deploy/base's RBAC, "+
+			policy+"; sharding off and the plain controller: the load tester's admin credentials")
+	}
+	set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+}
+
+// faultText says what a fault of the kind does, on pods or on the load
+// tester's processes.
+func (r *run) faultText(k faultKind) string {
+	o := r.opts
+	if r.pods != nil {
+		return map[faultKind]string{
+			faultForceDelete:      "forced pod deletion (grace 0, as kubectl delete pod --grace-period=0 --force: the kubelet still sends SIGTERM with 2 s to go; the StatefulSet recreates the pod at once)",
+			faultDelete:           "pod deletion with its grace period (the StatefulSet recreates the pod at once)",
+			faultDelay:            fmt.Sprintf("delay (what the pod sends to the API server dropped for %s in its network namespace, then sent again by TCP: %s)", o.DelayFor, o.NodeFaults),
+			faultPartition:        fmt.Sprintf("partition (the pod's veth down for %s, then up: %s)", o.DelayFor, o.NodeFaults),
+			faultAPIServerRestart: fmt.Sprintf("API server restart (SIGTERM, then the same command line: %s)", o.NodeFaults),
+		}[k]
+	}
+	return map[faultKind]string{
+		faultKill:             fmt.Sprintf("kill (SIGKILL, restarted after %s)", o.RestartDelay),
+		faultPause:            fmt.Sprintf("pause (SIGSTOP for %s, then SIGCONT)", o.PauseFor),
+		faultClock:            fmt.Sprintf("clock offset (SIGTERM, restarted with --lease-clock-offset %s, then %s, in turn, kept until another fault restarts it)", signed(o.ClockOffset), signed(-o.ClockOffset)),
+		faultDelay:            fmt.Sprintf("delay (what it sends to the API server held for %s by a proxy on its connection, then delivered)", o.DelayFor),
+		faultPartition:        fmt.Sprintf("partition (both ways of its connection to the API server held for %s by the proxy, then delivered)", o.DelayFor),
+		faultAPIServerRestart: "API server restart (SIGTERM, then the same command line, port and certificates)",
+	}[k]
 }
 
 // memorySetting says what --memory-limit the replicas got.
@@ -824,84 +849,26 @@ func cpuModel() string {
 func (r *run) finish(runErr error) {
 	rep := r.report
 	rep.Wall = time.Since(rep.Started)
-	r.mu.Lock()
-	r.mu.Unlock()
 	rep.Machine.LoadMean, rep.Machine.LoadMax = r.loadBetween(r.begin, time.Now())
+	updates := &histogram{}
+	sharded := false
 	for _, f := range r.fleets {
 		if f.result != nil {
 			rep.Fleets = append(rep.Fleets, f.result)
 		}
-	}
-	var fromTo [][2]time.Time
-	for _, f := range r.fleets {
-		from, to := f.loadFrom, f.loadTo
-		if !from.IsZero() {
-			fromTo = append(fromTo, [2]time.Time{from, to})
+		if !f.loadFrom.IsZero() {
+			updates.Merge(r.tracker.latencies(f.loadFrom, f.loadTo, writeUpdate))
 		}
+		sharded = sharded || f.mode.Sharded()
 	}
-	updates, creates := &histogram{}, &histogram{}
-	for _, w := range fromTo {
-		updates.Merge(r.tracker.latencies(w[0], w[1], writeUpdate))
-	}
-	creates.Merge(r.tracker.latencies(r.begin, time.Now(), writeCreate))
+	creates := r.tracker.latencies(r.begin, time.Now(), writeCreate)
 	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
 
 	// 1. Writes outside a tenure, from the API server's audit log; 2.
 	// overlapping reconciles, from every replica process's audit log.
-	var files []auditFile
-	var plain, single []string
-	pauses := map[string][]window{}
-	sharded := false
-	for _, f := range r.fleets {
-		files = append(files, f.auditFiles()...)
-		sharded = sharded || f.mode.Sharded()
-		switch {
-		case f.mode.Plain:
-			plain = append(plain, f.label())
-		case !f.mode.Sharded():
-			single = append(single, f.label())
-		}
-		for id, ws := range f.pauseWindows() {
-			pauses[id] = append(pauses[id], ws...)
-		}
-	}
-	// A plain fleet has no audit log, so its reconciles are not checked;
-	// one active replica holds no shard Lease, so its writes are not.
-	notAudited, notChecked := "", ""
-	if len(plain) > 0 {
-		notAudited = fmt.Sprintf("; not checked for %s: no kshard code, no audit log (one active replica)", strings.Join(plain, ", "))
-	}
-	if unsharded := append(single, plain...); len(unsharded) > 0 {
-		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
-	}
-	if !sharded {
-		na := "no sharded fleet (one active replica)"
-		rep.Checks = append(rep.Checks, notApplicableCheck(checkWrites, na+notChecked), notApplicableCheck(checkReconciles, na+notAudited))
-	} else {
-		rep.Writes = writeEvidence(r.evidence())
-		rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
-		if c, ok := rep.Writes.relistCheck(); ok {
-			rep.Checks = append(rep.Checks, c)
-		}
-		for _, d := range rep.Writes.Delays {
-			rep.Findings = append(rep.Findings, d.String())
-		}
-		if data, err := readAudit(files, time.Now()); err != nil {
-			rep.Checks = append(rep.Checks, noDataCheck(checkReconciles, err.Error()+notAudited))
-		} else {
-			rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
-			for _, f := range r.fleets {
-				if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
-					f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
-				}
-			}
-			rep.Checks = append(rep.Checks, rep.Audit.reconcileCheck(notAudited))
-		}
-	}
-
+	r.auditChecks(sharded)
 	// 3. Every object's latest generation Ready after the final settle.
 	rep.Checks = append(rep.Checks, readyCheck(r.tracker.notReady()))
-
 	// 4. No shard unowned beyond lease duration + retry period.
 	bound := r.opts.LeaseDuration + r.opts.RetryPeriod
 	if !sharded {
@@ -912,10 +879,8 @@ func (r *run) finish(runErr error) {
 		r.mu.Unlock()
 		rep.Checks = append(rep.Checks, unownedCheck(r.ring.unownedIntervals(), r.ring.guardedTicks(), bound, r.begin, outages))
 	}
-
 	// 5. Every event settled.
 	rep.Checks = append(rep.Checks, eventsCheck(rep.Events, r.opts.SettleTimeout))
-
 	// 6. No replica's resident memory beyond its memory limit; on pods, no
 	// container restarted or OOM-killed.
 	var restarts *containerRestarts
@@ -932,6 +897,70 @@ func (r *run) finish(runErr error) {
 	if runErr != nil {
 		rep.Error = runErr.Error()
 	}
+	r.addNotes()
+	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
+}
+
+// auditChecks add the checks from the audit logs: no write outside its
+// writer's tenure (the API server's), no overlapping reconciles (every
+// replica process's). A plain fleet has no audit log, so its reconciles
+// are not checked; one active replica holds no shard Lease, so its writes
+// are not.
+func (r *run) auditChecks(sharded bool) {
+	rep := r.report
+	var files []auditFile
+	var plain, single []string
+	pauses := map[string][]window{}
+	for _, f := range r.fleets {
+		files = append(files, f.auditFiles()...)
+		switch {
+		case f.mode.Plain:
+			plain = append(plain, f.label())
+		case !f.mode.Sharded():
+			single = append(single, f.label())
+		}
+		for id, ws := range f.pauseWindows() {
+			pauses[id] = append(pauses[id], ws...)
+		}
+	}
+	notAudited, notChecked := "", ""
+	if len(plain) > 0 {
+		notAudited = fmt.Sprintf("; not checked for %s: no kshard code, no audit log (one active replica)", strings.Join(plain, ", "))
+	}
+	if unsharded := append(single, plain...); len(unsharded) > 0 {
+		notChecked = fmt.Sprintf("; not checked for %s: one active replica, no shard Lease", strings.Join(unsharded, ", "))
+	}
+	if !sharded {
+		na := "no sharded fleet (one active replica)"
+		rep.Checks = append(rep.Checks, notApplicableCheck(checkWrites, na+notChecked), notApplicableCheck(checkReconciles, na+notAudited))
+		return
+	}
+	rep.Writes = writeEvidence(r.evidence())
+	rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
+	if c, ok := rep.Writes.relistCheck(); ok {
+		rep.Checks = append(rep.Checks, c)
+	}
+	for _, d := range rep.Writes.Delays {
+		rep.Findings = append(rep.Findings, d.String())
+	}
+	data, err := readAudit(files, time.Now())
+	if err != nil {
+		rep.Checks = append(rep.Checks, noDataCheck(checkReconciles, err.Error()+notAudited))
+		return
+	}
+	rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
+	for _, f := range r.fleets {
+		if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
+			f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
+		}
+	}
+	rep.Checks = append(rep.Checks, rep.Audit.reconcileCheck(notAudited))
+}
+
+// addNotes notes what makes some of the report's figures partial: the
+// load tester's own failed writes, an API server restart during a fleet.
+func (r *run) addNotes() {
+	rep := r.report
 	st := &r.gen.stats
 	if e := st.errors.Load(); e > 0 {
 		last, _ := st.lastErr.Load().(string)
@@ -942,7 +971,6 @@ func (r *run) finish(runErr error) {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("The API server restarted while %s ran: its counters started over, so the fleet's counts from its /metrics (syncs, objects scanned, bytes, writes) are given as no data.", f.label()))
 		}
 	}
-	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }
 
 // readyCheck passes when every object tracked is Ready at its latest
