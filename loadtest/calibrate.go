@@ -115,50 +115,16 @@ func (r *run) calibrate(ctx context.Context) (*Calibration, error) {
 // calibrationPatches creates the throwaway objects and patches their status
 // for cal.Duration, filling in cal.
 func calibrationPatches(ctx context.Context, c client.Client, cal *Calibration) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: calibrationNamespace}}
-	if err := c.Create(ctx, ns); err != nil {
-		if !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating namespace %s: %w", calibrationNamespace, err)
-		}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
-			return fmt.Errorf("reading namespace %s: %w", calibrationNamespace, err)
-		}
-		if ns.DeletionTimestamp != nil {
-			return fmt.Errorf("namespace %s is being deleted (a previous run's?); wait until it is gone", calibrationNamespace)
-		}
-	}
-	names := make([]string, cal.Objects)
-	var wg sync.WaitGroup
-	errs := make([]error, calibrationWorkers)
-	for w := range calibrationWorkers {
-		wg.Go(func() {
-			for i := w; i < cal.Objects; i += calibrationWorkers {
-				names[i] = fmt.Sprintf("calibration-%03d", i)
-				cb := &configv1alpha1.ConfigBinding{
-					ObjectMeta: metav1.ObjectMeta{Namespace: calibrationNamespace, Name: names[i]},
-					Spec: configv1alpha1.ConfigBindingSpec{
-						Domain: "calibration",
-						Keys:   []configv1alpha1.ConfigKey{"key-0"},
-						Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: names[i]},
-					},
-				}
-				if err := c.Create(ctx, cb); err != nil && !apierrors.IsAlreadyExists(err) {
-					errs[w] = fmt.Errorf("creating ConfigBinding %s/%s: %w", calibrationNamespace, names[i], err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	names, err := createCalibrationObjects(ctx, c, cal.Objects)
+	if err != nil {
 		return err
 	}
-
 	var patches, failures atomic.Int64
 	var lastErr atomic.Value
 	hists := make([]histogram, calibrationWorkers)
 	start := time.Now()
 	deadline := start.Add(cal.Duration)
+	var wg sync.WaitGroup
 	for w := range calibrationWorkers {
 		wg.Go(func() {
 			for k := int64(1); time.Now().Before(deadline) && ctx.Err() == nil; k++ {
@@ -201,6 +167,47 @@ func calibrationPatches(ctx context.Context, c client.Client, cal *Calibration) 
 		return fmt.Errorf("no status patch succeeded in %s (%d failed; the last: %s)", cal.Duration, cal.Errors, last)
 	}
 	return nil
+}
+
+// createCalibrationObjects creates the calibration's namespace and its n
+// throwaway ConfigBindings, and returns their names.
+func createCalibrationObjects(ctx context.Context, c client.Client, n int) ([]string, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: calibrationNamespace}}
+	if err := c.Create(ctx, ns); err != nil {
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating namespace %s: %w", calibrationNamespace, err)
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ns), ns); err != nil {
+			return nil, fmt.Errorf("reading namespace %s: %w", calibrationNamespace, err)
+		}
+		if ns.DeletionTimestamp != nil {
+			return nil, fmt.Errorf("namespace %s is being deleted (a previous run's?); wait until it is gone", calibrationNamespace)
+		}
+	}
+	names := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make([]error, calibrationWorkers)
+	for w := range calibrationWorkers {
+		wg.Go(func() {
+			for i := w; i < n; i += calibrationWorkers {
+				names[i] = fmt.Sprintf("calibration-%03d", i)
+				cb := &configv1alpha1.ConfigBinding{
+					ObjectMeta: metav1.ObjectMeta{Namespace: calibrationNamespace, Name: names[i]},
+					Spec: configv1alpha1.ConfigBindingSpec{
+						Domain: "calibration",
+						Keys:   []configv1alpha1.ConfigKey{"key-0"},
+						Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: names[i]},
+					},
+				}
+				if err := c.Create(ctx, cb); err != nil && !apierrors.IsAlreadyExists(err) {
+					errs[w] = fmt.Errorf("creating ConfigBinding %s/%s: %w", calibrationNamespace, names[i], err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return names, errors.Join(errs...)
 }
 
 // calibrationStatus is the k-th status patch of a worker: a Ready condition

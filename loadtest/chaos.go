@@ -246,87 +246,20 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 	// The relist window of an API server restart ends before the next
 	// fault, whose recovery may sync caches of its own.
 	r.closeRestartWindow(ctx)
-	o := r.opts
 	switch ft.kind {
 	case faultForceDelete, faultDelete:
-		// A forced deletion returns at once, a graceful one when the
-		// container ended.
-		deletePod, verb, event := f.kill, "force-delete", "forced deletion of pod %s (grace 0)"
-		if ft.kind == faultDelete {
-			deletePod, verb, event = f.terminate, "delete", "deletion of pod %s (its grace period)"
-		}
-		r.mark("%s pod %s", verb, s.id)
-		at, err := deletePod(ctx, s)
-		if err == nil {
-			err = f.restart(ctx, s, 0)
-		}
-		if err != nil {
-			return err
-		}
-		r.handover(ctx, f, fmt.Sprintf(event+", recreated by the StatefulSet", s.id), at)
-		return nil
+		return r.deletePod(ctx, f, s, ft.kind == faultForceDelete)
 	case faultKill:
-		r.mark("SIGKILL %s", s.id)
-		at, err := f.kill(ctx, s)
-		if err != nil {
-			return err
-		}
-		if err := sleep(ctx, o.RestartDelay); err != nil {
-			return err
-		}
-		// A restart by another fault ends a clock offset.
-		r.mark("restart %s", s.id)
-		if err := f.restart(ctx, s, 0); err != nil {
-			return err
-		}
-		r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, o.RestartDelay), at)
-		return nil
+		return r.killAndRestart(ctx, f, s)
 	case faultPause:
-		r.mark("SIGSTOP %s", s.id)
-		at, err := f.pause(s)
-		if err == nil {
-			err = sleep(ctx, o.PauseFor)
-		}
-		// Resumed on every way out: a stopped child would not stop. It
-		// keeps running, labeler or not: sharding's own labeler election
-		// stops only the labeling when it is lost, so an exit fails the run.
-		r.mark("SIGCONT %s", s.id)
-		if rerr := f.resume(s); err == nil {
-			err = rerr
-		}
-		if err != nil {
-			return err
-		}
-		r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, o.PauseFor), at)
-		return nil
-	case faultDelay:
+		return r.pauseAndResume(ctx, f, s)
+	case faultDelay, faultPartition:
 		if r.pods != nil {
-			return r.podNetworkFault(ctx, f, s, faultDelay)
+			return r.podNetworkFault(ctx, f, s, ft.kind)
 		}
-		return r.holdRequests(ctx, f, s, faultDelay)
+		return r.holdRequests(ctx, f, s, ft.kind)
 	case faultAPIServerRestart:
-		if r.restartAPIServer == nil {
-			return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
-		}
-		r.mark("restart the API server")
-		// Leases read directly until the fleet settled: the ring watch's
-		// own reconnection lags the replicas'.
-		stopPoll := r.ring.poll(ctx)
-		defer stopPoll()
-		at := time.Now()
-		if err := r.restartAPIServer(ctx); err != nil {
-			return err
-		}
-		ready := time.Now()
-		r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(ready.Sub(at))), at)
-		stopPoll()
-		r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
-		return nil
-	case faultPartition:
-		if r.pods != nil {
-			return r.podNetworkFault(ctx, f, s, faultPartition)
-		}
-		return r.holdRequests(ctx, f, s, faultPartition)
+		return r.restartAPIServerFault(ctx, f)
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(ctx, s)
@@ -341,6 +274,90 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 		return nil
 	}
 	return fmt.Errorf("unknown fault %d", ft.kind)
+}
+
+// deletePod deletes the replica's pod, forced (grace 0) or with its grace
+// period, and waits for the StatefulSet's new one. A forced deletion
+// returns at once, a graceful one when the container ended.
+func (r *run) deletePod(ctx context.Context, f *fleet, s *slot, force bool) error {
+	deletePod, verb, event := f.terminate, "delete", "deletion of pod %s (its grace period)"
+	if force {
+		deletePod, verb, event = f.kill, "force-delete", "forced deletion of pod %s (grace 0)"
+	}
+	r.mark("%s pod %s", verb, s.id)
+	at, err := deletePod(ctx, s)
+	if err == nil {
+		err = f.restart(ctx, s, 0)
+	}
+	if err != nil {
+		return err
+	}
+	r.handover(ctx, f, fmt.Sprintf(event+", recreated by the StatefulSet", s.id), at)
+	return nil
+}
+
+// killAndRestart crashes the replica (SIGKILL) and starts it again after
+// the restart delay.
+func (r *run) killAndRestart(ctx context.Context, f *fleet, s *slot) error {
+	r.mark("SIGKILL %s", s.id)
+	at, err := f.kill(ctx, s)
+	if err != nil {
+		return err
+	}
+	if err := sleep(ctx, r.opts.RestartDelay); err != nil {
+		return err
+	}
+	// A restart by another fault ends a clock offset.
+	r.mark("restart %s", s.id)
+	if err := f.restart(ctx, s, 0); err != nil {
+		return err
+	}
+	r.handover(ctx, f, fmt.Sprintf("crash of %s, restarted after %s", s.id, r.opts.RestartDelay), at)
+	return nil
+}
+
+// pauseAndResume stops the replica (SIGSTOP) for PauseFor, then continues
+// it.
+func (r *run) pauseAndResume(ctx context.Context, f *fleet, s *slot) error {
+	r.mark("SIGSTOP %s", s.id)
+	at, err := f.pause(s)
+	if err == nil {
+		err = sleep(ctx, r.opts.PauseFor)
+	}
+	// Resumed on every way out: a stopped child would not stop. It keeps
+	// running, labeler or not: sharding's own labeler election stops only
+	// the labeling when it is lost, so an exit fails the run.
+	r.mark("SIGCONT %s", s.id)
+	if rerr := f.resume(s); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+	r.handover(ctx, f, fmt.Sprintf("pause of %s (SIGSTOP for %s, then SIGCONT)", s.id, r.opts.PauseFor), at)
+	return nil
+}
+
+// restartAPIServerFault restarts the API server the load tester started
+// and waits for the fleet to settle, reading Leases directly meanwhile.
+func (r *run) restartAPIServerFault(ctx context.Context, f *fleet) error {
+	if r.restartAPIServer == nil {
+		return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
+	}
+	r.mark("restart the API server")
+	// Leases read directly until the fleet settled: the ring watch's own
+	// reconnection lags the replicas'.
+	stopPoll := r.ring.poll(ctx)
+	defer stopPoll()
+	at := time.Now()
+	if err := r.restartAPIServer(ctx); err != nil {
+		return err
+	}
+	ready := time.Now()
+	r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(ready.Sub(at))), at)
+	stopPoll()
+	r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
+	return nil
 }
 
 // faultsFinding says which faults ran, so a report shows whether each kind

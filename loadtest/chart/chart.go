@@ -75,68 +75,111 @@ func (c *Chart) Write(w io.Writer) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	width, height := c.Width, c.Height
-	if width == 0 {
-		width = 900
+	cv, err := c.layout(w)
+	if err != nil {
+		return err
 	}
-	if height == 0 {
-		height = 360
+	cv.p(`<?xml version="1.0" encoding="UTF-8"?>` + "\n")
+	cv.p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="%s" font-size="12">`+"\n",
+		cv.width, cv.height, cv.width, cv.height, fontFamily)
+	cv.p(`<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", cv.width, cv.height)
+	cv.p(`<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", marginLeft, esc(c.Title))
+	cv.axes(c.XLabel, c.YLabel)
+	cv.markers(c.Markers) // below the lines
+	cv.series(c.Series)
+	// A chart with nothing to draw says so: an empty plot, or a lone zero
+	// axis, would read as a measured flat line.
+	if !c.hasPoints() {
+		cv.p(`<text x="%s" y="%s" text-anchor="middle" font-size="15" fill="#555">no data</text>`+"\n", f(marginLeft+cv.plotW/2), f(marginTop+cv.plotH/2))
 	}
-	plotW := float64(width - marginLeft - marginRight)
-	plotH := float64(height - marginTop - marginBottom)
-	if plotW <= 0 || plotH <= 0 {
-		return fmt.Errorf("chart %q: %d×%d pixels leaves no room for the plot", c.Title, width, height)
-	}
+	cv.legend(c.Series)
+	cv.p("</svg>\n")
+	return cv.b.Flush()
+}
 
+// canvas is a chart being drawn: the SVG's size, the plot's, the data
+// range it spans and the round ticks on its axes.
+type canvas struct {
+	b                      *bufio.Writer
+	width, height          int
+	plotW, plotH           float64
+	xmin, xmax, ymin, ymax float64
+	xt, yt                 []float64
+}
+
+// layout sizes the chart and fits its axes to the data, widened to round
+// ticks.
+func (c *Chart) layout(w io.Writer) (*canvas, error) {
+	cv := &canvas{b: bufio.NewWriter(w), width: c.Width, height: c.Height}
+	if cv.width == 0 {
+		cv.width = 900
+	}
+	if cv.height == 0 {
+		cv.height = 360
+	}
+	cv.plotW = float64(cv.width - marginLeft - marginRight)
+	cv.plotH = float64(cv.height - marginTop - marginBottom)
+	if cv.plotW <= 0 || cv.plotH <= 0 {
+		return nil, fmt.Errorf("chart %q: %d×%d pixels leaves no room for the plot", c.Title, cv.width, cv.height)
+	}
 	xmin, xmax, ymin, ymax := c.bounds()
-	xt := ticks(xmin, xmax, 8)
-	yt := ticks(ymin, ymax, 6)
-	xmin, xmax = math.Min(xmin, xt[0]), math.Max(xmax, xt[len(xt)-1])
-	ymin, ymax = math.Min(ymin, yt[0]), math.Max(ymax, yt[len(yt)-1])
-	px := func(x float64) float64 { return marginLeft + (x-xmin)/(xmax-xmin)*plotW }
-	py := func(y float64) float64 { return marginTop + plotH - (y-ymin)/(ymax-ymin)*plotH }
+	cv.xt, cv.yt = ticks(xmin, xmax, 8), ticks(ymin, ymax, 6)
+	cv.xmin, cv.xmax = math.Min(xmin, cv.xt[0]), math.Max(xmax, cv.xt[len(cv.xt)-1])
+	cv.ymin, cv.ymax = math.Min(ymin, cv.yt[0]), math.Max(ymax, cv.yt[len(cv.yt)-1])
+	return cv, nil
+}
 
-	b := bufio.NewWriter(w)
-	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	p(`<?xml version="1.0" encoding="UTF-8"?>` + "\n")
-	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="%s" font-size="12">`+"\n",
-		width, height, width, height, fontFamily)
-	p(`<rect x="0" y="0" width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	p(`<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", marginLeft, esc(c.Title))
+func (cv *canvas) p(format string, args ...any) { fmt.Fprintf(cv.b, format, args...) }
 
-	// Grid and tick labels.
-	for _, v := range yt {
-		y := py(v)
-		p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>`+"\n", f(marginLeft), f(y), f(marginLeft+plotW), f(y))
-		p(`<text x="%s" y="%s" text-anchor="end" dy="4">%s</text>`+"\n", f(marginLeft-6), f(y), esc(label(v)))
+// px and py are a data point's pixel coordinates.
+func (cv *canvas) px(x float64) float64 {
+	return marginLeft + (x-cv.xmin)/(cv.xmax-cv.xmin)*cv.plotW
+}
+
+func (cv *canvas) py(y float64) float64 {
+	return marginTop + cv.plotH - (y-cv.ymin)/(cv.ymax-cv.ymin)*cv.plotH
+}
+
+// axes draws the grid, the tick labels, the plot's frame and the axis
+// labels.
+func (cv *canvas) axes(xLabel, yLabel string) {
+	for _, v := range cv.yt {
+		y := cv.py(v)
+		cv.p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>`+"\n", f(marginLeft), f(y), f(marginLeft+cv.plotW), f(y))
+		cv.p(`<text x="%s" y="%s" text-anchor="end" dy="4">%s</text>`+"\n", f(marginLeft-6), f(y), esc(label(v)))
 	}
-	for _, v := range xt {
-		x := px(v)
-		p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>`+"\n", f(x), f(marginTop), f(x), f(marginTop+plotH))
-		p(`<text x="%s" y="%s" text-anchor="middle">%s</text>`+"\n", f(x), f(marginTop+plotH+16), esc(label(v)))
+	for _, v := range cv.xt {
+		x := cv.px(v)
+		cv.p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>`+"\n", f(x), f(marginTop), f(x), f(marginTop+cv.plotH))
+		cv.p(`<text x="%s" y="%s" text-anchor="middle">%s</text>`+"\n", f(x), f(marginTop+cv.plotH+16), esc(label(v)))
 	}
-	p(`<rect x="%d" y="%d" width="%s" height="%s" fill="none" stroke="#444"/>`+"\n", marginLeft, marginTop, f(plotW), f(plotH))
-	p(`<text x="%s" y="%d" text-anchor="middle">%s</text>`+"\n", f(marginLeft+plotW/2), height-10, esc(c.XLabel))
-	p(`<text x="16" y="%s" text-anchor="middle" transform="rotate(-90 16 %s)">%s</text>`+"\n", f(marginTop+plotH/2), f(marginTop+plotH/2), esc(c.YLabel))
+	cv.p(`<rect x="%d" y="%d" width="%s" height="%s" fill="none" stroke="#444"/>`+"\n", marginLeft, marginTop, f(cv.plotW), f(cv.plotH))
+	cv.p(`<text x="%s" y="%d" text-anchor="middle">%s</text>`+"\n", f(marginLeft+cv.plotW/2), cv.height-10, esc(xLabel))
+	cv.p(`<text x="16" y="%s" text-anchor="middle" transform="rotate(-90 16 %s)">%s</text>`+"\n", f(marginTop+cv.plotH/2), f(marginTop+cv.plotH/2), esc(yLabel))
+}
 
-	// Markers, below the lines.
-	for i, m := range c.Markers {
-		x := px(m.X)
-		p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#888" stroke-dasharray="4 3"/>`+"\n", f(x), f(marginTop), f(x), f(marginTop+plotH))
+// markers draws each marker as a dashed vertical line with its label.
+func (cv *canvas) markers(ms []Marker) {
+	for i, m := range ms {
+		x := cv.px(m.X)
+		cv.p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#888" stroke-dasharray="4 3"/>`+"\n", f(x), f(marginTop), f(x), f(marginTop+cv.plotH))
 		// Stagger label heights so neighbouring markers stay readable.
 		ly := marginTop + 12 + float64(i%4)*12
-		p(`<text x="%s" y="%s" font-size="10" fill="#555">%s</text>`+"\n", f(x+3), f(ly), esc(m.Label))
+		cv.p(`<text x="%s" y="%s" font-size="10" fill="#555">%s</text>`+"\n", f(x+3), f(ly), esc(m.Label))
 	}
+}
 
-	// Series.
-	for i, s := range c.Series {
+// series draws each series with points as a path (steps for a step
+// series), a lone point as a dot too.
+func (cv *canvas) series(ss []Series) {
+	for i, s := range ss {
 		color := palette[i%len(palette)]
 		if len(s.Points) == 0 {
 			continue
 		}
 		var d strings.Builder
 		for j, pt := range s.Points {
-			x, y := px(pt.X), py(pt.Y)
+			x, y := cv.px(pt.X), cv.py(pt.Y)
 			switch {
 			case j == 0:
 				fmt.Fprintf(&d, "M%s %s", f(x), f(y))
@@ -146,27 +189,21 @@ func (c *Chart) Write(w io.Writer) error {
 				fmt.Fprintf(&d, " L%s %s", f(x), f(y))
 			}
 		}
-		p(`<path d="%s" fill="none" stroke="%s" stroke-width="1.6"><title>%s</title></path>`+"\n", d.String(), color, esc(s.Name))
+		cv.p(`<path d="%s" fill="none" stroke="%s" stroke-width="1.6"><title>%s</title></path>`+"\n", d.String(), color, esc(s.Name))
 		if len(s.Points) == 1 {
-			p(`<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`+"\n", f(px(s.Points[0].X)), f(py(s.Points[0].Y)), color)
+			cv.p(`<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`+"\n", f(cv.px(s.Points[0].X)), f(cv.py(s.Points[0].Y)), color)
 		}
 	}
+}
 
-	// A chart with nothing to draw says so: an empty plot, or a lone zero
-	// axis, would read as a measured flat line.
-	if !c.hasPoints() {
-		p(`<text x="%s" y="%s" text-anchor="middle" font-size="15" fill="#555">no data</text>`+"\n", f(marginLeft+plotW/2), f(marginTop+plotH/2))
-	}
-
-	// Legend.
-	lx := float64(width-marginRight) + 14
-	for i, s := range c.Series {
+// legend names every series, with its colour, right of the plot.
+func (cv *canvas) legend(ss []Series) {
+	lx := float64(cv.width-marginRight) + 14
+	for i, s := range ss {
 		y := float64(marginTop) + 8 + float64(i)*20
-		p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="3"/>`+"\n", f(lx), f(y), f(lx+18), f(y), palette[i%len(palette)])
-		p(`<text x="%s" y="%s" dy="4">%s</text>`+"\n", f(lx+24), f(y), esc(s.Name))
+		cv.p(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="3"/>`+"\n", f(lx), f(y), f(lx+18), f(y), palette[i%len(palette)])
+		cv.p(`<text x="%s" y="%s" dy="4">%s</text>`+"\n", f(lx+24), f(y), esc(s.Name))
 	}
-	p("</svg>\n")
-	return b.Flush()
 }
 
 // hasPoints says whether any series has a point.
