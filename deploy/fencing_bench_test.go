@@ -18,6 +18,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // reportLatency runs op b.N times and reports the percentiles of its
@@ -52,12 +53,12 @@ func BenchmarkShardWritesPolicy(b *testing.B) {
 	ctx := context.Background()
 	c := adminClient(b)
 	ns := installBase(ctx, b, c)
-	holder := sharding.HolderIdentity("kshard-0", "bench")
+	holder := lease.Holder("kshard-0", "bench")
 	now := metav1.NewMicroTime(time.Now())
 	for n := range int32(64) {
 		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sharding.ShardLeaseName("kshard", n),
-				Labels: map[string]string{sharding.LabelRing: "kshard", sharding.LabelLeaseKind: sharding.LeaseKindShard}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.ShardName("kshard", n),
+				Labels: map[string]string{sharding.LabelRing: "kshard", sharding.LabelLeaseKind: lease.KindShard}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](3600), AcquireTime: &now, RenewTime: &now},
 		}
 		if err := c.Create(ctx, l); err != nil {
@@ -126,7 +127,7 @@ func BenchmarkShardWritesPolicy(b *testing.B) {
 			PolicyName:        audit.FencingPolicy + "-" + ns,
 			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
 			ParamRef: &admissionregistrationv1.ParamRef{Namespace: ns, ParameterNotFoundAction: ptr.To(admissionregistrationv1.AllowAction),
-				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{sharding.LabelRing: "kshard", sharding.LabelLeaseKind: sharding.LeaseKindShard}}},
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{sharding.LabelRing: "kshard", sharding.LabelLeaseKind: lease.KindShard}}},
 		},
 	}
 	// Alternate the three, so that a machine that gets busier or quieter

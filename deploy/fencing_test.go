@@ -28,6 +28,7 @@ import (
 	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Lease timing of the fencing test's replicas, and the delay on the wire:
@@ -259,13 +260,13 @@ func createBindings(ctx context.Context, t testing.TB, c client.Client, ns strin
 func shardsHeld(ctx context.Context, t *testing.T, c client.Client, ns string) map[string]map[int32]bool {
 	t.Helper()
 	var leases coordinationv1.LeaseList
-	if err := c.List(ctx, &leases, client.InNamespace(ns), client.MatchingLabels{sharding.LabelLeaseKind: sharding.LeaseKindShard}); err != nil {
+	if err := c.List(ctx, &leases, client.InNamespace(ns), client.MatchingLabels{sharding.LabelLeaseKind: lease.KindShard}); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]map[int32]bool{}
 	for _, l := range leases.Items {
-		n, ok := sharding.ParseShardLeaseName("kshard", l.Name, fenceShards)
-		holder := sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, ""))
+		n, ok := lease.ParseShardName("kshard", l.Name, fenceShards)
+		holder := lease.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, ""))
 		if !ok || holder == "" {
 			continue
 		}

@@ -42,7 +42,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // installBase applies the base's ServiceAccount, RBAC and StatefulSet, with
@@ -545,10 +545,10 @@ func TestRBACSufficient(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range leases.Items {
-		if l.Name == sharding.MemberLeaseName("kshard", "kshard-0") {
+		if l.Name == lease.MemberName("kshard", "kshard-0") {
 			t.Errorf("the replica left the ring but its member Lease %s is still there", l.Name)
 		}
-		if h := sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {
+		if h := lease.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")); strings.HasPrefix(l.Name, "kshard-shard-") && h != "" {
 			t.Errorf("shard Lease %s is still held by %q after the replica left", l.Name, h)
 		}
 	}

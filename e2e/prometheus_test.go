@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // The node's Prometheus (deploy/node-prometheus).
@@ -334,13 +335,13 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 	ctx := stepContext(t, 10*time.Minute)
 	const alert, ghost = "KshardUnownedShards", statefulSet + "-9"
 	leases := s.cs.CoordinationV1().Leases(systemNamespace)
-	name := sharding.MemberLeaseName(ring, ghost)
+	name := lease.MemberName(ring, ghost)
 	now := metav1.NewMicroTime(time.Now())
 	member := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: systemNamespace,
-			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindMember},
+			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindMember},
 			Annotations: map[string]string{sharding.AnnotationShards: strconv.Itoa(int(shards))}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(sharding.HolderIdentity(ghost, "e2e")),
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(lease.Holder(ghost, "e2e")),
 			LeaseDurationSeconds: ptr.To(int32(leaseDuration.Seconds())), AcquireTime: &now, RenewTime: &now},
 	}
 	if _, err := leases.Create(ctx, member, metav1.CreateOptions{}); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestRealNode runs the end-to-end checks in order on one installation:
@@ -154,7 +155,7 @@ func testRolloutRestart(t *testing.T, s *suite, rec *recorder) {
 	moved := map[int32]string{}
 	for n, tenures := range rec.tenures() {
 		for _, x := range tenures {
-			if !x.From.Before(since) && sharding.HolderReplica(x.Holder) != before[n] {
+			if !x.From.Before(since) && lease.HolderReplica(x.Holder) != before[n] {
 				moved[n] = x.Holder
 			}
 		}
@@ -239,7 +240,7 @@ func (s *suite) killAndRecover(ctx context.Context, t *testing.T, rec *recorder,
 		x, _ := next(n)
 		gap := x.From.Sub(renewed[n])
 		worst = max(worst, gap)
-		by[sharding.HolderReplica(x.Holder)]++
+		by[lease.HolderReplica(x.Holder)]++
 		// One more retry period allows for the acquirer's scheduling on a
 		// loaded node; the figure is reported against the bound itself.
 		if gap > bound+retryPeriod {

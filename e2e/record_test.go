@@ -18,6 +18,7 @@ import (
 
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // recorder watches the ring's shard Leases and the replica pods for the
@@ -62,7 +63,7 @@ func newRecorder(ctx context.Context, t *testing.T, s *suite) *recorder {
 	r := &recorder{s: s, leases: map[int32]*coordinationv1.Lease{}, history: map[int32][]leaseVersion{}, pods: map[types.UID]*podRecord{}, logs: map[string]*processLog{}}
 	leases := informers.NewSharedInformerFactoryWithOptions(s.cs, 0, informers.WithNamespace(systemNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + sharding.LeaseKindShard
+			o.LabelSelector = sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + lease.KindShard
 		}))
 	_, err := leases.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.lease(obj) },
@@ -98,7 +99,7 @@ func (r *recorder) lease(obj any) {
 	if !ok {
 		return
 	}
-	n, ok := sharding.ParseShardLeaseName(ring, l.Name, shards)
+	n, ok := lease.ParseShardName(ring, l.Name, shards)
 	if !ok {
 		return
 	}
@@ -188,7 +189,7 @@ func (r *recorder) holders(now time.Time) map[int32]string {
 			continue
 		}
 		if now.Before(l.Spec.RenewTime.Add(time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second)) {
-			out[n] = sharding.HolderReplica(holder)
+			out[n] = lease.HolderReplica(holder)
 		}
 	}
 	return out
@@ -271,7 +272,7 @@ func (r *recorder) shardsOf(replica string) []int32 {
 // there is one yet.
 func (r *recorder) tenureAfter(n int32, t time.Time, notBy string) (tenure, bool) {
 	for _, x := range r.tenures()[n] {
-		if x.From.After(t) && (notBy == "" || sharding.HolderReplica(x.Holder) != notBy) {
+		if x.From.After(t) && (notBy == "" || lease.HolderReplica(x.Holder) != notBy) {
 			return x, true
 		}
 	}
@@ -303,15 +304,15 @@ func (r *recorder) handovers(since time.Time) []handoverGap {
 				continue
 			}
 			prev := hist[i-1]
-			g := handoverGap{Shard: n, To: sharding.HolderReplica(v.Holder), At: v.Acquired}
+			g := handoverGap{Shard: n, To: lease.HolderReplica(v.Holder), At: v.Acquired}
 			switch {
 			case prev.Holder == "":
 				g.Released, g.Gap = true, v.Acquired.Sub(prev.Acquired)
 				if i >= 2 {
-					g.From = sharding.HolderReplica(hist[i-2].Holder)
+					g.From = lease.HolderReplica(hist[i-2].Holder)
 				}
 			case prev.Holder != v.Holder:
-				g.From = sharding.HolderReplica(prev.Holder) // taken over: the gap is the crash step's to measure
+				g.From = lease.HolderReplica(prev.Holder) // taken over: the gap is the crash step's to measure
 			default:
 				continue
 			}

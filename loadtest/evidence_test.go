@@ -14,6 +14,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // apiEvent renders one ResponseComplete event of the API server's audit log
@@ -62,7 +63,7 @@ func apiEvent(t *testing.T, resource, ns, name, by string, code, rv int, shard, 
 // fails too.
 func TestWriteCheckFailsOnAPlantedStrayWrite(t *testing.T) {
 	dir := t.TempDir()
-	lease := sharding.ShardLeaseName(Ring, 3)
+	lease := lease.ShardName(Ring, 3)
 	a, b := "kshard-0_a1", "kshard-1_b1"
 	base := []string{
 		apiEvent(t, "leases", LeaseNamespace, lease, a, 200, 10, "", a),

@@ -17,6 +17,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 func TestFaultRotation(t *testing.T) {
@@ -172,8 +173,8 @@ func testProcess(started time.Time, offset time.Duration, running bool) *instanc
 
 func shardLeaseObject(shard int32, holder string, acquire, renew time.Time) *coordinationv1.Lease {
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: sharding.ShardLeaseName(Ring, shard),
-			Labels: map[string]string{sharding.LabelRing: Ring, sharding.LabelLeaseKind: sharding.LeaseKindShard}},
+		ObjectMeta: metav1.ObjectMeta{Name: lease.ShardName(Ring, shard),
+			Labels: map[string]string{sharding.LabelRing: Ring, sharding.LabelLeaseKind: lease.KindShard}},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       ptr.To(holder),
 			LeaseDurationSeconds: ptr.To(int32(15)),

@@ -33,7 +33,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/shardwrites"
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // The load tester's sharded replicas run as deploy/base runs them on a
@@ -282,12 +282,12 @@ func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) erro
 		if err := unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace"); err != nil {
 			return err
 		}
-		lease, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
-		n, ok := sharding.ParseShardLeaseName(baseRing, lease, shards)
+		param, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
+		n, ok := lease.ParseShardName(baseRing, param, shards)
 		if !ok {
-			return fmt.Errorf("its param %q is no shard Lease of ring %s", lease, baseRing)
+			return fmt.Errorf("its param %q is no shard Lease of ring %s", param, baseRing)
 		}
-		return unstructured.SetNestedField(o.Object, sharding.ShardLeaseName(ring, n), "spec", "paramRef", "name")
+		return unstructured.SetNestedField(o.Object, lease.ShardName(ring, n), "spec", "paramRef", "name")
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestFencingObjects: deploy/base builds into the load tester's namespace
@@ -65,8 +66,8 @@ func TestFencingObjects(t *testing.T) {
 			}
 		}
 		for n := range shards {
-			if !params[sharding.ShardLeaseName(Ring, n)] {
-				t.Errorf("no binding takes Lease %s", sharding.ShardLeaseName(Ring, n))
+			if !params[lease.ShardName(Ring, n)] {
+				t.Errorf("no binding takes Lease %s", lease.ShardName(Ring, n))
 			}
 		}
 		if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ValidatingAdmissionPolicyBinding"] != int(shards) || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // The load tester drives replicas it did not start when Options.StatefulSet
@@ -532,7 +533,7 @@ func (t *podTarget) copyLog(c *container, stream io.Reader, out io.Writer, after
 		}
 		after = at
 		if c.holder == "" {
-			if m := holderPattern.FindSubmatch(line); m != nil && sharding.HolderReplica(string(m[1])) == c.pod {
+			if m := holderPattern.FindSubmatch(line); m != nil && lease.HolderReplica(string(m[1])) == c.pod {
 				t.mu.Lock()
 				c.holder = string(m[1])
 				t.byHolder[c.holder] = c

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Where the load tester's replicas coordinate. They differ from the
@@ -195,7 +196,7 @@ func newRingState(ring string, count int32, processOf func(string, time.Time) *i
 // hasIncarnation says whether a holder identity names a process
 // ("<replica>_<incarnation>"), not only a replica.
 func hasIncarnation(holder string) bool {
-	return holder != "" && sharding.HolderReplica(holder) != holder
+	return holder != "" && lease.HolderReplica(holder) != holder
 }
 
 // writer is the process behind a holder identity, nil if unknown. Caller
@@ -212,9 +213,9 @@ func (w *ringWatch) writer(holder string, seen time.Time) *instance {
 			w.writers[holder] = in
 			return in
 		}
-		return w.processOf(sharding.HolderReplica(holder), seen)
+		return w.processOf(lease.HolderReplica(holder), seen)
 	}
-	in := w.processOf(sharding.HolderReplica(holder), seen)
+	in := w.processOf(lease.HolderReplica(holder), seen)
 	if in != nil {
 		w.writers[holder] = in
 	}
@@ -301,7 +302,7 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 	if in := w.writer(wrote, seen); in != nil {
 		offset = in.clockOffset
 	}
-	st := shardLease{holder: sharding.HolderReplica(identity)}
+	st := shardLease{holder: lease.HolderReplica(identity)}
 	if hasIncarnation(identity) {
 		st.proc = w.writer(identity, seen)
 	}
@@ -316,8 +317,8 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 		st = shardLease{acquire: seen}
 	}
 	switch l.Labels[sharding.LabelLeaseKind] {
-	case sharding.LeaseKindMember:
-		name, ok := sharding.ParseMemberLeaseName(w.ring, l.Name)
+	case lease.KindMember:
+		name, ok := lease.ParseMemberName(w.ring, l.Name)
 		if !ok {
 			return
 		}
@@ -326,8 +327,8 @@ func (w *ringWatch) record(l *coordinationv1.Lease, deleted bool, seen time.Time
 		} else {
 			w.members[name] = st
 		}
-	case sharding.LeaseKindShard:
-		n, ok := sharding.ParseShardLeaseName(w.ring, l.Name, w.count)
+	case lease.KindShard:
+		n, ok := lease.ParseShardName(w.ring, l.Name, w.count)
 		if !ok {
 			return
 		}

@@ -163,7 +163,7 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 				continue
 			}
 			lease := view.shards[n]
-			if reason, ok := lease.state(r.holder, now).takeable(); ok {
+			if reason, ok := lease.state(r.holder, now).Takeable(); ok {
 				r.startShard(ctx, n, reason)
 			}
 		case !desired && have:

@@ -43,6 +43,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 var cp *controlplane.ControlPlane
@@ -247,9 +248,9 @@ func (r *replica) stop(t testing.TB) {
 func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 	// As kshard does: the holder identity in the user agent, so that the
 	// API server's audit log names the process behind each write.
-	incarnation := sharding.NewIncarnation()
+	incarnation := lease.NewIncarnation()
 	cfg := rest.CopyConfig(rc.restConfig)
-	cfg.UserAgent = audit.UserAgent(rest.DefaultKubernetesUserAgent(), sharding.HolderIdentity(rc.id, incarnation))
+	cfg.UserAgent = audit.UserAgent(rest.DefaultKubernetesUserAgent(), lease.Holder(rc.id, incarnation))
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme:                  newScheme(),
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
@@ -526,12 +527,12 @@ func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coor
 	t.Helper()
 	var list coordinationv1.LeaseList
 	if err := c.List(context.Background(), &list, client.InNamespace(ns),
-		client.MatchingLabels{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindShard}); err != nil {
+		client.MatchingLabels{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindShard}); err != nil {
 		t.Fatal(err)
 	}
 	out := map[int32]coordinationv1.Lease{}
 	for _, l := range list.Items {
-		if n, ok := sharding.ParseShardLeaseName(ring, l.Name, shardsOf(ring)); ok {
+		if n, ok := lease.ParseShardName(ring, l.Name, shardsOf(ring)); ok {
 			out[n] = l
 		}
 	}
@@ -539,7 +540,7 @@ func shardHolders(t testing.TB, c client.Client, ns, ring string) map[int32]coor
 }
 
 // holderOf is the replica holding a Lease.
-func holderOf(l coordinationv1.Lease) string { return sharding.HolderReplica(holderIdentity(l)) }
+func holderOf(l coordinationv1.Lease) string { return lease.HolderReplica(holderIdentity(l)) }
 
 // holderIdentity is a Lease's holder as written: "<replica>_<incarnation>".
 func holderIdentity(l coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestSecondProcessWithOneIdentityWaits: a second process started with an
@@ -110,8 +111,8 @@ func renewMemberLease(t *testing.T, c client.Client, ns, ring, id, holder string
 	t.Helper()
 	now := metav1.NewMicroTime(time.Now())
 	l := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sharding.MemberLeaseName(ring, id),
-			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindMember},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.MemberName(ring, id),
+			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindMember},
 			Annotations: map[string]string{sharding.AnnotationShards: fmt.Sprint(shardsOf(ring))}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To(int32(fastTiming.lease / time.Second)),
 			AcquireTime: &now, RenewTime: &now},

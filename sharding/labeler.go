@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	ctrlsource "sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // labeler stamps the domain and shard labels on primary objects that have
@@ -156,7 +158,7 @@ func (l *labeler) Start(ctx context.Context) error {
 // the next labeler can start at once.
 func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 	r := l.r
-	lease := r.newLeaseWriter(LabelerLeaseName(r.opts.Ring), nil, nil)
+	lease := r.newLeaseWriter(lease.LabelerName(r.opts.Ring), nil, nil)
 	l.setState(labelerCampaigning, nil)
 	var renewed time.Time
 	for {

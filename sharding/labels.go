@@ -29,17 +29,12 @@ const (
 	// and the cluster-scoped objects a ring's replicas write, which another
 	// ring's shards of the same number must leave alone.
 	LabelRing = DefaultLabelPrefix + "/ring"
-	// LabelLeaseKind tells member Leases from shard Leases.
+	// LabelLeaseKind tells member Leases from shard Leases (lease.KindMember,
+	// lease.KindShard).
 	LabelLeaseKind = DefaultLabelPrefix + "/lease-kind"
 	// AnnotationShards is the shard count a member was started with. Members
 	// that disagree with the ring claim nothing.
 	AnnotationShards = DefaultLabelPrefix + "/shards"
-)
-
-// Values of LabelLeaseKind.
-const (
-	LeaseKindMember = "member"
-	LeaseKindShard  = "shard"
 )
 
 // labelKeys are the label and annotation keys of one ring: LabelShard and

@@ -2,12 +2,9 @@ package sharding
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
-	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,71 +13,19 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // A ring coordinates through three kinds of Lease: each replica's member
-// Lease, one Lease per shard, and the labeler's. All three are named,
-// judged and written through this file: their names and holder identities
-// (at its end), stateOf, the one verdict on a Lease, with observations
-// (observe.go) timing its expiry on this replica's clock, and leaseWriter,
+// Lease, one Lease per shard, and the labeler's. All three are named and
+// judged by package lease (their names and holder identities, and StateOf,
+// the one verdict on a Lease), with observations (observe.go) timing their
+// expiry on this replica's clock, and written through this file's
+// leaseWriter,
 // which makes every write conditional on the resourceVersion last read, so
 // that of two processes writing one Lease, one wins and the other learns
 // that it lost.
-
-// leaseState is what a Lease is to the process that reads it.
-type leaseState int
-
-const (
-	// leaseAbsent: the Lease does not exist; whoever creates it holds it.
-	leaseAbsent leaseState = iota
-	// leaseFree: nobody holds it (it was released), or it is kept for this
-	// replica's next incarnation (its holder names the replica alone).
-	leaseFree
-	// leaseOurs: this incarnation holds it.
-	leaseOurs
-	// leaseHeld: another holder, seen renewing it within its duration.
-	leaseHeld
-	// leaseExpired: another holder, not seen renewing it for its duration.
-	leaseExpired
-)
-
-func (st leaseState) String() string {
-	return [...]string{"Absent", "Free", "Ours", "Held", "Expired"}[st]
-}
-
-// stateOf judges a Lease for the process holding Leases as me: exists says
-// whether it exists, holder is its holder identity, and expiry when it
-// expires by this replica's observations. It is the only place that
-// decides who may take a Lease.
-func stateOf(exists bool, holder, me string, expiry, now time.Time) leaseState {
-	switch {
-	case !exists:
-		return leaseAbsent
-	case holder == me:
-		return leaseOurs
-	case holder == "" || holder == HolderReplica(me):
-		return leaseFree
-	case now.Before(expiry):
-		return leaseHeld
-	}
-	return leaseExpired
-}
-
-// takeable says whether a Lease in this state may be taken, and why, as
-// the handover metric names it.
-func (st leaseState) takeable() (reason string, ok bool) {
-	switch st {
-	case leaseAbsent:
-		return "created", true
-	case leaseFree:
-		return "released", true
-	case leaseOurs:
-		return "reclaimed", true
-	case leaseExpired:
-		return "expired", true
-	}
-	return "", false
-}
 
 // errLeaseHeld is wrapped by take's error when another holder still renews
 // the Lease (a *heldError says who).
@@ -139,9 +84,9 @@ func (w *leaseWriter) read(ctx context.Context) error {
 }
 
 // state judges the Lease as last read, at now.
-func (w *leaseWriter) state(now time.Time) (leaseState, string, time.Time) {
+func (w *leaseWriter) state(now time.Time) (lease.State, string, time.Time) {
 	if w.cur == nil {
-		return leaseAbsent, "", time.Time{}
+		return lease.Absent, "", time.Time{}
 	}
 	holder := ptr.Deref(w.cur.Spec.HolderIdentity, "")
 	renew := time.Time{}
@@ -149,7 +94,7 @@ func (w *leaseWriter) state(now time.Time) (leaseState, string, time.Time) {
 		renew = w.cur.Spec.RenewTime.Time
 	}
 	expiry := w.observed.expiry(w.name, holder, renew, w.durationOf(w.cur), now)
-	return stateOf(true, holder, w.holder, expiry, now), holder, expiry
+	return lease.StateOf(true, holder, w.holder, expiry, now), holder, expiry
 }
 
 func (w *leaseWriter) durationOf(l *coordinationv1.Lease) time.Duration {
@@ -158,7 +103,7 @@ func (w *leaseWriter) durationOf(l *coordinationv1.Lease) time.Duration {
 
 // take reads the Lease and makes this process its holder, beginning a
 // tenure (a new acquire time), if it is absent, free, this process's or
-// expired. It returns takeable's reason, or an error wrapping errLeaseHeld
+// expired. It returns Takeable's reason, or an error wrapping errLeaseHeld
 // when another holder still renews it, or the API server's (a conflict:
 // another process wrote it first).
 func (w *leaseWriter) take(ctx context.Context) (string, error) {
@@ -167,7 +112,7 @@ func (w *leaseWriter) take(ctx context.Context) (string, error) {
 	}
 	now := time.Now()
 	st, holder, expiry := w.state(now)
-	reason, ok := st.takeable()
+	reason, ok := st.Takeable()
 	if !ok {
 		d := w.durationOf(w.cur)
 		return "", &heldError{name: w.name, holder: holder, unseen: now.Sub(expiry.Add(-d)), duration: d}
@@ -352,57 +297,4 @@ func (r *Replica) newLeaseWriter(name string, labels, annotations map[string]str
 		clock:       r.opts.Clock,
 		observed:    &r.observed,
 	}
-}
-
-// HolderReplica returns the replica a Lease's holder identity names. A
-// replica holds Leases as "<replica>_<incarnation>", with an incarnation
-// drawn once per process, so two processes started with one identity (a
-// duplicated --replica-id, a pod force-deleted during a partition) never
-// take each other's Leases for their own. A holder without an incarnation
-// is the replica itself: a member Lease kept, by a replica restarting in a
-// StatefulSet, for its next incarnation.
-func HolderReplica(holder string) string {
-	replica, _, _ := strings.Cut(holder, "_")
-	return replica
-}
-
-// HolderIdentity is the name a process holds Leases under: its replica
-// identity and its incarnation, "<identity>_<incarnation>".
-func HolderIdentity(identity, incarnation string) string { return identity + "_" + incarnation }
-
-// NewIncarnation draws an incarnation: eight hex digits, fresh per process,
-// so a restarted replica never takes its predecessor's Leases for its own.
-func NewIncarnation() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// LabelerLeaseName is the name of the Lease whose holder labels the ring's
-// unlabeled objects.
-func LabelerLeaseName(ring string) string { return ring + "-labeler" }
-
-// MemberLeaseName is the name of a replica's member Lease in a ring. Names
-// carry the ring, so rings can share a namespace: with the default ring
-// "kshard" they are kshard-member-<replica> and kshard-shard-<n>.
-func MemberLeaseName(ring, replica string) string { return ring + "-member-" + replica }
-
-// ShardLeaseName is the name of the Lease that one replica must hold to run
-// a shard of a ring.
-func ShardLeaseName(ring string, shard int32) string { return fmt.Sprintf("%s-shard-%d", ring, shard) }
-
-// ParseShardLeaseName is the inverse of ShardLeaseName: the shard, in
-// [0, shards), that a Lease of the ring is for.
-func ParseShardLeaseName(ring, name string, shards int32) (int32, bool) {
-	v, ok := strings.CutPrefix(name, ring+"-shard-")
-	if !ok {
-		return 0, false
-	}
-	return parseShard(v, shards)
-}
-
-// ParseMemberLeaseName is the inverse of MemberLeaseName.
-func ParseMemberLeaseName(ring, name string) (string, bool) {
-	replica, ok := strings.CutPrefix(name, ring+"-member-")
-	return replica, ok && replica != ""
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // bindingSyncs counts the API server's initial syncs of ConfigBindings (LIST
@@ -170,7 +171,7 @@ func syncsBetween(t *testing.T, from, to time.Time, replicas []string) (syncs, i
 		}
 		k := fmt.Sprintf("%s %q %s", s.Username, s.Holder, s.Group)
 		n[k]++
-		if slices.Contains(replicas, sharding.HolderReplica(s.Holder)) && s.Holder != sharding.HolderReplica(s.Holder) {
+		if slices.Contains(replicas, lease.HolderReplica(s.Holder)) && s.Holder != lease.HolderReplica(s.Holder) {
 			syncs++
 			ring[k] = true
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // memberState is where this process is with its identity's member Lease.
@@ -43,8 +45,8 @@ type memberLease struct {
 
 func newMemberLease(r *Replica) *memberLease {
 	opts := r.opts
-	return &memberLease{r: r, lease: r.newLeaseWriter(MemberLeaseName(opts.Ring, opts.Identity),
-		map[string]string{r.keys.ring: opts.Ring, r.keys.leaseKind: LeaseKindMember},
+	return &memberLease{r: r, lease: r.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
+		map[string]string{r.keys.ring: opts.Ring, r.keys.leaseKind: lease.KindMember},
 		map[string]string{r.keys.shards: strconv.Itoa(int(opts.Shards))})}
 }
 

@@ -18,6 +18,8 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Defaults. Every held shard Lease is written once per RetryPeriod, so a ring
@@ -86,8 +88,8 @@ type Options struct {
 	// until the first stops renewing it.
 	Identity string
 	// Incarnation tells this process from any other started with the same
-	// Identity: the Replica holds Leases as HolderIdentity(Identity,
-	// Incarnation). Defaults to NewIncarnation(), drawn when the Replica is
+	// Identity: the Replica holds Leases as lease.Holder(Identity,
+	// Incarnation). Defaults to lease.NewIncarnation(), drawn when the Replica is
 	// created. Set it to name the process before the Replica exists: kshard
 	// puts the holder identity in its requests' user agent, so that the API
 	// server's audit log attributes every write to the one process that
@@ -235,7 +237,7 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	}
 	o.Identity = id
 	if o.Incarnation == "" {
-		o.Incarnation = NewIncarnation()
+		o.Incarnation = lease.NewIncarnation()
 	}
 	if o.Shards == 0 {
 		o.Shards = DefaultShards
@@ -346,7 +348,7 @@ func (o *Options) validate() error {
 	if !metricsPrefix.MatchString(o.MetricsPrefix) {
 		errs = append(errs, fmt.Errorf("metrics prefix %q must match %s", o.MetricsPrefix, metricsPrefix))
 	}
-	if msgs := validation.IsDNS1123Subdomain(MemberLeaseName(o.Ring, o.Identity)); len(msgs) > 0 {
+	if msgs := validation.IsDNS1123Subdomain(lease.MemberName(o.Ring, o.Identity)); len(msgs) > 0 {
 		// It names the member Lease, and may not contain the "_" of holder
 		// identities.
 		errs = append(errs, fmt.Errorf("identity %q: %s", o.Identity, strings.Join(msgs, "; ")))

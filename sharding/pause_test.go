@@ -12,7 +12,7 @@ import (
 
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestPausedReplicaWritesNothingAfterTakeover: a replica frozen (SIGSTOP)
@@ -45,7 +45,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 	var victim, other string
 	controlplane.Eventually(t, time.Minute, "a labeler elected", func() error {
 		var l coordinationv1.Lease
-		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.LabelerLeaseName(ring)}, &l); err != nil {
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.LabelerName(ring)}, &l); err != nil {
 			return err
 		}
 		victim = holderOf(l)
@@ -90,7 +90,7 @@ func TestPausedReplicaWritesNothingAfterTakeover(t *testing.T) {
 	writes := map[string]int{}
 	for _, w := range log.Writes {
 		if w.Namespace == ns && w.Resource == "configbindings/status" && w.Holder != "" && w.Code < 300 {
-			writes[sharding.HolderReplica(w.Holder)]++
+			writes[lease.HolderReplica(w.Holder)]++
 		}
 	}
 	t.Logf("paused the labeler %s; committed status writes by replica: %v; %s", victim, writes, e)

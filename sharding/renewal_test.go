@@ -9,7 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestRenewalsSpreadOverThePeriod: a replica that takes all of its shards at
@@ -42,7 +42,7 @@ func TestRenewalsSpreadOverThePeriod(t *testing.T) {
 	shards := shardsOf(ring)
 	names := map[string]int32{}
 	for n := range shards {
-		names[sharding.ShardLeaseName(ring, n)] = n
+		names[lease.ShardName(ring, n)] = n
 	}
 	// first[n] is shard n's first renewal after its acquisition.
 	first := map[int32]time.Duration{}

@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Replica is one member of a ring: it keeps its member Lease, computes the
@@ -116,7 +118,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)
 	}
-	holder := HolderIdentity(opts.Identity, opts.Incarnation)
+	holder := lease.Holder(opts.Identity, opts.Incarnation)
 	r := &Replica{
 		opts:       opts,
 		keys:       keys,

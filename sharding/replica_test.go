@@ -27,6 +27,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // shards is the shard count of most tests' rings: a quarter of the default.
@@ -104,7 +105,7 @@ func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
 	t.Helper()
 	cs := kubernetes.NewForConfigOrDie(cp.Config)
 	w, err := cs.CoordinationV1().Leases(ns).Watch(context.Background(), metav1.ListOptions{
-		LabelSelector: sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + sharding.LeaseKindShard,
+		LabelSelector: sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + lease.KindShard,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -534,7 +535,7 @@ func TestShardCountMismatch(t *testing.T) {
 	// The odd replica announces itself (its member Lease exists) ...
 	controlplane.Eventually(t, time.Minute, "odd member Lease", func() error {
 		var l coordinationv1.Lease
-		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "r-odd")}, &l)
+		return c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ring, "r-odd")}, &l)
 	})
 	// ... and is not ready, holds nothing, and the others keep the ring.
 	controlplane.Eventually(t, time.Minute, "odd replica reports the mismatch", func() error {
@@ -601,7 +602,7 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 		}
 	}
 	var member coordinationv1.Lease
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "kshard-1")}, &member); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ring, "kshard-1")}, &member); err != nil {
 		t.Fatalf("restarting replica's member Lease: %v", err)
 	}
 	r1 = startReplica(t, cfg("kshard-1"))
@@ -614,7 +615,7 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 	}
 	r1.stop(t)
 	expectRingHeld(t, c, ns, ring, []string{"kshard-0"})
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.MemberLeaseName(ring, "kshard-1")}, &member); err == nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ring, "kshard-1")}, &member); err == nil {
 		t.Fatal("the leaving replica's member Lease still exists")
 	}
 }
@@ -889,7 +890,7 @@ func TestMismatchedLabelerStepsDown(t *testing.T) {
 func labelerHolder(t testing.TB, c client.Client, ns, ring string) string {
 	t.Helper()
 	var l coordinationv1.Lease
-	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: sharding.LabelerLeaseName(ring)}, &l)
+	err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.LabelerName(ring)}, &l)
 	if apierrors.IsNotFound(err) {
 		return ""
 	}
@@ -912,7 +913,7 @@ func TestTwoRingsShareANamespace(t *testing.T) {
 	expectRingHeld(t, c, ns, "beta", []string{"b-0"})
 	for _, ring := range []string{"alpha", "beta"} {
 		for n, l := range shardHolders(t, c, ns, ring) {
-			if l.Name != sharding.ShardLeaseName(ring, n) || !strings.HasPrefix(l.Name, ring+"-") {
+			if l.Name != lease.ShardName(ring, n) || !strings.HasPrefix(l.Name, ring+"-") {
 				t.Errorf("ring %s: shard %d's Lease is named %s", ring, n, l.Name)
 			}
 		}

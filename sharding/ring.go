@@ -10,6 +10,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // The ring, as pure functions of what its Leases say: which shard a domain
@@ -148,11 +150,11 @@ func (l *shardLease) live(now time.Time) bool { return l.holder != "" && now.Bef
 
 // state judges the shard Lease for the process holding Leases as me; nil is
 // a Lease that does not exist.
-func (l *shardLease) state(me string, now time.Time) leaseState {
+func (l *shardLease) state(me string, now time.Time) lease.State {
 	if l == nil {
-		return stateOf(false, "", me, time.Time{}, now)
+		return lease.StateOf(false, "", me, time.Time{}, now)
 	}
-	return stateOf(true, l.holder, me, l.expiry, now)
+	return lease.StateOf(true, l.holder, me, l.expiry, now)
 }
 
 func leaseExpiry(spec coordinationv1.LeaseSpec) time.Time {
@@ -181,7 +183,7 @@ func readLeases(keys labelKeys, ring string, items []coordinationv1.Lease, shard
 			v.expiries = append(v.expiries, expiry)
 		}
 		switch l.Labels[keys.leaseKind] {
-		case LeaseKindMember:
+		case lease.KindMember:
 			if holder == "" || !expiry.After(now) {
 				continue
 			}
@@ -190,9 +192,9 @@ func readLeases(keys labelKeys, ring string, items []coordinationv1.Lease, shard
 				v.invalid = append(v.invalid, err)
 				continue
 			}
-			members = append(members, live{name: HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time})
-		case LeaseKindShard:
-			n, ok := ParseShardLeaseName(ring, l.Name, shards)
+			members = append(members, live{name: lease.HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time})
+		case lease.KindShard:
+			n, ok := lease.ParseShardName(ring, l.Name, shards)
 			if !ok {
 				continue
 			}

@@ -12,6 +12,8 @@ import (
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // shardState is where a shard is in its life on this replica. Every change
@@ -347,8 +349,8 @@ func (s *shard) endTenure() {
 // racing, one wins.
 func (s *shard) acquire(ctx context.Context) error {
 	opts := s.r.opts
-	s.lease = s.r.newLeaseWriter(ShardLeaseName(opts.Ring, s.id),
-		map[string]string{s.r.keys.ring: opts.Ring, s.r.keys.leaseKind: LeaseKindShard}, nil)
+	s.lease = s.r.newLeaseWriter(lease.ShardName(opts.Ring, s.id),
+		map[string]string{s.r.keys.ring: opts.Ring, s.r.keys.leaseKind: lease.KindShard}, nil)
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // RingStatus is a ring as the cluster shows it: who holds each shard, who
@@ -96,7 +98,7 @@ func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Ring
 	for n := range st.ShardCount {
 		s := ShardStatus{Shard: n, Desired: r.Owner(n), Objects: counts[n]}
 		if l, ok := view.shards[n]; ok && l.live(now) {
-			s.Holder = HolderReplica(l.holder)
+			s.Holder = lease.HolderReplica(l.holder)
 			held[s.Holder]++
 		} else {
 			st.Unowned = append(st.Unowned, n)
@@ -105,13 +107,13 @@ func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Ring
 	}
 	for _, l := range leases.Items {
 		switch l.Labels[keys.leaseKind] {
-		case LeaseKindShard:
-			if n, ok := ParseShardLeaseName(ring, l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
+		case lease.KindShard:
+			if n, ok := lease.ParseShardName(ring, l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
 				st.Shards[n].LeaseAge = now.Sub(l.Spec.AcquireTime.Time)
 			}
-		case LeaseKindMember:
-			replica, _ := ParseMemberLeaseName(ring, l.Name)
-			name := HolderReplica(ptr.Deref(l.Spec.HolderIdentity, replica))
+		case lease.KindMember:
+			replica, _ := lease.ParseMemberName(ring, l.Name)
+			name := lease.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, replica))
 			count, _ := keys.memberShardCount(&l) // 0 for an expired member's bad annotation
 			m := MemberStatus{Name: name, ShardCount: count, Held: held[name], Desired: len(r.ShardsOf(name))}
 			m.Live = leaseExpiry(l.Spec).After(now) && ptr.Deref(l.Spec.HolderIdentity, "") != ""

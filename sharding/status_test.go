@@ -16,6 +16,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // TestStatusNamesABadShardCountAnnotation: a live member Lease whose
@@ -30,8 +31,8 @@ func TestStatusNamesABadShardCountAnnotation(t *testing.T) {
 		ring := "badcount"
 		now := metav1.NewMicroTime(time.Now())
 		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sharding.MemberLeaseName(ring, "r-0"),
-				Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: sharding.LeaseKindMember},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.MemberName(ring, "r-0"),
+				Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindMember},
 				Annotations: map[string]string{sharding.AnnotationShards: bad}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("r-0_1"), LeaseDurationSeconds: ptr.To[int32](3600),
 				AcquireTime: &now, RenewTime: &now},

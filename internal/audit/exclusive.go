@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/kshard/kshard/internal/shardwrites"
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // ShardWriteResources are the resources a shard's holder writes, and only
@@ -211,5 +211,5 @@ func CheckExclusive(l *APILog, opts CheckOptions) *Exclusivity {
 }
 
 func parseShardLease(ring, name string) (int32, bool) {
-	return sharding.ParseShardLeaseName(ring, name, 1<<20)
+	return lease.ParseShardName(ring, name, 1<<20)
 }

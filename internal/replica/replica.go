@@ -37,6 +37,7 @@ import (
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // External modes.
@@ -262,14 +263,14 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	// agent: the API server's audit log then attributes each write to this
 	// process, incarnation included, which is what internal/audit checks
 	// against the shard Leases.
-	incarnation := sharding.NewIncarnation()
+	incarnation := lease.NewIncarnation()
 	if opts.Sharding {
 		cfg = rest.CopyConfig(cfg)
 		base := cfg.UserAgent
 		if base == "" {
 			base = rest.DefaultKubernetesUserAgent()
 		}
-		cfg.UserAgent = audit.UserAgent(base, sharding.HolderIdentity(opts.Identity, incarnation))
+		cfg.UserAgent = audit.UserAgent(base, lease.Holder(opts.Identity, incarnation))
 	}
 	mgr, err := newManager(cfg, opts)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Policy is the ValidatingAdmissionPolicy of deploy/base that the bindings
@@ -35,7 +36,7 @@ func Bindings(ring, leaseNamespace string, shards int32) []admissionregistration
 				PolicyName:        Policy,
 				ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
 				ParamRef: &admissionregistrationv1.ParamRef{
-					Name:                    sharding.ShardLeaseName(ring, n),
+					Name:                    lease.ShardName(ring, n),
 					Namespace:               leaseNamespace,
 					ParameterNotFoundAction: ptr.To(admissionregistrationv1.AllowAction),
 				},

@@ -25,6 +25,7 @@ import (
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/reconcile/externaldomain"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 func mirrorMode(o *replica.Options) { o.ExternalSource = replica.SourceMirror }
@@ -195,10 +196,10 @@ func TestMirrorMovesWithShard(t *testing.T) {
 	ctx := context.Background()
 	holder := func(d string) (string, error) {
 		var l coordinationv1.Lease
-		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: sharding.ShardLeaseName(e.opts.Ring, sharding.ShardOf(d, e.opts.Shards))}, &l); err != nil {
+		if err := e.c.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: lease.ShardName(e.opts.Ring, sharding.ShardOf(d, e.opts.Shards))}, &l); err != nil {
 			return "", err
 		}
-		return sharding.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")), nil
+		return lease.HolderReplica(ptr.Deref(l.Spec.HolderIdentity, "")), nil
 	}
 	// Wait for a stable ring where each mirror is written by its holder and
 	// both replicas write some.
