@@ -72,6 +72,17 @@ func (m Mode) Sharded() bool {
 	return true
 }
 
+// direct reports whether the mode calls the config center in Reconcile
+// (--external-mode=direct): no external cache, no warm-up.
+func (m Mode) direct() bool {
+	for i, a := range m.Args {
+		if a == "--external-mode=direct" || (a == "--external-mode" && i+1 < len(m.Args) && m.Args[i+1] == "direct") {
+			return true
+		}
+	}
+	return false
+}
+
 // fleet is the replicas of one mode, replica i being "kshard-i" as in a
 // StatefulSet. Slots keep their identity and ports across restarts.
 type fleet struct {

@@ -36,6 +36,7 @@ const (
 	metricQueueWait      = "workqueue_queue_duration_seconds"
 	metricCacheRequests  = "kshard_externalcache_requests_total"
 	metricExternalCalls  = "kshard_external_calls_total"
+	metricFetches        = "kshard_external_fetches_in_flight"
 	metricAPIRequests    = "apiserver_request_total"
 	metricAPIDuration    = "apiserver_request_duration_seconds"
 	metricAPIRespSizes   = "apiserver_response_sizes"
@@ -88,6 +89,19 @@ func (f families) count(name string, match map[string]string) float64 {
 		return -1
 	}
 	return f.sum(name, match)
+}
+
+// fetching sums the fetches under way (not those failed and waiting for
+// their next round); -1 for a missing family, as count's.
+func (f families) fetching() float64 {
+	if _, ok := f[metricFetches]; !ok {
+		return -1
+	}
+	var n float64
+	for _, state := range []string{"queued", "calling", "backoff"} {
+		n += f.sum(metricFetches, map[string]string{"state": state})
+	}
+	return n
 }
 
 // by sums a family's matching series per value of one label; nil for a
@@ -183,6 +197,10 @@ type replicaSample struct {
 	Cache map[string]float64
 	// ExternalCalls counts the replica's calls to the config center.
 	ExternalCalls float64
+	// Fetching is the keys the external cache is fetching for the held
+	// shards (kshard_external_fetches_in_flight queued, calling or in
+	// backoff): a warm-up under way; -1 when not exported (no cache).
+	Fetching float64
 	// Unlabeled is kshard_unlabeled_objects: the objects waiting for the
 	// labeler's shard label, as its watch counts them. Only the labeler (the
 	// replica holding the labeler Lease) sets it; the others export 0; -1
@@ -243,6 +261,7 @@ func replicaSampleOf(f families, extra string) replicaSample {
 		QueueDepth:      f.sum(metricQueueDepth, map[string]string{"name": controllerName}),
 		Cache:           f.by(metricCacheRequests, "result", nil),
 		ExternalCalls:   f.sum(metricExternalCalls, nil),
+		Fetching:        f.fetching(),
 		Unlabeled:       f.count(metricUnlabeled, nil),
 		Caches:          f.by(metricCachesStarted, "reason", nil),
 		Acquired:        f.count(metricHandovers, map[string]string{"direction": "acquire"}),
