@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -104,6 +105,17 @@ func NewSingle(mgr manager.Manager, opts SingleOptions) (*Single, error) {
 			return nil, fmt.Errorf("single replica: indexing %s: %w", ix.Field, err)
 		}
 	}
+	// A shard's reader lists its own objects of the For kind through this
+	// index: the manager's cache holds every object, and a List of it
+	// copies what it returns, so without the index each shard's List copied
+	// the whole collection to keep a shard's share of it (a start warms
+	// every shard at once: 64 copies of 100,000 ConfigBindings, 7.7 GB of
+	// RSS in the scale scenario).
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), opts.For.Object, singleShardIndex, func(o client.Object) []string {
+		return []string{strconv.Itoa(int(ShardOf(opts.Domain(o), opts.Shards)))}
+	}); err != nil {
+		return nil, fmt.Errorf("single replica: indexing the For kind by shard: %w", err)
+	}
 	s := &Single{mgr: mgr, opts: opts, forGVK: gvk, acquired: make(chan struct{})}
 	if err := mgr.Add(s); err != nil {
 		return nil, fmt.Errorf("single replica: %w", err)
@@ -194,6 +206,12 @@ func (s *Single) Enqueue(req Request) {
 	if q != nil && req.Shard >= 0 && req.Shard < s.opts.Shards {
 		q.Add(req)
 	}
+}
+
+// isFor reports whether list is a list of the For kind.
+func (s *Single) isFor(list client.ObjectList) bool {
+	gvk, err := apiutil.GVKForObject(list, s.mgr.GetScheme())
+	return err == nil && gvk.GroupVersion() == s.forGVK.GroupVersion() && gvk.Kind == s.forGVK.Kind+"List"
 }
 
 // belongs reports whether an object of the manager's cache is shard n's.
@@ -288,6 +306,10 @@ func (s *Single) owned(ctx context.Context, k Kind, oldObj, newObj client.Object
 	}
 }
 
+// singleShardIndex is the field index of the For kind's objects by shard in
+// a Single's cache.
+const singleShardIndex = "sharding.single.shard"
+
 // singleReader reads one shard's objects from a Single's cache of all.
 type singleReader struct {
 	s     *Single
@@ -306,6 +328,12 @@ func (r singleReader) Get(ctx context.Context, key client.ObjectKey, obj client.
 }
 
 func (r singleReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	// The cache selects by one field at most: a List that selects by
+	// another (an index of the caller's) is narrowed by it and filtered
+	// here; one that does not selects the shard's objects by the index.
+	if lo := (&client.ListOptions{}).ApplyOptions(opts); lo.FieldSelector == nil && r.s.isFor(list) {
+		opts = append(opts, client.MatchingFields{singleShardIndex: strconv.Itoa(int(r.shard))})
+	}
 	if err := r.s.mgr.GetCache().List(ctx, list, opts...); err != nil {
 		return err
 	}

@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -85,6 +88,24 @@ func (r *singleRecorder) Reconcile(ctx context.Context, req sharding.Request) (r
 	return reconcile.Result{}, err
 }
 
+// listCounter is a manager's cache that counts the objects returned by the
+// Lists whose context is marked counted: what a reader built on it made
+// the cache copy (the controller's own Lists, concurrent, are not marked).
+type listCounter struct {
+	cache.Cache
+	listed atomic.Int64
+}
+
+type counted struct{}
+
+func (c *listCounter) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	err := c.Cache.List(ctx, list, opts...)
+	if err == nil && ctx.Value(counted{}) != nil {
+		c.listed.Add(int64(meta.LenList(list)))
+	}
+	return err
+}
+
 func (r *singleRecorder) count(req sharding.Request) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -95,13 +116,21 @@ func (r *singleRecorder) count(req sharding.Request) int {
 // shard with a context that ends when the manager stops, before OnRelease
 // for every shard; its controller's requests carry each object's domain's
 // shard, whose reader reads it and no other's does; writes are granted; an
-// owned object's event becomes its owner's request under the owner's shard.
+// owned object's event becomes its owner's request under the owner's shard;
+// a shard's List has the cache copy that shard's objects only, not every
+// object of the kind.
 func TestSingleRunsEveryShard(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	const shards = 8
+	counter := &listCounter{}
 	mgr, err := ctrl.NewManager(cp.Config, manager.Options{
+		NewCache: func(cfg *rest.Config, o cache.Options) (cache.Cache, error) {
+			inner, err := cache.New(cfg, o)
+			counter.Cache = inner
+			return counter, err
+		},
 		Scheme:                        newScheme(),
 		Metrics:                       metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:        "0",
@@ -196,6 +225,19 @@ func TestSingleRunsEveryShard(t *testing.T) {
 		return rec.count(req) > before, nil
 	}); err != nil {
 		t.Errorf("a change of its ConfigMap did not requeue %s: %v", req, err)
+	}
+	// A shard's List of the For kind, with no selector of the caller's:
+	// the cache returns that shard's bindings, not all of them.
+	for n := range int32(shards) {
+		reader, _ := single.Reader(n)
+		before := counter.listed.Load()
+		var list configv1alpha1.ConfigBindingList
+		if err := reader.List(context.WithValue(ctx, counted{}, true), &list); err != nil {
+			t.Fatal(err)
+		}
+		if copied := counter.listed.Load() - before; copied != int64(len(list.Items)) {
+			t.Errorf("shard %d's List of its %d bindings had the cache copy %d objects", n, len(list.Items), copied)
+		}
 	}
 	// Enqueue reaches the controller.
 	before = rec.count(req)
