@@ -38,17 +38,17 @@ func (r *Replica) NewController(name string, rec reconcile.TypedReconciler[Reque
 	if err := r.controller.claim(name); err != nil {
 		return nil, err
 	}
-	g := &guard{r: r, inner: rec}
-	if r.opts.AuditLog != nil {
-		g.audit = &auditLog{w: r.opts.AuditLog}
+	g := &guard{c: r.coord, inner: rec}
+	if r.env.opts.AuditLog != nil {
+		g.audit = &auditLog{w: r.env.opts.AuditLog}
 	}
 	opts.Reconciler = g
 	opts.NeedLeaderElection = ptr.To(false)
-	c, err := controller.NewTyped(name, r.mgr, opts)
+	c, err := controller.NewTyped(name, r.env.mgr, opts)
 	if err != nil {
 		return nil, fmt.Errorf("creating sharded controller %s: %w", name, err)
 	}
-	if err := c.Watch(source{r}); err != nil {
+	if err := c.Watch(source{r.coord}); err != nil {
 		return nil, fmt.Errorf("watching shards: %w", err)
 	}
 	return c, nil
@@ -76,31 +76,31 @@ func (f *feeds) claim(name string) error {
 // that do not come from the shard's informers (an external value changed).
 // Requests for shards not held are dropped.
 func (r *Replica) Enqueue(req Request) {
-	if s := r.shard(req.Shard); s != nil {
+	if s := r.coord.shard(req.Shard); s != nil {
 		s.enqueue(req.NamespacedName, false)
 	}
 }
 
 // source hands the controller's queue to the Replica, whose shards feed it.
-type source struct{ r *Replica }
+type source struct{ c *coordinator }
 
 func (s source) Start(_ context.Context, q workqueue.TypedRateLimitingInterface[Request]) error {
-	s.r.setQueue(q)
+	s.c.queue.set(q)
 	return nil
 }
 
-func (s source) String() string { return "sharding.Replica(" + s.r.opts.Ring + ")" }
+func (s source) String() string { return "sharding.Replica(" + s.c.opts.Ring + ")" }
 
 // guard admits a reconcile only while its shard is held, counts it as in
 // flight for the drain, and cancels it when the shard stops.
 type guard struct {
-	r     *Replica
+	c     *coordinator
 	inner reconcile.TypedReconciler[Request]
 	audit *auditLog
 }
 
 func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, error) {
-	s := g.r.shard(req.Shard)
+	s := g.c.shard(req.Shard)
 	if s == nil || !s.begin() {
 		return reconcile.Result{}, nil
 	}
@@ -119,11 +119,11 @@ func (g *guard) Reconcile(ctx context.Context, req Request) (reconcile.Result, e
 		// returned on the refusal would leave the object behind. Retry
 		// it once the next renewal had its chance; a shard that was
 		// fenced meanwhile drops the request, its next holder lists it.
-		retry := g.r.opts.RetryPeriod / 4
+		retry := g.c.opts.RetryPeriod / 4
 		if res.RequeueAfter == 0 || res.RequeueAfter > retry {
 			res.RequeueAfter = retry
 		}
-		g.r.metrics.refusedRetries.Inc()
+		g.c.metrics.refusedRetries.Inc()
 	}
 	return res, err
 }
@@ -145,9 +145,9 @@ func (g *guard) reconcile(ctx context.Context, s *shard, req Request) (reconcile
 	if g.audit == nil {
 		return g.inner.Reconcile(ctx, req)
 	}
-	a := &auditedReconcile{log: g.audit, rec: AuditRecord{Replica: g.r.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}}
+	a := &auditedReconcile{log: g.audit, rec: AuditRecord{Replica: g.c.opts.Identity, Shard: req.Shard, Namespace: req.Namespace, Name: req.Name}}
 	if reader, ok := s.currentReader(); ok {
-		if obj, ok := g.r.opts.For.Object.DeepCopyObject().(client.Object); ok && reader.Get(ctx, req.NamespacedName, obj) == nil {
+		if obj, ok := g.c.opts.For.Object.DeepCopyObject().(client.Object); ok && reader.Get(ctx, req.NamespacedName, obj) == nil {
 			a.rec.Generation = obj.GetGeneration()
 		}
 	}

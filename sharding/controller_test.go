@@ -37,10 +37,12 @@ func (w *writeOnce) Reconcile(ctx context.Context, req Request) (reconcile.Resul
 // object stayed unreconciled until its next change.
 func TestRefusedWriteIsRetried(t *testing.T) {
 	const n = 3
-	r := &Replica{opts: Options{RenewDeadline: 4 * time.Second, RetryPeriod: time.Second}, log: logr.Discard(),
-		metrics: newRingMetrics(DefaultMetricsPrefix, "refused-write"), shards: map[int32]*shard{}}
-	s := newShard(r, n)
-	r.shards[n] = s
+	e := &env{opts: Options{RenewDeadline: 4 * time.Second, RetryPeriod: time.Second}, log: logr.Discard(),
+		metrics: newRingMetrics(DefaultMetricsPrefix, "refused-write")}
+	c := &coordinator{env: e, shards: map[int32]*shard{}}
+	r := &Replica{env: e, coord: c}
+	s := newShard(c, n)
+	c.shards[n] = s
 	s.state = stateActive
 	req := Request{Shard: n, NamespacedName: types.NamespacedName{Namespace: "ns", Name: "cb"}}
 
@@ -64,15 +66,15 @@ func TestRefusedWriteIsRetried(t *testing.T) {
 			if tc.after != nil {
 				w.after = tc.after
 			}
-			res, err := (&guard{r: r, inner: w}).Reconcile(context.Background(), req)
+			res, err := (&guard{c: c, inner: w}).Reconcile(context.Background(), req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if retried := res.RequeueAfter > 0; retried != tc.wantRetry {
 				t.Errorf("requeued after %s, want a retry: %v", res.RequeueAfter, tc.wantRetry)
 			}
-			if tc.wantRetry && res.RequeueAfter > r.opts.RetryPeriod {
-				t.Errorf("retried after %s, later than a retry period (%s)", res.RequeueAfter, r.opts.RetryPeriod)
+			if tc.wantRetry && res.RequeueAfter > e.opts.RetryPeriod {
+				t.Errorf("retried after %s, later than a retry period (%s)", res.RequeueAfter, e.opts.RetryPeriod)
 			}
 			if w.wrote != tc.wantWrote {
 				t.Errorf("%d writes, want %d", w.wrote, tc.wantWrote)

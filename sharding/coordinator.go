@@ -2,15 +2,19 @@ package sharding
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -19,6 +23,85 @@ import (
 // shards; it runs on every change of holder or membership and at the next
 // expiry.
 
+// coordinator runs a replica's shards: it watches the ring's Leases,
+// computes the ring and the shards it gives this replica, starts and
+// releases their runtimes (shard.go), and batches the shards it acquires
+// together into one informer cache (group.go).
+type coordinator struct {
+	*env
+	// member says whether this process is in the ring as itself; labeler
+	// is woken on every pass, as it campaigns only while it is.
+	member  *memberLease
+	labeler *labeler
+
+	leaseCache cache.Cache
+	kick       chan struct{}
+
+	mu       sync.Mutex
+	ring     *Ring
+	mismatch bool
+	shards   map[int32]*shard
+	acquires chan struct{} // bounds concurrent Lease acquisitions
+	open     *batch        // the acquisition batch shards join, if any
+	groups   map[*group]bool
+	backoff  map[int32]*acquireBackoff
+
+	// expected are the StatefulSet's desired members, read at start; they
+	// count as ring members until StartupGrace after started, so a replica
+	// that starts before its peers claims only its own share.
+	expected []string
+	started  time.Time
+}
+
+func newCoordinator(e *env, leaseCache cache.Cache) *coordinator {
+	return &coordinator{
+		env:        e,
+		leaseCache: leaseCache,
+		kick:       make(chan struct{}, 1),
+		ring:       NewRing(e.opts.Shards, nil),
+		shards:     map[int32]*shard{},
+		acquires:   make(chan struct{}, 16),
+		groups:     map[*group]bool{},
+		backoff:    map[int32]*acquireBackoff{},
+	}
+}
+
+// watchLeases starts the cache of the ring's Leases, whose every change of
+// holder or member wakes the coordinator, and waits for it to sync. stop
+// ends the cache and waits for it.
+func (c *coordinator) watchLeases(ctx context.Context) (stop func(), err error) {
+	leaseCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	inf, err := c.leaseCache.GetInformer(leaseCtx, &coordinationv1.Lease{})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching ring Leases: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.wake() },
+		UpdateFunc: c.leaseUpdated,
+		DeleteFunc: func(any) { c.wake() },
+	}); err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching ring Leases: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.leaseCache.Start(leaseCtx) }()
+	stop = func() { cancel(); <-done }
+	if !c.leaseCache.WaitForCacheSync(ctx) {
+		stop()
+		return nil, fmt.Errorf("syncing ring Leases: %w", context.Cause(ctx))
+	}
+	return stop, nil
+}
+
+// expect starts the startup grace: members count as in the ring until
+// StartupGrace from now.
+func (c *coordinator) expect(members []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started, c.expected = time.Now(), members
+}
+
 // leaseUpdated wakes the coordinator for a Lease change that may move a
 // shard or a member: a new holder, acquisition, duration or transition. A
 // renewal alone (a new renew time, every retry period for every shard and
@@ -26,14 +109,14 @@ import (
 // Lease expires: it is noted as seen now, and the coordinator reads it at
 // its next pass (the next expiry, at the latest a retry period on), not in
 // a pass of its own on every replica.
-func (r *Replica) leaseUpdated(oldObj, newObj any) {
+func (c *coordinator) leaseUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*coordinationv1.Lease)
 	l, ok2 := newObj.(*coordinationv1.Lease)
 	if !ok1 || !ok2 || !renewalOnly(old, l) {
-		r.wake()
+		c.wake()
 		return
 	}
-	r.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), l.Spec.RenewTime.Time,
+	c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), l.Spec.RenewTime.Time,
 		time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, time.Now())
 }
 
@@ -49,26 +132,26 @@ func renewalOnly(a, b *coordinationv1.Lease) bool {
 	return equality.Semantic.DeepEqual(x, y)
 }
 
-func (r *Replica) wake() {
+func (c *coordinator) wake() {
 	select {
-	case r.kick <- struct{}{}:
+	case c.kick <- struct{}{}:
 	default:
 	}
 }
 
-// coordinate recomputes the ring and the wanted shards on every Lease event
-// and at the next time a Lease may expire, until ctx is done.
-func (r *Replica) coordinate(ctx context.Context) {
+// run recomputes the ring and the wanted shards on every Lease event and at
+// the next time a Lease may expire, until ctx is done.
+func (c *coordinator) run(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.kick:
+		case <-c.kick:
 		case <-timer.C:
 		}
-		next := r.sync(ctx)
+		next := c.sync(ctx)
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -81,24 +164,24 @@ func (r *Replica) coordinate(ctx context.Context) {
 
 // sync is one pass of the coordinator. It returns how long until it should
 // look again when nothing happens.
-func (r *Replica) sync(ctx context.Context) time.Duration {
-	r.metrics.syncs.Inc()
+func (c *coordinator) sync(ctx context.Context) time.Duration {
+	c.metrics.syncs.Inc()
 	var list coordinationv1.LeaseList
 	// Without deep copies: sync runs on every change of holder or member,
 	// at every expiry and every retry period, and readLeases only reads the
 	// cached Leases, keeping none of them.
-	if err := r.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		r.log.Error(err, "Listing ring Leases")
-		return r.opts.RetryPeriod
+	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Error(err, "Listing ring Leases")
+		return c.opts.RetryPeriod
 	}
 	now := time.Now()
-	next := now.Add(r.opts.RetryPeriod)
-	view := readLeases(r.keys, r.opts.Ring, list.Items, r.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+	next := now.Add(c.opts.RetryPeriod)
+	view := readLeases(c.keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
 		}
-		return r.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
+		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
 	})
 	for _, t := range view.expiries {
 		if t.After(now) && t.Before(next) {
@@ -106,87 +189,87 @@ func (r *Replica) sync(ctx context.Context) time.Duration {
 		}
 	}
 
-	r.metrics.members.Set(float64(len(view.members)))
-	r.metrics.unowned.Set(float64(view.unowned()))
+	c.metrics.members.Set(float64(len(view.members)))
+	c.metrics.unowned.Set(float64(view.unowned()))
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	// Whatever this pass changed, the labeler looks again: it campaigns
 	// only while this replica is in the ring.
-	defer r.labeler.wake()
-	mismatch := view.shardCount != 0 && view.shardCount != r.opts.Shards
-	if mismatch != r.mismatch {
-		r.mismatch = mismatch
+	defer c.labeler.wake()
+	mismatch := view.shardCount != 0 && view.shardCount != c.opts.Shards
+	if mismatch != c.mismatch {
+		c.mismatch = mismatch
 		if mismatch {
-			r.metrics.mismatch.Set(1)
-			r.log.Error(nil, "REFUSING TO CLAIM SHARDS: this replica's shard count differs from the ring's; fix --shards",
-				"mine", r.opts.Shards, "ring", view.shardCount)
+			c.metrics.mismatch.Set(1)
+			c.log.Error(nil, "REFUSING TO CLAIM SHARDS: this replica's shard count differs from the ring's; fix --shards",
+				"mine", c.opts.Shards, "ring", view.shardCount)
 		} else {
-			r.metrics.mismatch.Set(0)
+			c.metrics.mismatch.Set(0)
 		}
 	}
 	if mismatch {
-		for _, s := range r.shards {
+		for _, s := range c.shards {
 			s.release("mismatch")
 		}
 		return time.Until(next)
 	}
-	if !r.member.held() {
+	if !c.member.held() {
 		// Not in the ring as this process (yet, or another process runs
 		// this identity): claim nothing.
-		for _, s := range r.shards {
+		for _, s := range c.shards {
 			s.release("identity")
 		}
 		return time.Until(next)
 	}
 
 	members := view.members
-	if graceEnd := r.started.Add(r.opts.StartupGrace); len(r.expected) > 0 && now.Before(graceEnd) {
-		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), r.expected...))))
+	if graceEnd := c.started.Add(c.opts.StartupGrace); len(c.expected) > 0 && now.Before(graceEnd) {
+		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), c.expected...))))
 		if graceEnd.Before(next) {
 			next = graceEnd
 		}
 	}
 	// A ring hashes ringReplicationFactor virtual nodes per member, and sync
 	// runs on every Lease event: build one only when the members changed.
-	if !slices.Equal(r.ring.Members(), slices.Sorted(slices.Values(members))) {
-		r.ring = NewRing(r.opts.Shards, members)
+	if !slices.Equal(c.ring.Members(), slices.Sorted(slices.Values(members))) {
+		c.ring = NewRing(c.opts.Shards, members)
 	}
-	ring := r.ring
-	for n := range r.opts.Shards {
-		desired := ring.Owner(n) == r.opts.Identity
-		s, have := r.shards[n]
+	ring := c.ring
+	for n := range c.opts.Shards {
+		desired := ring.Owner(n) == c.opts.Identity
+		s, have := c.shards[n]
 		switch {
 		case desired && !have:
-			if b, ok := r.backoff[n]; ok && now.Before(b.notBefore) {
+			if b, ok := c.backoff[n]; ok && now.Before(b.notBefore) {
 				next = minTime(next, b.notBefore)
 				continue
 			}
 			lease := view.shards[n]
-			if reason, ok := lease.state(r.holder, now).Takeable(); ok {
-				r.startShard(ctx, n, reason)
+			if reason, ok := lease.state(c.holder, now).Takeable(); ok {
+				c.startShard(ctx, n, reason)
 			}
 		case !desired && have:
 			s.release("rebalance")
 		}
 	}
-	r.compactLocked(ctx, ring)
+	c.compactLocked(ctx, ring)
 	return time.Until(next)
 }
 
-// startShard begins acquiring a shard. Caller holds r.mu.
-func (r *Replica) startShard(ctx context.Context, n int32, reason string) {
-	s := newShard(r, n)
-	r.shards[n] = s
+// startShard begins acquiring a shard. Caller holds c.mu.
+func (c *coordinator) startShard(ctx context.Context, n int32, reason string) {
+	s := newShard(c, n)
+	c.shards[n] = s
 	go func() {
 		s.run(ctx, reason)
-		r.mu.Lock()
-		if r.shards[n] == s {
-			delete(r.shards, n)
+		c.mu.Lock()
+		if c.shards[n] == s {
+			delete(c.shards, n)
 		}
-		r.noteAcquisitionLocked(n, s.acquireErr)
-		r.mu.Unlock()
-		r.wake()
+		c.noteAcquisitionLocked(n, s.acquireErr)
+		c.mu.Unlock()
+		c.wake()
 	}()
 }
 
@@ -201,22 +284,22 @@ type acquireBackoff struct {
 
 // noteAcquisitionLocked records how an attempt at shard n ended: a failure
 // backs off (100 ms, doubling, at most RetryPeriod), a success forgets the
-// failures. Caller holds r.mu.
-func (r *Replica) noteAcquisitionLocked(n int32, err error) {
+// failures. Caller holds c.mu.
+func (c *coordinator) noteAcquisitionLocked(n int32, err error) {
 	if err == nil {
-		delete(r.backoff, n)
+		delete(c.backoff, n)
 		return
 	}
-	b := r.backoff[n]
+	b := c.backoff[n]
 	if b == nil {
-		b = &acquireBackoff{delays: wait.Backoff{Duration: min(100*time.Millisecond, r.opts.RetryPeriod), Factor: 2,
-			Cap: r.opts.RetryPeriod, Steps: math.MaxInt32}}
-		r.backoff[n] = b
+		b = &acquireBackoff{delays: wait.Backoff{Duration: min(100*time.Millisecond, c.opts.RetryPeriod), Factor: 2,
+			Cap: c.opts.RetryPeriod, Steps: math.MaxInt32}}
+		c.backoff[n] = b
 	}
 	b.failures++
 	b.notBefore = time.Now().Add(b.delays.Step())
 	if b.failures == 3 {
-		r.log.Info("Cannot acquire a shard Lease; backing off", "shard", n, "attempts", b.failures, "reason", err.Error())
+		c.log.Info("Cannot acquire a shard Lease; backing off", "shard", n, "attempts", b.failures, "reason", err.Error())
 	}
 }
 
@@ -225,4 +308,69 @@ func minTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// releaseAll drains and releases every shard and waits for them.
+func (c *coordinator) releaseAll(reason string) {
+	c.mu.Lock()
+	held := make([]*shard, 0, len(c.shards))
+	for _, s := range c.shards {
+		held = append(held, s)
+	}
+	c.mu.Unlock()
+	for _, s := range held {
+		s.release(reason)
+	}
+	for _, s := range held {
+		<-s.done
+	}
+}
+
+// shard returns the runtime of a shard this replica holds, if any.
+func (c *coordinator) shard(n int32) *shard {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shards[n]
+}
+
+// heldShards lists the shards this replica runs, sorted.
+func (c *coordinator) heldShards() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int32
+	for n := range c.opts.Shards {
+		if s, ok := c.shards[n]; ok && s.active() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// inRing reports why the ring, as last computed, does not let this replica
+// act for it: its shard count differs from the ring's, or the ring does not
+// have it yet.
+func (c *coordinator) inRing() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mismatch {
+		return fmt.Errorf("shard count %d differs from the ring's", c.opts.Shards)
+	}
+	if !slices.Contains(c.ring.Members(), c.opts.Identity) {
+		return fmt.Errorf("not a ring member yet")
+	}
+	return nil
+}
+
+// missing lists the shards the ring gives this replica that it does not
+// run yet with synced informers.
+func (c *coordinator) missing() []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int32
+	for _, n := range c.ring.ShardsOf(c.opts.Identity) {
+		if s, ok := c.shards[n]; !ok || !s.synced() {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -28,7 +28,7 @@ import (
 // reads it any more, and the coordinator rebuilds it smaller (compact) when
 // it caches mostly shards this replica no longer holds.
 type group struct {
-	r      *Replica
+	c      *coordinator
 	shards []int32 // the selector's set, sorted
 	cache  cache.Cache
 	ctx    context.Context // the cache's lifetime
@@ -59,19 +59,19 @@ func stripThen(t toolscache.TransformFunc) toolscache.TransformFunc {
 // newGroup creates (but does not start) the cache of a set of shards: the
 // primary and owned kinds, without managed fields, with the ring's indexes
 // and event handlers that hand each event to the shard it belongs to.
-func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err error) {
+func (c *coordinator) newGroup(ctx context.Context, shards []int32) (_ *group, err error) {
 	slices.Sort(shards)
-	sel, err := r.keys.shardSelector(selection.In, shards...)
+	sel, err := c.keys.shardSelector(selection.In, shards...)
 	if err != nil {
 		return nil, err
 	}
-	mgr := r.mgr
+	mgr := c.mgr
 	var syncPeriod *time.Duration
-	if r.opts.SyncPeriod > 0 {
-		syncPeriod = &r.opts.SyncPeriod
+	if c.opts.SyncPeriod > 0 {
+		syncPeriod = &c.opts.SyncPeriod
 	}
 	byObject := map[client.Object]cache.ByObject{}
-	for _, k := range append([]Kind{r.opts.For}, r.opts.Owns...) {
+	for _, k := range append([]Kind{c.opts.For}, c.opts.Owns...) {
 		var by cache.ByObject
 		if k.Transform != nil {
 			by.Transform = stripThen(k.Transform)
@@ -84,10 +84,10 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err e
 			byObject[k.Object] = by
 		}
 	}
-	c, err := cache.New(mgr.GetConfig(), cache.Options{
+	informers, err := cache.New(mgr.GetConfig(), cache.Options{
 		ByObject:                    byObject,
 		SyncPeriod:                  syncPeriod,
-		DefaultNamespaces:           r.namespaces(),
+		DefaultNamespaces:           c.namespaces(),
 		HTTPClient:                  mgr.GetHTTPClient(),
 		Scheme:                      mgr.GetScheme(),
 		Mapper:                      mgr.GetRESTMapper(),
@@ -98,7 +98,7 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err e
 	if err != nil {
 		return nil, fmt.Errorf("creating the cache of shards %v: %w", shards, err)
 	}
-	g := &group{r: r, shards: shards, cache: c, done: make(chan struct{}), synced: make(chan struct{}), counts: map[int32]int64{}}
+	g := &group{c: c, shards: shards, cache: informers, done: make(chan struct{}), synced: make(chan struct{}), counts: map[int32]int64{}}
 	g.ctx, g.stop = context.WithCancel(ctx)
 	defer func() {
 		if err != nil {
@@ -106,23 +106,23 @@ func (r *Replica) newGroup(ctx context.Context, shards []int32) (_ *group, err e
 		}
 	}()
 	ctx = g.ctx
-	for _, ix := range r.opts.Indexes {
-		if err := c.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
+	for _, ix := range c.opts.Indexes {
+		if err := informers.IndexField(ctx, ix.Object, ix.Field, ix.Extract); err != nil {
 			return nil, fmt.Errorf("indexing %T by %s: %w", ix.Object, ix.Field, err)
 		}
 	}
 	handlers := []struct {
 		obj client.Object
 		h   toolscache.ResourceEventHandler
-	}{{r.opts.For.Object, g.primaryHandler()}}
-	for _, k := range r.opts.Owns {
+	}{{c.opts.For.Object, g.primaryHandler()}}
+	for _, k := range c.opts.Owns {
 		handlers = append(handlers, struct {
 			obj client.Object
 			h   toolscache.ResourceEventHandler
 		}{k.Object, g.ownedHandler(k)})
 	}
 	for _, h := range handlers {
-		inf, err := c.GetInformer(ctx, h.obj)
+		inf, err := informers.GetInformer(ctx, h.obj)
 		if err != nil {
 			return nil, fmt.Errorf("creating the informer of %T: %w", h.obj, err)
 		}
@@ -143,7 +143,7 @@ func (g *group) start() {
 	go func() {
 		defer close(g.done)
 		if err := g.cache.Start(ctx); err != nil {
-			g.r.log.Error(err, "Shard cache stopped", "shards", g.shards)
+			g.c.log.Error(err, "Shard cache stopped", "shards", g.shards)
 		}
 	}()
 	go func() {
@@ -182,9 +182,9 @@ func (g *group) leave() {
 	if started {
 		<-g.done
 	}
-	g.r.mu.Lock()
-	delete(g.r.groups, g)
-	g.r.mu.Unlock()
+	g.c.mu.Lock()
+	delete(g.c.groups, g)
+	g.c.mu.Unlock()
 }
 
 // endCompaction lets a failed compaction be tried again.
@@ -225,11 +225,11 @@ func (g *group) count(n int32, delta int64) int64 {
 // shard reads this group; objects of shards released since the group was
 // built are ignored.
 func (g *group) owner(o client.Object) (*shard, int32, bool) {
-	n, ok := g.r.keys.shardOf(o.GetLabels(), g.r.opts.Shards)
+	n, ok := g.c.keys.shardOf(o.GetLabels(), g.c.opts.Shards)
 	if !ok {
 		return nil, 0, false
 	}
-	s := g.r.shard(n)
+	s := g.c.shard(n)
 	if s == nil || !s.reads(g) {
 		return nil, n, false
 	}
@@ -274,32 +274,43 @@ func (sr shardReader) List(ctx context.Context, list client.ObjectList, opts ...
 	return sr.c.List(ctx, list, lo)
 }
 
+// batch gathers the shards whose Leases this replica acquires close
+// together, so that they share one group: one LIST and one watch per kind
+// for all of them.
+type batch struct {
+	shards []*shard
+	// opened is when its first shard joined; timer closes it BatchWindow
+	// after the last join, at most maxBatchWait after opened.
+	opened time.Time
+	timer  *time.Timer
+}
+
 // joinBatch adds a shard whose Lease was just acquired to the open batch,
 // opening one if needed. A batch closes, and its group starts, when every
 // shard the ring gives this replica is held or in the batch, or
 // BatchWindow after it opened, whichever comes first: a handover releases
 // a replica's shards within moments of each other, so the incoming replica
 // lists them once.
-func (r *Replica) joinBatch(ctx context.Context, s *shard) {
-	r.mu.Lock()
-	b := r.open
+func (c *coordinator) joinBatch(ctx context.Context, s *shard) {
+	c.mu.Lock()
+	b := c.open
 	switch {
 	case b == nil:
 		b = &batch{opened: time.Now()}
-		r.open = b
-		b.timer = time.AfterFunc(r.opts.BatchWindow, func() { r.closeBatch(ctx, b) })
-	case time.Since(b.opened) < maxBatchWait*r.opts.BatchWindow:
+		c.open = b
+		b.timer = time.AfterFunc(c.opts.BatchWindow, func() { c.closeBatch(ctx, b) })
+	case time.Since(b.opened) < maxBatchWait*c.opts.BatchWindow:
 		// Acquisitions still arrive: wait for the rest, as a slow API
 		// server (a loaded machine, a fleet starting together) acquires 64
 		// shards over seconds, and each cache closed early is one more
 		// scan of the whole collection.
-		b.timer.Reset(r.opts.BatchWindow)
+		b.timer.Reset(c.opts.BatchWindow)
 	}
 	b.shards = append(b.shards, s)
-	complete := r.batchCompleteLocked()
-	r.mu.Unlock()
+	complete := c.batchCompleteLocked()
+	c.mu.Unlock()
 	if complete {
-		r.closeBatch(ctx, b)
+		c.closeBatch(ctx, b)
 	}
 }
 
@@ -308,10 +319,10 @@ func (r *Replica) joinBatch(ctx context.Context, s *shard) {
 const maxBatchWait = 10
 
 // batchCompleteLocked reports whether every shard the ring gives this
-// replica has passed acquisition. Caller holds r.mu.
-func (r *Replica) batchCompleteLocked() bool {
-	for _, n := range r.ring.ShardsOf(r.opts.Identity) {
-		s, ok := r.shards[n]
+// replica has passed acquisition. Caller holds c.mu.
+func (c *coordinator) batchCompleteLocked() bool {
+	for _, n := range c.ring.ShardsOf(c.opts.Identity) {
+		s, ok := c.shards[n]
 		if !ok || s.is(stateAcquiring) {
 			return false
 		}
@@ -320,34 +331,34 @@ func (r *Replica) batchCompleteLocked() bool {
 }
 
 // unbatch takes a stopped shard out of the open batch.
-func (r *Replica) unbatch(s *shard) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.open != nil {
-		r.open.shards = slices.DeleteFunc(r.open.shards, func(x *shard) bool { return x == s })
+func (c *coordinator) unbatch(s *shard) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open != nil {
+		c.open.shards = slices.DeleteFunc(c.open.shards, func(x *shard) bool { return x == s })
 	}
 }
 
 // closeBatch closes batch b, if still open, and starts its group.
-func (r *Replica) closeBatch(ctx context.Context, b *batch) {
-	r.mu.Lock()
-	if r.open != b {
-		r.mu.Unlock()
+func (c *coordinator) closeBatch(ctx context.Context, b *batch) {
+	c.mu.Lock()
+	if c.open != b {
+		c.mu.Unlock()
 		return
 	}
-	r.open = nil
+	c.open = nil
 	shards := slices.Clone(b.shards)
-	r.mu.Unlock()
+	c.mu.Unlock()
 	if len(shards) > 0 {
-		go r.startGroup(ctx, shards)
+		go c.startGroup(ctx, shards)
 	}
 }
 
 // startGroup creates and starts the cache of a closed batch, once the
 // controller's queue exists, and activates its shards.
-func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
+func (c *coordinator) startGroup(ctx context.Context, shards []*shard) {
 	select {
-	case <-r.queueReady:
+	case <-c.queue.ready:
 	case <-ctx.Done():
 		return
 	}
@@ -356,9 +367,9 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 		ids[i] = s.id
 	}
 	cacheCtx := context.WithoutCancel(ctx)
-	g, err := r.newGroup(cacheCtx, ids)
+	g, err := c.newGroup(cacheCtx, ids)
 	if err != nil {
-		r.log.Error(err, "Creating the cache of acquired shards; releasing them", "shards", ids)
+		c.log.Error(err, "Creating the cache of acquired shards; releasing them", "shards", ids)
 		for _, s := range shards {
 			s.release("cache failed")
 		}
@@ -367,9 +378,9 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 	// Every shard counts as a member until activated, so that one released
 	// meanwhile cannot stop the cache under the others.
 	g.members = len(shards)
-	r.mu.Lock()
-	r.groups[g] = true
-	r.mu.Unlock()
+	c.mu.Lock()
+	c.groups[g] = true
+	c.mu.Unlock()
 	var running []*shard
 	for _, s := range shards {
 		if s.activate(g) {
@@ -379,12 +390,12 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 	for _, s := range running {
 		s.beginTenure()
 	}
-	r.metrics.caches.WithLabelValues("acquisition").Inc()
+	c.metrics.caches.WithLabelValues("acquisition").Inc()
 	g.start()
 	for range shards {
 		g.leave()
 	}
-	r.log.V(1).Info("Started shard cache", "shards", ids, "running", len(running))
+	c.log.V(1).Info("Started shard cache", "shards", ids, "running", len(running))
 	go func() {
 		select {
 		case <-g.synced:
@@ -402,29 +413,29 @@ func (r *Replica) startGroup(ctx context.Context, shards []*shard) {
 // compactLocked rebuilds, smaller, every group that caches mostly shards
 // this replica no longer holds, once the replica holds exactly what the
 // ring gives it (no acquisition or release under way, so the rebuild is
-// not immediately wasted). Caller holds r.mu.
-func (r *Replica) compactLocked(ctx context.Context, ring *Ring) {
-	if r.open != nil {
+// not immediately wasted). Caller holds c.mu.
+func (c *coordinator) compactLocked(ctx context.Context, ring *Ring) {
+	if c.open != nil {
 		return
 	}
-	desired := ring.ShardsOf(r.opts.Identity)
-	if len(desired) != len(r.shards) {
+	desired := ring.ShardsOf(c.opts.Identity)
+	if len(desired) != len(c.shards) {
 		return
 	}
 	for _, n := range desired {
-		if s, ok := r.shards[n]; !ok || !s.synced() {
+		if s, ok := c.shards[n]; !ok || !s.synced() {
 			return
 		}
 	}
-	for g := range r.groups {
+	for g := range c.groups {
 		if g.wasteful() && g.beginCompaction() {
 			var members []*shard
-			for _, s := range r.shards {
+			for _, s := range c.shards {
 				if s.reads(g) {
 					members = append(members, s)
 				}
 			}
-			go r.compact(context.WithoutCancel(ctx), g, members)
+			go c.compact(context.WithoutCancel(ctx), g, members)
 		}
 	}
 }
@@ -433,19 +444,19 @@ func (r *Replica) compactLocked(ctx context.Context, ring *Ring) {
 // shards: the new cache syncs while the old one still serves them, then
 // each shard switches, and every object of the switched shards is enqueued
 // once, for the events that arrived between the two caches' views.
-func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
+func (c *coordinator) compact(ctx context.Context, old *group, members []*shard) {
 	ids := make([]int32, len(members))
 	for i, s := range members {
 		ids[i] = s.id
 	}
-	g, err := r.newGroup(ctx, ids)
+	g, err := c.newGroup(ctx, ids)
 	if err != nil {
-		r.log.Error(err, "Compacting a shard cache; trying again later", "shards", ids)
+		c.log.Error(err, "Compacting a shard cache; trying again later", "shards", ids)
 		old.endCompaction()
 		return
 	}
 	g.members = 1 // the compaction itself, until the switch
-	r.metrics.caches.WithLabelValues("compaction").Inc()
+	c.metrics.caches.WithLabelValues("compaction").Inc()
 	g.start()
 	select {
 	case <-g.synced:
@@ -453,9 +464,9 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 		old.endCompaction()
 		return
 	}
-	r.mu.Lock()
-	r.groups[g] = true
-	r.mu.Unlock()
+	c.mu.Lock()
+	c.groups[g] = true
+	c.mu.Unlock()
 	var switched []*shard
 	for _, s := range members {
 		if s.regroup(old, g) {
@@ -463,25 +474,25 @@ func (r *Replica) compact(ctx context.Context, old *group, members []*shard) {
 			old.leave()
 		}
 	}
-	r.log.V(1).Info("Compacted a shard cache", "from", old.shards, "to", ids, "switched", len(switched))
+	c.log.V(1).Info("Compacted a shard cache", "from", old.shards, "to", ids, "switched", len(switched))
 	for _, s := range switched {
-		r.metrics.objects.WithLabelValues(s.name).Set(float64(g.count(s.id, 0)))
-		r.enqueueAll(ctx, s, g)
+		c.metrics.objects.WithLabelValues(s.name).Set(float64(g.count(s.id, 0)))
+		c.enqueueAll(ctx, s, g)
 	}
 	g.leave()
 }
 
 // enqueueAll enqueues every primary object of shard s in group g, at low
 // priority.
-func (r *Replica) enqueueAll(ctx context.Context, s *shard, g *group) {
-	obj, err := r.mgr.GetScheme().New(r.forGVK.GroupVersion().WithKind(r.forGVK.Kind + "List"))
+func (c *coordinator) enqueueAll(ctx context.Context, s *shard, g *group) {
+	obj, err := c.mgr.GetScheme().New(c.forGVK.GroupVersion().WithKind(c.forGVK.Kind + "List"))
 	list, ok := obj.(client.ObjectList)
 	if err != nil || !ok {
-		r.log.Error(err, "Listing a compacted shard: no list kind", "kind", r.forGVK)
+		c.log.Error(err, "Listing a compacted shard: no list kind", "kind", c.forGVK)
 		return
 	}
 	if err := s.reader(g).List(ctx, list); err != nil {
-		r.log.Error(err, "Listing a compacted shard", "shard", s.id)
+		c.log.Error(err, "Listing a compacted shard", "shard", s.id)
 		return
 	}
 	_ = meta.EachListItem(list, func(o runtime.Object) error {

@@ -34,11 +34,11 @@ func (s *shard) enqueue(key types.NamespacedName, initial bool) {
 		return
 	}
 	req := Request{Shard: s.id, NamespacedName: key}
-	if pq, ok := s.r.queue.(priorityqueue.PriorityQueue[Request]); ok && initial {
+	if pq, ok := s.c.queue.q.(priorityqueue.PriorityQueue[Request]); ok && initial {
 		pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority)}, req)
 		return
 	}
-	s.r.queue.Add(req)
+	s.c.queue.q.Add(req)
 }
 
 func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool {
@@ -55,12 +55,12 @@ func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool 
 // wrong label is corrected (the right shard's owner picks the object up),
 // never reconciled. It keeps each shard's object count.
 func (g *group) primaryHandler() toolscache.ResourceEventHandler {
-	preds := g.r.opts.For.Predicates
+	preds := g.c.opts.For.Predicates
 	counted := func(o client.Object, delta int64) {
-		if n, ok := g.r.keys.shardOf(o.GetLabels(), g.r.opts.Shards); ok {
+		if n, ok := g.c.keys.shardOf(o.GetLabels(), g.c.opts.Shards); ok {
 			c := g.count(n, delta)
 			if s, _, ok := g.owner(o); ok {
-				s.r.metrics.objects.WithLabelValues(s.name).Set(float64(c))
+				s.c.metrics.objects.WithLabelValues(s.name).Set(float64(c))
 			}
 		}
 	}
@@ -87,7 +87,7 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 			if !ok1 || !ok2 {
 				return
 			}
-			if oldO.GetLabels()[g.r.keys.shard] != newO.GetLabels()[g.r.keys.shard] {
+			if oldO.GetLabels()[g.c.keys.shard] != newO.GetLabels()[g.c.keys.shard] {
 				// The object moved between two shards of this group: the
 				// old shard's reconcile sees NotFound, as it would with a
 				// cache of its own.
@@ -131,7 +131,7 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 // the owned object's shard: its controller owner of the primary kind, or
 // what the kind's Requests says.
 func (g *group) ownedHandler(k Kind) toolscache.ResourceEventHandler {
-	forGVK := g.r.forGVK
+	forGVK := g.c.forGVK
 	owner := func(o client.Object) (types.NamespacedName, bool) {
 		ref := metav1.GetControllerOf(o)
 		if ref == nil || ref.Kind != forGVK.Kind {
@@ -190,13 +190,13 @@ func (g *group) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 // rightShard reports whether an object's domain maps to this shard, and
 // corrects its label in the background when it does not.
 func (s *shard) rightShard(o client.Object) bool {
-	domain := s.r.opts.Domain(o)
-	want := ShardOf(domain, s.r.opts.Shards)
+	domain := s.c.opts.Domain(o)
+	want := ShardOf(domain, s.c.opts.Shards)
 	if want == s.id {
 		return true
 	}
 	go func() {
-		if err := s.r.stampLabels(context.Background(), o, domain, want); err != nil {
+		if err := s.c.stampLabels(context.Background(), o, domain, want); err != nil {
 			s.log.Error(err, "Correcting a wrong shard label", "object", client.ObjectKeyFromObject(o))
 		} else {
 			s.log.Info("Corrected a wrong shard label", "object", client.ObjectKeyFromObject(o), "from", s.id, "to", want)
@@ -208,8 +208,8 @@ func (s *shard) rightShard(o client.Object) bool {
 // stampLabels writes an object's domain and shard labels with a merge patch
 // of the labels alone: the shard follows from the immutable domain, so
 // concurrent stamps agree and need no resourceVersion guard.
-func (r *Replica) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": r.keys.owned(shard, domain)}})
+func (e *env) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": e.keys.owned(shard, domain)}})
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func (r *Replica) stampLabels(ctx context.Context, o client.Object, domain strin
 	if !ok {
 		return fmt.Errorf("%T is not a client.Object", o)
 	}
-	if err := r.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+	if err := e.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("labeling %s with shard %d: %w", client.ObjectKeyFromObject(o), shard, err)
 	}
 	return nil

@@ -43,7 +43,9 @@ import (
 // created meanwhile was ever reconciled. Its lifecycle is one state machine
 // (labelerState), run by Start.
 type labeler struct {
-	r         *Replica
+	env *env
+	// inRing says why this replica may not label now (nil: it may).
+	inRing    func() error
 	kick      chan struct{} // the ring or this replica's place in it may have changed
 	unlabeled atomic.Int64
 	log       logr.Logger
@@ -74,8 +76,8 @@ func (st labelerState) String() string {
 	return [...]string{"Idle", "Campaigning", "Leading", "SteppingDown"}[st]
 }
 
-func newLabeler(r *Replica) *labeler {
-	return &labeler{r: r, kick: make(chan struct{}, 1), log: r.log.WithName("labeler")}
+func newLabeler(e *env, inRing func() error) *labeler {
+	return &labeler{env: e, inRing: inRing, kick: make(chan struct{}, 1), log: e.log.WithName("labeler")}
 }
 
 // wake makes the labeler look at the ring again. It never blocks.
@@ -124,7 +126,7 @@ func shardNumbers(shards int32) []int32 {
 // SteppingDown at the end of each campaign.
 func (l *labeler) Start(ctx context.Context) error {
 	for ctx.Err() == nil {
-		if why := l.r.inRing(); why != nil {
+		if why := l.inRing(); why != nil {
 			l.setState(labelerIdle, why)
 			select {
 			case <-ctx.Done():
@@ -141,7 +143,7 @@ func (l *labeler) Start(ctx context.Context) error {
 			// before this one campaigns again.
 			select {
 			case <-ctx.Done():
-			case <-time.After(l.r.opts.RetryPeriod):
+			case <-time.After(l.env.opts.RetryPeriod):
 			}
 		}
 	}
@@ -157,12 +159,12 @@ func (l *labeler) Start(ctx context.Context) error {
 // it steps down: the labeling stops first, then the Lease is released, so
 // the next labeler can start at once.
 func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
-	r := l.r
-	lease := r.newLeaseWriter(lease.LabelerName(r.opts.Ring), nil, nil)
+	e := l.env
+	lease := e.newLeaseWriter(lease.LabelerName(e.opts.Ring), nil, nil)
 	l.setState(labelerCampaigning, nil)
 	var renewed time.Time
 	for {
-		tctx, cancel := context.WithTimeout(ctx, r.opts.RenewDeadline)
+		tctx, cancel := context.WithTimeout(ctx, e.opts.RenewDeadline)
 		start := time.Now()
 		_, err := lease.take(tctx)
 		cancel()
@@ -177,10 +179,10 @@ func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 		case <-ctx.Done():
 			return false, nil
 		case <-l.kick:
-			if r.inRing() != nil {
+			if l.inRing() != nil {
 				return false, nil
 			}
-		case <-time.After(wait.Jitter(r.opts.RetryPeriod, leaderelection.JitterFactor)):
+		case <-time.After(wait.Jitter(e.opts.RetryPeriod, leaderelection.JitterFactor)):
 		}
 	}
 
@@ -189,7 +191,7 @@ func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 	defer endTerm()
 	ended := make(chan error, 1)
 	go func() { ended <- l.lead(termCtx) }()
-	renewal := time.NewTicker(r.opts.RetryPeriod)
+	renewal := time.NewTicker(e.opts.RetryPeriod)
 	defer renewal.Stop()
 	var why error
 	lost := false
@@ -200,7 +202,7 @@ leading:
 			why = context.Cause(ctx)
 			break leading
 		case <-l.kick:
-			if why = r.inRing(); why != nil {
+			if why = l.inRing(); why != nil {
 				break leading
 			}
 		case err := <-ended:
@@ -216,7 +218,7 @@ leading:
 			failed, why = true, err
 			break leading
 		case <-renewal.C:
-			at, err := lease.renewBefore(ctx, renewed.Add(r.opts.RenewDeadline), r.opts.RetryPeriod/4)
+			at, err := lease.renewBefore(ctx, renewed.Add(e.opts.RenewDeadline), e.opts.RetryPeriod/4)
 			if err != nil {
 				lost, why = true, fmt.Errorf("the labeler Lease was lost: %w", err)
 				break leading
@@ -230,7 +232,7 @@ leading:
 		<-ended
 	}
 	if !lost {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.RenewDeadline)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.RenewDeadline)
 		if err := lease.release(rctx); err != nil {
 			l.log.Error(err, "Releasing the labeler Lease; it expires by itself")
 		}
@@ -242,57 +244,57 @@ leading:
 
 // lead labels unlabeled objects until ctx (the labeler's term) ends.
 func (l *labeler) lead(ctx context.Context) error {
-	r := l.r
-	r.metrics.labeler.Set(1)
-	defer r.metrics.labeler.Set(0)
+	e := l.env
+	e.metrics.labeler.Set(1)
+	defer e.metrics.labeler.Set(0)
 	l.unlabeled.Store(0) // this term's cache counts them afresh
-	sel, err := r.keys.shardSelector(selection.NotIn, shardNumbers(r.opts.Shards)...)
+	sel, err := e.keys.shardSelector(selection.NotIn, shardNumbers(e.opts.Shards)...)
 	if err != nil {
 		return err
 	}
-	mgr := r.mgr
+	mgr := e.mgr
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient:           mgr.GetHTTPClient(),
 		Scheme:               mgr.GetScheme(),
 		Mapper:               mgr.GetRESTMapper(),
 		DefaultLabelSelector: sel,
-		DefaultNamespaces:    r.namespaces(),
+		DefaultNamespaces:    e.namespaces(),
 		DefaultTransform:     cache.TransformStripManagedFields(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating labeler cache: %w", err)
 	}
-	inf, err := c.GetInformer(ctx, r.opts.For.Object)
+	inf, err := c.GetInformer(ctx, e.opts.For.Object)
 	if err != nil {
 		return fmt.Errorf("watching unlabeled objects: %w", err)
 	}
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { l.r.metrics.unlabeled.Set(float64(l.unlabeled.Add(1))) },
-		DeleteFunc: func(any) { l.r.metrics.unlabeled.Set(float64(l.unlabeled.Add(-1))) },
+		AddFunc:    func(any) { l.env.metrics.unlabeled.Set(float64(l.unlabeled.Add(1))) },
+		DeleteFunc: func(any) { l.env.metrics.unlabeled.Set(float64(l.unlabeled.Add(-1))) },
 	}); err != nil {
 		return fmt.Errorf("counting unlabeled objects: %w", err)
 	}
 	var table *shardTable
-	if r.opts.ShardTable != "" {
-		table = newShardTable(r)
+	if e.opts.ShardTable != "" {
+		table = newShardTable(e)
 	}
-	ctl, err := controller.NewUnmanaged("kshard-labeler-"+r.opts.Ring, controller.Options{
+	ctl, err := controller.NewUnmanaged("kshard-labeler-"+e.opts.Ring, controller.Options{
 		Reconciler: reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 			return l.reconcile(ctx, c, table, req)
 		}),
-		MaxConcurrentReconciles: r.opts.LabelerWorkers,
+		MaxConcurrentReconciles: e.opts.LabelerWorkers,
 		SkipNameValidation:      ptr.To(true),
 		Logger:                  l.log,
 	})
 	if err != nil {
 		return fmt.Errorf("creating labeler: %w", err)
 	}
-	if err := ctl.Watch(ctrlsource.Kind(c, r.opts.For.Object, &handler.EnqueueRequestForObject{})); err != nil {
+	if err := ctl.Watch(ctrlsource.Kind(c, e.opts.For.Object, &handler.EnqueueRequestForObject{})); err != nil {
 		return fmt.Errorf("creating labeler: %w", err)
 	}
 	l.log.Info("Labeling unlabeled objects as the elected labeler")
 	errs := make(chan error, 2)
-	r.metrics.caches.WithLabelValues("labeler").Inc()
+	e.metrics.caches.WithLabelValues("labeler").Inc()
 	var tableDone sync.WaitGroup
 	if table != nil {
 		tableDone.Go(func() { table.run(ctx) })
@@ -302,7 +304,7 @@ func (l *labeler) lead(ctx context.Context) error {
 	err = <-errs
 	<-errs
 	tableDone.Wait()
-	l.r.metrics.unlabeled.Set(0)
+	l.env.metrics.unlabeled.Set(0)
 	return err
 }
 
@@ -310,9 +312,9 @@ func (l *labeler) lead(ctx context.Context) error {
 // the ring keeps one), so that the next object of the domain is labeled at
 // admission.
 func (l *labeler) reconcile(ctx context.Context, c client.Reader, table *shardTable, req reconcile.Request) (reconcile.Result, error) {
-	obj, ok := l.r.opts.For.Object.DeepCopyObject().(client.Object)
+	obj, ok := l.env.opts.For.Object.DeepCopyObject().(client.Object)
 	if !ok {
-		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", l.r.opts.For.Object)
+		return reconcile.Result{}, fmt.Errorf("%T is not a client.Object", l.env.opts.For.Object)
 	}
 	if err := c.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -320,16 +322,16 @@ func (l *labeler) reconcile(ctx context.Context, c client.Reader, table *shardTa
 		}
 		return reconcile.Result{}, err
 	}
-	if l.r.inRing() != nil {
+	if l.inRing() != nil {
 		// Labeling by another shard count would put objects in shards
 		// nobody runs, or fight the replicas that correct labels. This
 		// replica is stepping down (campaign): the next labeler lists
 		// this object afresh.
 		return reconcile.Result{}, nil
 	}
-	domain := l.r.opts.Domain(obj)
-	shard := ShardOf(domain, l.r.opts.Shards)
-	if err := l.r.stampLabels(ctx, obj, domain, shard); err != nil {
+	domain := l.env.opts.Domain(obj)
+	shard := ShardOf(domain, l.env.opts.Shards)
+	if err := l.env.stampLabels(ctx, obj, domain, shard); err != nil {
 		return reconcile.Result{}, err
 	}
 	if table != nil {

@@ -286,15 +286,15 @@ func (w *leaseWriter) update(ctx context.Context, l *coordinationv1.Lease) error
 }
 
 // newLeaseWriter writes the ring's Lease name as this replica.
-func (r *Replica) newLeaseWriter(name string, labels, annotations map[string]string) *leaseWriter {
+func (e *env) newLeaseWriter(name string, labels, annotations map[string]string) *leaseWriter {
 	return &leaseWriter{
-		leases:      r.leases.CoordinationV1().Leases(r.opts.LeaseNamespace),
+		leases:      e.leases.CoordinationV1().Leases(e.opts.LeaseNamespace),
 		name:        name,
 		labels:      labels,
 		annotations: annotations,
-		holder:      r.holder,
-		duration:    r.opts.LeaseDuration,
-		clock:       r.opts.Clock,
-		observed:    &r.observed,
+		holder:      e.holder,
+		duration:    e.opts.LeaseDuration,
+		clock:       e.opts.Clock,
+		observed:    &e.observed,
 	}
 }

@@ -35,19 +35,21 @@ func (st memberState) String() string { return [...]string{"Joining", "Held", "W
 // "<replica>_<incarnation>", is what keeps a second process with the same
 // identity out.
 type memberLease struct {
-	r     *Replica
+	env   *env
 	lease *leaseWriter
+	// wake tells the coordinator that the member state changed.
+	wake func()
 
 	mu     sync.Mutex
 	state  memberState
 	holder string // the other incarnation, while waiting
 }
 
-func newMemberLease(r *Replica) *memberLease {
-	opts := r.opts
-	return &memberLease{r: r, lease: r.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
-		map[string]string{r.keys.ring: opts.Ring, r.keys.leaseKind: lease.KindMember},
-		map[string]string{r.keys.shards: strconv.Itoa(int(opts.Shards))})}
+func newMemberLease(e *env, wake func()) *memberLease {
+	opts := e.opts
+	return &memberLease{env: e, wake: wake, lease: e.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
+		map[string]string{e.keys.ring: opts.Ring, e.keys.leaseKind: lease.KindMember},
+		map[string]string{e.keys.shards: strconv.Itoa(int(opts.Shards))})}
 }
 
 // run renews the member Lease every RetryPeriod until ctx is done. A renewal
@@ -59,7 +61,7 @@ func newMemberLease(r *Replica) *memberLease {
 func (m *memberLease) run(ctx context.Context) {
 	renewCtx := context.WithoutCancel(ctx)
 	m.renewOnce(renewCtx)
-	t := time.NewTicker(m.r.opts.RetryPeriod)
+	t := time.NewTicker(m.env.opts.RetryPeriod)
 	defer t.Stop()
 	for {
 		select {
@@ -82,12 +84,12 @@ func (m *memberLease) setState(st memberState, other string) {
 	}
 	switch st {
 	case memberWaiting:
-		m.r.log.Info("REPLICA IDENTITY IN USE: another process renews this replica's member Lease; claiming nothing until it stops",
-			"holder", other, "mine", m.r.holder)
+		m.env.log.Info("REPLICA IDENTITY IN USE: another process renews this replica's member Lease; claiming nothing until it stops",
+			"holder", other, "mine", m.env.holder)
 	default:
-		m.r.log.Info("Member Lease", "state", st, "holder", m.r.holder)
+		m.env.log.Info("Member Lease", "state", st, "holder", m.env.holder)
 	}
-	m.r.wake()
+	m.wake()
 }
 
 // held reports whether this incarnation holds the member Lease.
@@ -107,7 +109,7 @@ func (m *memberLease) notHeldReason() error {
 		return nil
 	case memberWaiting:
 		return fmt.Errorf("replica identity %q is in use by another process (member Lease holder %q, this process %q): waiting for it to stop renewing",
-			m.r.opts.Identity, m.holder, m.r.holder)
+			m.env.opts.Identity, m.holder, m.env.holder)
 	}
 	return errors.New("member Lease not written yet")
 }
@@ -118,7 +120,7 @@ func (m *memberLease) notHeldReason() error {
 // seen renewed for its duration; it waits on one that another incarnation
 // still renews. Conflicts read it again.
 func (m *memberLease) renewOnce(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
+	ctx, cancel := context.WithTimeout(ctx, m.env.opts.RenewDeadline)
 	defer cancel()
 	for attempt := 0; attempt < 3; attempt++ {
 		var err error
@@ -128,7 +130,7 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 			var reason string
 			reason, err = m.lease.take(ctx)
 			if reason == "expired" {
-				m.r.log.Info("Took over this replica's member Lease from a process that stopped renewing it")
+				m.env.log.Info("Took over this replica's member Lease from a process that stopped renewing it")
 			}
 		}
 		var held *heldError
@@ -142,7 +144,7 @@ func (m *memberLease) renewOnce(ctx context.Context) {
 		case errors.Is(err, errLeaseLost):
 			m.setState(memberJoining, "")
 		case !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && !apierrors.IsNotFound(err):
-			m.r.log.Error(err, "Renewing member Lease")
+			m.env.log.Error(err, "Renewing member Lease")
 			return
 		}
 	}
@@ -155,10 +157,10 @@ func (m *memberLease) handOver(ctx context.Context) {
 	if !m.held() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.r.opts.RenewDeadline)
+	ctx, cancel := context.WithTimeout(ctx, m.env.opts.RenewDeadline)
 	defer cancel()
-	if err := m.lease.handOver(ctx, m.r.opts.Identity); err != nil {
-		m.r.log.Error(err, "Handing the member Lease over to the next incarnation; it waits for the Lease to expire")
+	if err := m.lease.handOver(ctx, m.env.opts.Identity); err != nil {
+		m.env.log.Error(err, "Handing the member Lease over to the next incarnation; it waits for the Lease to expire")
 	}
 }
 
@@ -169,6 +171,6 @@ func (m *memberLease) delete(ctx context.Context) {
 		return
 	}
 	if err := m.lease.delete(ctx); err != nil {
-		m.r.log.Error(err, "Deleting member Lease; the ring drops this replica when it expires")
+		m.env.log.Error(err, "Deleting member Lease; the ring drops this replica when it expires")
 	}
 }

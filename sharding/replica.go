@@ -3,7 +3,6 @@ package sharding
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,16 +29,29 @@ import (
 // when the ring changes or the process stops.
 //
 // A Replica is a manager.Runnable that runs on every replica (it does not
-// need leader election), and the controller's event source.
+// need leader election), and the controller's event source. It is a front:
+// the member Lease (membership.go), the coordinator and the shards it runs
+// (coordinator.go, shard.go, group.go) and the labeler (labeler.go) each
+// keep their own state.
 type Replica struct {
+	env     *env
+	member  *memberLease
+	coord   *coordinator
+	labeler *labeler
+	// controller is the one controller this replica feeds.
+	controller feeds
+}
+
+// env is what every part of a replica reads: its options, names, clients,
+// metrics and log, set once by New, and the controller's queue, set once
+// when the controller starts.
+type env struct {
 	opts Options
 	// holder is this process's name in the Leases it holds:
 	// "<identity>_<incarnation>".
 	holder string
 	// keys are the ring's label and annotation keys (Options.LabelPrefix).
 	keys      labelKeys
-	member    *memberLease
-	labeler   *labeler
 	metrics   ringMetrics
 	log       logr.Logger
 	mgr       manager.Manager
@@ -48,41 +59,27 @@ type Replica struct {
 	apiReader client.Reader
 	writer    client.Client
 	forGVK    schema.GroupVersionKind
-
-	leaseCache cache.Cache
-	kick       chan struct{}
-
-	queueOnce  sync.Once
-	queueReady chan struct{}
-	queue      workqueue.TypedRateLimitingInterface[Request]
-
-	mu         sync.Mutex
-	controller feeds // the one controller this replica feeds
-	ring       *Ring
-	mismatch   bool
-	shards     map[int32]*shard
-	acquires   chan struct{} // bounds concurrent Lease acquisitions
-	open       *batch        // the acquisition batch shards join, if any
-	groups     map[*group]bool
-	backoff    map[int32]*acquireBackoff
-	observed   observations
-
-	// expected are the StatefulSet's desired members, read at start; they
-	// count as ring members until StartupGrace after started, so a replica
-	// that starts before its peers claims only its own share.
-	expected []string
-	started  time.Time
+	// observed times the expiry of every ring Lease this replica reads or
+	// writes, on its own monotonic clock.
+	observed observations
+	queue    queueSlot
 }
 
-// batch gathers the shards whose Leases this replica acquires close
-// together, so that they share one group: one LIST and one watch per kind
-// for all of them.
-type batch struct {
-	shards []*shard
-	// opened is when its first shard joined; timer closes it BatchWindow
-	// after the last join, at most maxBatchWait after opened.
-	opened time.Time
-	timer  *time.Timer
+// queueSlot is the sharded controller's work queue, which exists only once
+// the controller has started: shard caches wait for it before they deliver
+// events.
+type queueSlot struct {
+	once  sync.Once
+	ready chan struct{}
+	q     workqueue.TypedRateLimitingInterface[Request]
+}
+
+// set is called once, by the controller's source.
+func (s *queueSlot) set(q workqueue.TypedRateLimitingInterface[Request]) {
+	s.once.Do(func() {
+		s.q = q
+		close(s.ready)
+	})
 }
 
 // New creates a Replica and adds it to the manager.
@@ -119,28 +116,24 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)
 	}
 	holder := lease.Holder(opts.Identity, opts.Incarnation)
-	r := &Replica{
-		opts:       opts,
-		keys:       keys,
-		holder:     holder,
-		metrics:    newRingMetrics(opts.MetricsPrefix, opts.Ring),
-		log:        opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
-		mgr:        mgr,
-		leases:     cs,
-		apiReader:  mgr.GetAPIReader(),
-		writer:     mgr.GetClient(),
-		forGVK:     forGVK,
-		leaseCache: leaseCache,
-		kick:       make(chan struct{}, 1),
-		queueReady: make(chan struct{}),
-		ring:       NewRing(opts.Shards, nil),
-		shards:     map[int32]*shard{},
-		acquires:   make(chan struct{}, 16),
-		groups:     map[*group]bool{},
-		backoff:    map[int32]*acquireBackoff{},
+	e := &env{
+		opts:      opts,
+		keys:      keys,
+		holder:    holder,
+		metrics:   newRingMetrics(opts.MetricsPrefix, opts.Ring),
+		log:       opts.Logger.WithValues("ring", opts.Ring, "replica", opts.Identity, "holder", holder),
+		mgr:       mgr,
+		leases:    cs,
+		apiReader: mgr.GetAPIReader(),
+		writer:    mgr.GetClient(),
+		forGVK:    forGVK,
+		queue:     queueSlot{ready: make(chan struct{})},
 	}
-	r.member = newMemberLease(r)
-	r.labeler = newLabeler(r)
+	coord := newCoordinator(e, leaseCache)
+	r := &Replica{env: e, coord: coord}
+	r.member = newMemberLease(e, coord.wake)
+	r.labeler = newLabeler(e, r.inRing)
+	coord.member, coord.labeler = r.member, r.labeler
 	if err := mgr.Add(r); err != nil {
 		return nil, err
 	}
@@ -151,28 +144,28 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 }
 
 // namespaces is the cache restriction of Options.Namespaces.
-func (r *Replica) namespaces() map[string]cache.Config {
-	if len(r.opts.Namespaces) == 0 {
+func (e *env) namespaces() map[string]cache.Config {
+	if len(e.opts.Namespaces) == 0 {
 		return nil
 	}
 	out := map[string]cache.Config{}
-	for _, ns := range r.opts.Namespaces {
+	for _, ns := range e.opts.Namespaces {
 		out[ns] = cache.Config{}
 	}
 	return out
 }
 
 // Identity is this replica's name in the ring.
-func (r *Replica) Identity() string { return r.opts.Identity }
+func (r *Replica) Identity() string { return r.env.opts.Identity }
 
 // OwnedLabels are the labels of an object created for shard's objects,
 // under the ring's label prefix.
 func (r *Replica) OwnedLabels(shard int32, domain string) map[string]string {
-	return r.keys.owned(shard, domain)
+	return r.env.keys.owned(shard, domain)
 }
 
 // Count is the ring's shard count.
-func (r *Replica) Count() int32 { return r.opts.Shards }
+func (r *Replica) Count() int32 { return r.env.opts.Shards }
 
 // NeedLeaderElection is false: every replica runs its shards.
 func (r *Replica) NeedLeaderElection() bool { return false }
@@ -181,87 +174,48 @@ func (r *Replica) NeedLeaderElection() bool { return false }
 // (or, when restarting in a StatefulSet, releases them but keeps its place)
 // before it returns.
 func (r *Replica) Start(ctx context.Context) error {
-	r.log.Info("Starting replica", "shards", r.opts.Shards, "leaseNamespace", r.opts.LeaseNamespace)
-	leaseCtx, stopLeaseCache := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLeaseCache()
-	inf, err := r.leaseCache.GetInformer(leaseCtx, &coordinationv1.Lease{})
+	e := r.env
+	e.log.Info("Starting replica", "shards", e.opts.Shards, "leaseNamespace", e.opts.LeaseNamespace)
+	stopWatching, err := r.coord.watchLeases(ctx)
 	if err != nil {
-		return fmt.Errorf("watching ring Leases: %w", err)
+		return err
 	}
-	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { r.wake() },
-		UpdateFunc: r.leaseUpdated,
-		DeleteFunc: func(any) { r.wake() },
-	}); err != nil {
-		return fmt.Errorf("watching ring Leases: %w", err)
-	}
-	cacheDone := make(chan error, 1)
-	go func() { cacheDone <- r.leaseCache.Start(leaseCtx) }()
-	if !r.leaseCache.WaitForCacheSync(ctx) {
-		return fmt.Errorf("syncing ring Leases: %w", context.Cause(ctx))
-	}
+	defer stopWatching()
 
-	r.started = time.Now()
-	r.expected = r.expectedMembers(ctx)
-	member := r.member
+	r.coord.expect(e.expectedMembers(ctx))
 	memberDone := make(chan struct{})
 	memberCtx, stopMember := context.WithCancel(ctx)
-	go func() { defer close(memberDone); member.run(memberCtx) }()
+	go func() { defer close(memberDone); r.member.run(memberCtx) }()
 
-	r.coordinate(ctx)
+	r.coord.run(ctx)
 
 	// Shutdown: decide whether we leave the ring or only restart, then drain.
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.DrainTimeout+r.opts.RenewDeadline)
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.DrainTimeout+e.opts.RenewDeadline)
 	defer cancel()
-	intent := r.terminationIntent(shutdownCtx)
-	r.log.Info("Stopping replica", "intent", intent)
+	intent := e.terminationIntent(shutdownCtx)
+	e.log.Info("Stopping replica", "intent", intent)
 	stopMember()
 	<-memberDone
 	if intent == intentLeave {
 		// Leaving first lets the others compute the new ring at once, so they
 		// are ready to acquire each shard the moment it is released.
-		member.delete(shutdownCtx)
+		r.member.delete(shutdownCtx)
 	} else {
-		member.handOver(shutdownCtx)
+		r.member.handOver(shutdownCtx)
 	}
 	reason := "shutdown"
 	if intent == intentRestart {
 		reason = "restart"
 	}
-	r.releaseAll(reason)
-	stopLeaseCache()
-	<-cacheDone
+	r.coord.releaseAll(reason)
 	return nil
-}
-
-// releaseAll drains and releases every shard and waits for them.
-func (r *Replica) releaseAll(reason string) {
-	r.mu.Lock()
-	held := make([]*shard, 0, len(r.shards))
-	for _, s := range r.shards {
-		held = append(held, s)
-	}
-	r.mu.Unlock()
-	for _, s := range held {
-		s.release(reason)
-	}
-	for _, s := range held {
-		<-s.done
-	}
-}
-
-// shard returns the runtime of a shard this replica holds, if any.
-func (r *Replica) shard(n int32) *shard {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.shards[n]
 }
 
 // Holds reports whether this replica holds a shard now: it runs it, and
 // renewed its Lease within the renew deadline. A shard can be lost at any
 // time; a write asks WriteContext instead.
 func (r *Replica) Holds(n int32) bool {
-	s := r.shard(n)
+	s := r.coord.shard(n)
 	if s == nil {
 		return false
 	}
@@ -283,7 +237,7 @@ func (r *Replica) Holds(n int32) bool {
 // retries the request within a quarter of the retry period; when it is not,
 // the request is dropped and the shard's next holder lists the object.
 func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, context.CancelFunc, bool) {
-	s := r.shard(n)
+	s := r.coord.shard(n)
 	if s == nil {
 		return ctx, func() {}, false
 	}
@@ -298,7 +252,7 @@ func (r *Replica) WriteContext(ctx context.Context, n int32) (context.Context, c
 
 // Reader reads a held shard's objects from its informer cache.
 func (r *Replica) Reader(n int32) (client.Reader, bool) {
-	s := r.shard(n)
+	s := r.coord.shard(n)
 	if s == nil {
 		return nil, false
 	}
@@ -309,38 +263,15 @@ func (r *Replica) Reader(n int32) (client.Reader, bool) {
 // reports false when the shard stopped (or ctx ended) first. An OnAcquire
 // hook that reads the shard's objects waits for it in a goroutine.
 func (r *Replica) WaitForSync(ctx context.Context, n int32) bool {
-	s := r.shard(n)
+	s := r.coord.shard(n)
 	if s == nil {
 		return false
 	}
-	s.mu.Lock()
-	g := s.group
-	s.mu.Unlock()
-	if g == nil {
-		return false
-	}
-	select {
-	case <-g.synced:
-		return s.synced()
-	case <-g.done:
-	case <-s.ctx.Done():
-	case <-ctx.Done():
-	}
-	return false
+	return s.waitForSync(ctx)
 }
 
 // HeldShards lists the shards this replica runs, sorted.
-func (r *Replica) HeldShards() []int32 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []int32
-	for n := range r.opts.Shards {
-		if s, ok := r.shards[n]; ok && s.active() {
-			out = append(out, n)
-		}
-	}
-	return out
-}
+func (r *Replica) HeldShards() []int32 { return r.coord.heldShards() }
 
 // inRing reports why this replica may not act for the ring (claim shards,
 // label objects): another process runs its identity, its shard count
@@ -349,15 +280,7 @@ func (r *Replica) inRing() error {
 	if err := r.member.notHeldReason(); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.mismatch {
-		return fmt.Errorf("shard count %d differs from the ring's", r.opts.Shards)
-	}
-	if !slices.Contains(r.ring.Members(), r.opts.Identity) {
-		return fmt.Errorf("not a ring member yet")
-	}
-	return nil
+	return r.coord.inRing()
 }
 
 // Ready is a readiness check: ready once this replica runs every shard the
@@ -366,24 +289,8 @@ func (r *Replica) Ready() error {
 	if err := r.inRing(); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var missing []int32
-	for _, n := range r.ring.ShardsOf(r.opts.Identity) {
-		if s, ok := r.shards[n]; !ok || !s.synced() {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := r.coord.missing(); len(missing) > 0 {
 		return fmt.Errorf("%d desired shards not running yet: %v", len(missing), missing)
 	}
 	return nil
-}
-
-// setQueue is called once by the controller's source.
-func (r *Replica) setQueue(q workqueue.TypedRateLimitingInterface[Request]) {
-	r.queueOnce.Do(func() {
-		r.queue = q
-		close(r.queueReady)
-	})
 }

@@ -81,7 +81,7 @@ var shardLifecycle = map[shardState]map[shardEvent]shardState{
 // goroutine (run) owns the Lease from acquisition to release, so renewals,
 // fencing and release never race each other.
 type shard struct {
-	r    *Replica
+	c    *coordinator
 	id   int32
 	name string
 	log  logr.Logger
@@ -115,19 +115,38 @@ type shard struct {
 	lastRenew time.Time
 }
 
-func newShard(r *Replica, n int32) *shard {
+func newShard(c *coordinator, n int32) *shard {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &shard{
-		r:         r,
+		c:         c,
 		id:        n,
 		name:      strconv.Itoa(int(n)),
-		log:       r.log.WithValues("shard", n),
+		log:       c.log.WithValues("shard", n),
 		done:      make(chan struct{}),
 		releaseCh: make(chan string, 1),
 		started:   time.Now(),
 		ctx:       ctx,
 		cancel:    cancel,
 	}
+}
+
+// waitForSync waits until the shard's group has synced, and reports false
+// when the shard stopped (or ctx ended) first.
+func (s *shard) waitForSync(ctx context.Context) bool {
+	s.mu.Lock()
+	g := s.group
+	s.mu.Unlock()
+	if g == nil {
+		return false
+	}
+	select {
+	case <-g.synced:
+		return s.synced()
+	case <-g.done:
+	case <-s.ctx.Done():
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // fire moves the shard along shardLifecycle and reports whether the event
@@ -172,7 +191,7 @@ func (s *shard) reads(g *group) bool {
 
 // reader reads the shard's objects from group g's cache.
 func (s *shard) reader(g *group) client.Reader {
-	return shardReader{c: g.cache, key: s.r.keys.shard, shard: s.name, scheme: s.r.mgr.GetScheme()}
+	return shardReader{c: g.cache, key: s.c.keys.shard, shard: s.name, scheme: s.c.mgr.GetScheme()}
 }
 
 // currentReader reads the shard's objects from its group, if active.
@@ -240,13 +259,13 @@ func (s *shard) run(parent context.Context, reason string) {
 	ctx := context.WithoutCancel(parent)
 
 	select {
-	case s.r.acquires <- struct{}{}:
+	case s.c.acquires <- struct{}{}:
 	case <-s.releaseCh:
 		s.stop()
 		return
 	}
 	err := s.acquire(ctx)
-	<-s.r.acquires
+	<-s.c.acquires
 	s.acquireErr = err
 	if err != nil {
 		if !apierrors.IsConflict(err) && !errors.Is(err, errLeaseHeld) {
@@ -255,14 +274,14 @@ func (s *shard) run(parent context.Context, reason string) {
 		s.stop()
 		return
 	}
-	s.r.metrics.handovers.WithLabelValues("acquire", reason).Inc()
-	s.r.metrics.owned.Inc()
-	defer s.r.metrics.owned.Dec()
+	s.c.metrics.handovers.WithLabelValues("acquire", reason).Inc()
+	s.c.metrics.owned.Inc()
+	defer s.c.metrics.owned.Dec()
 	s.log.V(1).Info("Acquired shard", "reason", reason)
 	s.mu.Lock()
 	s.fire(eventLeaseTaken)
 	s.mu.Unlock()
-	s.r.joinBatch(parent, s)
+	s.c.joinBatch(parent, s)
 
 	// The first renewal comes at a random point of the retry period: shards
 	// acquired together (a replica's start takes all of its shards at once)
@@ -270,7 +289,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	// every period that the API server serves at once and that a replica
 	// held to a CPU limit pays with its reconciles stalled. Every renewal
 	// still comes within the renew deadline (above 1.2 × the period).
-	next := time.Now().Add(time.Duration(rand.Int64N(int64(s.r.opts.RetryPeriod))) + 1)
+	next := time.Now().Add(time.Duration(rand.Int64N(int64(s.c.opts.RetryPeriod))) + 1)
 	renewal := time.NewTimer(time.Until(next))
 	defer renewal.Stop()
 	var drained chan bool
@@ -280,14 +299,14 @@ func (s *shard) run(parent context.Context, reason string) {
 		case <-renewal.C:
 			if err := s.renew(ctx); err != nil {
 				s.fence(err)
-				s.r.metrics.handovers.WithLabelValues("release", "fenced").Inc()
+				s.c.metrics.handovers.WithLabelValues("release", "fenced").Inc()
 				return
 			}
 			// On the schedule, as a ticker: a slow renewal does not push
 			// the next one toward the deadline, and the periods it
 			// overran are skipped.
 			for now := time.Now(); !next.After(now); {
-				next = next.Add(s.r.opts.RetryPeriod)
+				next = next.Add(s.c.opts.RetryPeriod)
 			}
 			renewal.Reset(time.Until(next))
 		case reason = <-releaseCh:
@@ -300,12 +319,12 @@ func (s *shard) run(parent context.Context, reason string) {
 				// holder would let the next owner start beside it. Stop
 				// renewing instead; its writes end at the renew deadline,
 				// before the Lease expires for anyone else.
-				s.r.metrics.handovers.WithLabelValues("release", "expired").Inc()
+				s.c.metrics.handovers.WithLabelValues("release", "expired").Inc()
 				s.log.Error(nil, "Reconciles still running after drain; leaving the shard Lease to expire", "reason", reason)
 				return
 			}
 			s.releaseLease(ctx)
-			s.r.metrics.handovers.WithLabelValues("release", reason).Inc()
+			s.c.metrics.handovers.WithLabelValues("release", reason).Inc()
 			s.log.V(1).Info("Released shard", "reason", reason)
 			return
 		}
@@ -314,7 +333,7 @@ func (s *shard) run(parent context.Context, reason string) {
 
 // onSynced runs once the shard's first group synced.
 func (s *shard) onSynced() {
-	s.r.metrics.acquire.Observe(time.Since(s.started).Seconds())
+	s.c.metrics.acquire.Observe(time.Since(s.started).Seconds())
 	s.log.V(1).Info("Shard running", "took", time.Since(s.started))
 }
 
@@ -326,8 +345,8 @@ func (s *shard) beginTenure() {
 		return
 	}
 	s.acquired = true
-	if s.r.opts.OnAcquire != nil {
-		s.r.opts.OnAcquire(s.ctx, s.id)
+	if s.c.opts.OnAcquire != nil {
+		s.c.opts.OnAcquire(s.ctx, s.id)
 	}
 }
 
@@ -339,8 +358,8 @@ func (s *shard) endTenure() {
 		return
 	}
 	s.released = true
-	if s.r.opts.OnRelease != nil {
-		s.r.opts.OnRelease(s.id)
+	if s.c.opts.OnRelease != nil {
+		s.c.opts.OnRelease(s.id)
 	}
 }
 
@@ -348,9 +367,9 @@ func (s *shard) endTenure() {
 // this process's, guarded by the Lease's resourceVersion: of two replicas
 // racing, one wins.
 func (s *shard) acquire(ctx context.Context) error {
-	opts := s.r.opts
-	s.lease = s.r.newLeaseWriter(lease.ShardName(opts.Ring, s.id),
-		map[string]string{s.r.keys.ring: opts.Ring, s.r.keys.leaseKind: lease.KindShard}, nil)
+	opts := s.c.opts
+	s.lease = s.c.newLeaseWriter(lease.ShardName(opts.Ring, s.id),
+		map[string]string{s.c.keys.ring: opts.Ring, s.c.keys.leaseKind: lease.KindShard}, nil)
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()
@@ -379,7 +398,7 @@ func (s *shard) holdUntil(now time.Time) (time.Time, bool) {
 	if s.state != stateActive && s.state != stateDraining {
 		return time.Time{}, false
 	}
-	until := s.lastRenew.Add(s.r.opts.RenewDeadline)
+	until := s.lastRenew.Add(s.c.opts.RenewDeadline)
 	return until, now.Before(until)
 }
 
@@ -388,9 +407,9 @@ func (s *shard) holdUntil(now time.Time) (time.Time, bool) {
 // shard.
 func (s *shard) renew(ctx context.Context) error {
 	s.mu.Lock()
-	deadline := s.lastRenew.Add(s.r.opts.RenewDeadline)
+	deadline := s.lastRenew.Add(s.c.opts.RenewDeadline)
 	s.mu.Unlock()
-	at, err := s.lease.renewBefore(ctx, deadline, s.r.opts.RetryPeriod/4)
+	at, err := s.lease.renewBefore(ctx, deadline, s.c.opts.RetryPeriod/4)
 	if err != nil {
 		return err
 	}
@@ -415,11 +434,11 @@ func (s *shard) stop() {
 	s.group = nil
 	s.mu.Unlock()
 	s.cancel()
-	s.r.unbatch(s)
+	s.c.unbatch(s)
 	if g != nil {
 		g.leave()
 	}
-	s.r.metrics.objects.DeleteLabelValues(s.name)
+	s.c.metrics.objects.DeleteLabelValues(s.name)
 	s.endTenure()
 }
 
@@ -428,7 +447,7 @@ func (s *shard) stop() {
 // still renewed meanwhile, so nobody else starts the shard before the last
 // reconcile here ended. It reports whether every reconcile ended.
 func (s *shard) drain() bool {
-	timeout := s.r.opts.DrainTimeout
+	timeout := s.c.opts.DrainTimeout
 	s.mu.Lock()
 	s.fire(eventRelease)
 	var idle chan struct{}
@@ -457,7 +476,7 @@ func (s *shard) drain() bool {
 
 // releaseLease clears the holder so the next owner need not wait for expiry.
 func (s *shard) releaseLease(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.r.opts.RenewDeadline)
+	ctx, cancel := context.WithTimeout(ctx, s.c.opts.RenewDeadline)
 	defer cancel()
 	if err := s.lease.release(ctx); err != nil {
 		s.log.Error(err, "Releasing shard Lease; it expires by itself")

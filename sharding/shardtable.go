@@ -44,7 +44,7 @@ const shardTableFlushInterval = 200 * time.Millisecond
 // (kshard_shard_table_full says so); a table deleted meanwhile is written
 // again, whole, by the next flush.
 type shardTable struct {
-	r    *Replica
+	env  *env
 	name string
 	log  logr.Logger
 
@@ -68,9 +68,9 @@ type shardTable struct {
 // created before the API server's policy sees the entry that labels them.
 const shardTableRecheckInterval = 10 * time.Second
 
-func newShardTable(r *Replica) *shardTable {
+func newShardTable(e *env) *shardTable {
 	return &shardTable{
-		r: r, name: r.opts.ShardTable, log: r.log.WithName("shard-table").WithValues("configMap", r.opts.ShardTable),
+		env: e, name: e.opts.ShardTable, log: e.log.WithName("shard-table").WithValues("configMap", e.opts.ShardTable),
 		entries: map[string]int32{}, pending: map[string]int32{}, wake: make(chan struct{}, 1),
 	}
 }
@@ -80,37 +80,37 @@ func newShardTable(r *Replica) *shardTable {
 // flush.
 func (t *shardTable) load(ctx context.Context) error {
 	var cm corev1.ConfigMap
-	err := t.r.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.r.opts.LeaseNamespace, Name: t.name}, &cm)
+	err := t.env.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.env.opts.LeaseNamespace, Name: t.name}, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
 		t.log.Info("No shard table yet; writing one as domains are labeled")
 		return nil
 	case err != nil:
-		return fmt.Errorf("reading shard table %s/%s: %w", t.r.opts.LeaseNamespace, t.name, err)
+		return fmt.Errorf("reading shard table %s/%s: %w", t.env.opts.LeaseNamespace, t.name, err)
 	}
 	// The table's <prefix>/shards annotation records the shard count its
 	// entries were computed with. A labeler of another count starts the
 	// table afresh, so the admission policy never labels by a count the
 	// ring left.
-	if got := cm.Annotations[t.r.keys.shards]; got != strconv.Itoa(int(t.r.opts.Shards)) {
-		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.r.opts.Shards)
+	if got := cm.Annotations[t.env.keys.shards]; got != strconv.Itoa(int(t.env.opts.Shards)) {
+		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.env.opts.Shards)
 		return t.reset(ctx, &cm)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for domain, v := range cm.Data {
 		n, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || int32(n) != ShardOf(domain, t.r.opts.Shards) {
+		if err != nil || int32(n) != ShardOf(domain, t.env.opts.Shards) {
 			// Someone edited it: the next flush writes the right shard.
-			t.pending[domain] = ShardOf(domain, t.r.opts.Shards)
+			t.pending[domain] = ShardOf(domain, t.env.opts.Shards)
 		} else {
 			t.entries[domain] = int32(n)
 		}
 		t.bytes += len(domain) + len(v)
 	}
 	t.full = t.bytes >= maxShardTableBytes
-	t.r.metrics.tableDomains.Set(float64(len(t.entries)))
-	t.r.metrics.tableFull.Set(boolGauge(t.full))
+	t.env.metrics.tableDomains.Set(float64(len(t.entries)))
+	t.env.metrics.tableFull.Set(boolGauge(t.full))
 	if len(t.pending) > 0 {
 		t.kickLocked()
 	}
@@ -123,8 +123,8 @@ func (t *shardTable) reset(ctx context.Context, cm *corev1.ConfigMap) error {
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[t.r.keys.shards] = strconv.Itoa(int(t.r.opts.Shards))
-	if err := t.r.writer.Update(ctx, cm); err != nil {
+	cm.Annotations[t.env.keys.shards] = strconv.Itoa(int(t.env.opts.Shards))
+	if err := t.env.writer.Update(ctx, cm); err != nil {
 		return fmt.Errorf("starting shard table %s/%s afresh: %w", cm.Namespace, cm.Name, err)
 	}
 	return nil
@@ -148,7 +148,7 @@ func (t *shardTable) add(domain string, shard int32) {
 	if t.bytes+size > maxShardTableBytes {
 		if !t.full {
 			t.full = true
-			t.r.metrics.tableFull.Set(1)
+			t.env.metrics.tableFull.Set(1)
 			t.log.Info("Shard table full: domains new to it are labeled by the labeler, not at admission",
 				"domains", len(t.entries)+len(t.pending), "bytes", t.bytes)
 		}
@@ -235,10 +235,10 @@ func (t *shardTable) flush(ctx context.Context) error {
 		t.lastChecked = time.Now()
 	}
 	t.mu.Unlock()
-	shards := strconv.Itoa(int(t.r.opts.Shards))
+	shards := strconv.Itoa(int(t.env.opts.Shards))
 	if recheck && len(batch) == 0 {
 		var cm corev1.ConfigMap
-		err := t.r.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.r.opts.LeaseNamespace, Name: t.name}, &cm)
+		err := t.env.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.env.opts.LeaseNamespace, Name: t.name}, &cm)
 		if !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -249,26 +249,26 @@ func (t *shardTable) flush(ctx context.Context) error {
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{t.r.keys.shards: shards}},
+		"metadata": map[string]any{"annotations": map[string]string{t.env.keys.shards: shards}},
 		"data":     batch,
 	})
 	if err != nil {
 		return err
 	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: t.r.opts.LeaseNamespace, Name: t.name}}
-	err = t.r.writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: t.env.opts.LeaseNamespace, Name: t.name}}
+	err = t.env.writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
 	if apierrors.IsNotFound(err) {
 		err = t.create(ctx, batch, shards)
 	}
 	if err != nil {
-		return fmt.Errorf("adding %d domains to shard table %s/%s: %w", len(batch), t.r.opts.LeaseNamespace, t.name, err)
+		return fmt.Errorf("adding %d domains to shard table %s/%s: %w", len(batch), t.env.opts.LeaseNamespace, t.name, err)
 	}
 	t.mu.Lock()
 	for d := range batch {
 		t.entries[d] = t.pending[d]
 		delete(t.pending, d)
 	}
-	t.r.metrics.tableDomains.Set(float64(len(t.entries)))
+	t.env.metrics.tableDomains.Set(float64(len(t.entries)))
 	t.mu.Unlock()
 	t.log.V(1).Info("Added domains to the shard table", "added", len(batch))
 	return nil
@@ -287,13 +287,13 @@ func (t *shardTable) create(ctx context.Context, batch map[string]string, shards
 	}
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: t.r.opts.LeaseNamespace, Name: t.name,
-			Labels:      map[string]string{t.r.keys.ring: t.r.opts.Ring},
-			Annotations: map[string]string{t.r.keys.shards: shards},
+			Namespace: t.env.opts.LeaseNamespace, Name: t.name,
+			Labels:      map[string]string{t.env.keys.ring: t.env.opts.Ring},
+			Annotations: map[string]string{t.env.keys.shards: shards},
 		},
 		Data: data,
 	}
-	err := t.r.writer.Create(ctx, cm)
+	err := t.env.writer.Create(ctx, cm)
 	if apierrors.IsAlreadyExists(err) {
 		return errors.New("created meanwhile; patching at the next flush")
 	}

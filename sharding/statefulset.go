@@ -48,10 +48,10 @@ func intentOf(identity, statefulSet string, desiredReplicas int32, deleting bool
 
 // statefulSet reads the configured StatefulSet and its desired replicas
 // (1 when unset, as the API defaults it).
-func (r *Replica) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, error) {
+func (e *env) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, error) {
 	var sts appsv1.StatefulSet
-	if err := r.apiReader.Get(ctx, client.ObjectKey{Namespace: r.opts.LeaseNamespace, Name: r.opts.StatefulSet}, &sts); err != nil {
-		return nil, 0, fmt.Errorf("reading StatefulSet %s: %w", r.opts.StatefulSet, err)
+	if err := e.apiReader.Get(ctx, client.ObjectKey{Namespace: e.opts.LeaseNamespace, Name: e.opts.StatefulSet}, &sts); err != nil {
+		return nil, 0, fmt.Errorf("reading StatefulSet %s: %w", e.opts.StatefulSet, err)
 	}
 	return &sts, ptr.Deref(sts.Spec.Replicas, 1), nil
 }
@@ -59,16 +59,16 @@ func (r *Replica) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, 
 // terminationIntent reads the StatefulSet. Any doubt (no StatefulSet
 // configured, an API error) means leave: handing over costs a move, while a
 // wrong restart leaves shards unowned until the member Lease expires.
-func (r *Replica) terminationIntent(ctx context.Context) intent {
-	if r.opts.StatefulSet == "" {
+func (e *env) terminationIntent(ctx context.Context) intent {
+	if e.opts.StatefulSet == "" {
 		return intentLeave
 	}
-	sts, desired, err := r.statefulSet(ctx)
+	sts, desired, err := e.statefulSet(ctx)
 	if err != nil {
-		r.log.Error(err, "Deciding between restart and leave; leaving")
+		e.log.Error(err, "Deciding between restart and leave; leaving")
 		return intentLeave
 	}
-	return intentOf(r.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
+	return intentOf(e.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
 }
 
 // expectedMembers names the StatefulSet's desired replicas
@@ -76,19 +76,19 @@ func (r *Replica) terminationIntent(ctx context.Context) intent {
 // final ring from the start instead of each claiming what the members seen
 // so far would give it and handing most of it over moments later. Without a
 // StatefulSet, or when it cannot be read, only live members count.
-func (r *Replica) expectedMembers(ctx context.Context) []string {
-	if r.opts.StatefulSet == "" || r.opts.StartupGrace < 0 {
+func (e *env) expectedMembers(ctx context.Context) []string {
+	if e.opts.StatefulSet == "" || e.opts.StartupGrace < 0 {
 		return nil
 	}
-	sts, desired, err := r.statefulSet(ctx)
+	sts, desired, err := e.statefulSet(ctx)
 	if err != nil {
-		r.log.Error(err, "Building the ring from live members only")
+		e.log.Error(err, "Building the ring from live members only")
 		return nil
 	}
 	out := make([]string, desired)
 	for i := range out {
 		out[i] = sts.Name + "-" + strconv.Itoa(i)
 	}
-	r.log.Info("Expecting the StatefulSet's replicas in the ring", "members", len(out), "grace", r.opts.StartupGrace)
+	e.log.Info("Expecting the StatefulSet's replicas in the ring", "members", len(out), "grace", e.opts.StartupGrace)
 	return out
 }
