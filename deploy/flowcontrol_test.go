@@ -16,26 +16,37 @@ import (
 	"github.com/kshard/kshard/internal/promtext"
 )
 
-// TestSyncsHaveTheirOwnPriorityLevel: with deploy/base's FlowSchema, the
-// API server dispatches the replicas' LISTs and WATCHes of what they cache
-// in the kshard-syncs priority level, and their Lease requests elsewhere
-// (a relist queued there must not delay a renewal). It reads the API
-// server's own count of the requests each FlowSchema dispatched.
-func TestSyncsHaveTheirOwnPriorityLevel(t *testing.T) {
+// TestSyncsAndLeasesHaveTheirOwnPriorityLevels: with deploy/base's
+// FlowSchemas, the API server dispatches the replicas' LISTs and WATCHes of
+// what they cache in the kshard-syncs priority level, and their Lease
+// requests in kshard-leases (a relist queued, or a write storm, must not
+// delay a renewal). It reads the API server's own count of the requests
+// each FlowSchema dispatched.
+func TestSyncsAndLeasesHaveTheirOwnPriorityLevels(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
-	schema := "kshard-syncs-" + ns
+	schema, leases := "kshard-syncs-"+ns, "kshard-leases-"+ns
 	sa := tokenClient(t, serviceAccountToken(ctx, t, ns, "kshard"))
 
-	// The API server applies a new FlowSchema asynchronously: LIST until
-	// the first lands in it.
-	controlplane.Eventually(t, time.Minute, "a ConfigBinding LIST dispatched by "+schema, func() error {
+	// The API server applies new FlowSchemas asynchronously: request until
+	// both dispatch.
+	getLease := func() {
+		var l coordinationv1.Lease
+		// Whether it exists does not matter: the API server classifies a
+		// request before it authorizes or serves it.
+		_ = sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kshard-shard-0"}, &l)
+	}
+	controlplane.Eventually(t, time.Minute, "a ConfigBinding LIST dispatched by "+schema+" and a Lease GET by "+leases, func() error {
 		if err := sa.List(ctx, &configv1alpha1.ConfigBindingList{}); err != nil {
 			return err
 		}
+		getLease()
 		if n := dispatched(ctx, t, schema); n < 1 {
 			return fmt.Errorf("%s dispatched %.0f requests", schema, n)
+		}
+		if n := dispatched(ctx, t, leases); n < 1 {
+			return fmt.Errorf("%s dispatched %.0f requests", leases, n)
 		}
 		return nil
 	})
@@ -52,14 +63,15 @@ func TestSyncsHaveTheirOwnPriorityLevel(t *testing.T) {
 		t.Errorf("%d LISTs of cached kinds: %s dispatched %.0f, want all of them", len(lists), schema, got)
 	}
 	const leaseRequests = 5
+	leasesBefore := dispatched(ctx, t, leases)
 	for range leaseRequests {
-		var l coordinationv1.Lease
-		// Whether it exists does not matter: the API server classifies a
-		// request before it authorizes or serves it.
-		_ = sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "kshard-shard-0"}, &l)
+		getLease()
 	}
 	if got := dispatched(ctx, t, schema) - afterLists; got != 0 {
-		t.Errorf("%d Lease GETs: %s dispatched %.0f of them, want none (renewals keep the default level)", leaseRequests, schema, got)
+		t.Errorf("%d Lease GETs: %s dispatched %.0f of them, want none", leaseRequests, schema, got)
+	}
+	if got := dispatched(ctx, t, leases) - leasesBefore; got != leaseRequests {
+		t.Errorf("%d Lease GETs: %s dispatched %.0f of them, want all", leaseRequests, leases, got)
 	}
 }
 

@@ -86,10 +86,14 @@ type fencing struct {
 	mu sync.Mutex
 	// tokens are the pod-bound tokens by replica identity.
 	tokens map[string]string
-	// flowSchema is deploy/base's FlowSchema as installed, for
-	// setFlowSchema.
+	// flowSchema is deploy/base's kshard-syncs FlowSchema as installed,
+	// for setFlowSchema (its kshard-leases FlowSchema stays).
 	flowSchema *unstructured.Unstructured
 }
+
+// syncsFlowSchema names deploy/base's FlowSchema of the replicas' syncs,
+// before the run's suffix.
+const syncsFlowSchema = "kshard-syncs"
 
 // installFencing applies deploy/base's ServiceAccount, RBAC (with the
 // mirror component's, for --external-source=mirror) and fencing policy into
@@ -112,7 +116,7 @@ func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 			}
 			continue
 		}
-		if o.GetKind() == "FlowSchema" {
+		if o.GetKind() == "FlowSchema" && strings.HasPrefix(o.GetName(), syncsFlowSchema) {
 			// A copy, through JSON (kustomize's numbers are ints, which
 			// DeepCopy refuses): Apply fills o in from the API server's
 			// answer.
@@ -438,7 +442,7 @@ func (fe *fencing) rbacInForce(ctx context.Context) error {
 // The API server takes a change in asynchronously, within seconds.
 func (fe *fencing) setFlowSchema(ctx context.Context, on bool) error {
 	if fe.flowSchema == nil {
-		return errors.New("deploy/base has no FlowSchema")
+		return errors.New("deploy/base has no FlowSchema " + syncsFlowSchema)
 	}
 	o := fe.flowSchema.DeepCopy()
 	if on {

@@ -146,7 +146,7 @@ func (r *run) restartComparison(ctx context.Context, f *fleet) error {
 func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withSchema bool) error {
 	how := "with deploy/base's kshard-syncs FlowSchema (the replicas' syncs in their own priority level)"
 	if !withSchema {
-		how = "without the FlowSchema (the replicas' syncs in workload-low, with the probe)"
+		how = "without the kshard-syncs FlowSchema (the replicas' syncs in workload-low, with the probe; their Lease requests keep kshard-leases)"
 	}
 	if err := r.fencing.setFlowSchema(ctx, withSchema); err != nil {
 		return err
