@@ -106,7 +106,7 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
+	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ringName, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
 		ReplicaUsers: []string{"system:serviceaccount:" + systemNamespace + ":" + serviceAccount}})
 	t.Logf("the API server's audit log: %s", e)
 	if !e.OK() {
@@ -124,7 +124,7 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	if before == 0 {
 		t.Fatalf("the audit log %s shows no replica's initial sync before the fault: relists cannot be counted (a cluster started before its audit policy logged LISTs and watches? restart it)", auditPath)
 	}
-	r := audit.CheckRelists(l, audit.RelistOptions{Ring: ring, LeaseNamespace: systemNamespace, From: from, To: to})
+	r := audit.CheckRelists(l, audit.RelistOptions{Ring: ringName, LeaseNamespace: systemNamespace, From: from, To: to})
 	t.Logf("relists: %s", r)
 	if !r.OK() {
 		t.Errorf("informers relisted more than once:\n%s", r)

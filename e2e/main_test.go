@@ -38,7 +38,7 @@ const (
 	systemNamespace = "kshard-system"
 	statefulSet     = "kshard"
 	serviceAccount  = "kshard"
-	ring            = "kshard"
+	ringName        = "kshard"
 	shards          = sharding.DefaultShards
 	podSelector     = "app.kubernetes.io/name=kshard"
 

@@ -335,11 +335,11 @@ func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 	ctx := stepContext(t, 10*time.Minute)
 	const alert, ghost = "KshardUnownedShards", statefulSet + "-9"
 	leases := s.cs.CoordinationV1().Leases(systemNamespace)
-	name := lease.MemberName(ring, ghost)
+	name := lease.MemberName(ringName, ghost)
 	now := metav1.NewMicroTime(time.Now())
 	member := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: systemNamespace,
-			Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindMember},
+			Labels:      map[string]string{sharding.LabelRing: ringName, sharding.LabelLeaseKind: lease.KindMember},
 			Annotations: map[string]string{sharding.AnnotationShards: strconv.Itoa(int(shards))}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(lease.Holder(ghost, "e2e")),
 			LeaseDurationSeconds: ptr.To(int32(leaseDuration.Seconds())), AcquireTime: &now, RenewTime: &now},

@@ -26,6 +26,7 @@ import (
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // TestRealNode runs the end-to-end checks in order on one installation:
@@ -415,7 +416,7 @@ func checkAudit(t *testing.T, rec *recorder) {
 		t.Errorf("no API-server evidence: %v (a cluster started before make cluster wrote an audit log? restart it)", err)
 		return
 	}
-	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ring, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
+	e := audit.CheckExclusive(l, audit.CheckOptions{Ring: ringName, LeaseNamespace: systemNamespace, ShardTable: replica.DefaultShardTable,
 		ReplicaUsers: []string{"system:serviceaccount:" + systemNamespace + ":" + serviceAccount}})
 	t.Logf("the API server's audit log (%d events): %s", l.Events, e)
 	if e.Writes() == 0 || e.LeaseWrites == 0 {
@@ -505,7 +506,7 @@ func (s *suite) settle(ctx context.Context, t *testing.T, want int32) {
 	}
 	var why string
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		st, err := sharding.ReadStatus(ctx, s.c, sharding.StatusOptions{Namespace: systemNamespace, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+		st, err := ring.ReadStatus(ctx, s.c, ring.StatusOptions{Namespace: systemNamespace, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 		if err != nil {
 			why = err.Error()
 			return false, nil

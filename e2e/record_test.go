@@ -63,7 +63,7 @@ func newRecorder(ctx context.Context, t *testing.T, s *suite) *recorder {
 	r := &recorder{s: s, leases: map[int32]*coordinationv1.Lease{}, history: map[int32][]leaseVersion{}, pods: map[types.UID]*podRecord{}, logs: map[string]*processLog{}}
 	leases := informers.NewSharedInformerFactoryWithOptions(s.cs, 0, informers.WithNamespace(systemNamespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = sharding.LabelRing + "=" + ring + "," + sharding.LabelLeaseKind + "=" + lease.KindShard
+			o.LabelSelector = sharding.LabelRing + "=" + ringName + "," + sharding.LabelLeaseKind + "=" + lease.KindShard
 		}))
 	_, err := leases.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.lease(obj) },
@@ -99,7 +99,7 @@ func (r *recorder) lease(obj any) {
 	if !ok {
 		return
 	}
-	n, ok := lease.ParseShardName(ring, l.Name, shards)
+	n, ok := lease.ParseShardName(ringName, l.Name, shards)
 	if !ok {
 		return
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
 )
 
 // Domain skews.
@@ -317,8 +318,8 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.OutageAfter < 0 || o.OutageFor < 0, "outage times must not be negative")
 	check(o.OutageFor > 0 && o.OutageAfter+o.OutageFor > o.Duration, "the outage (%s after the start, for %s) must end within the duration %s", o.OutageAfter, o.OutageFor, o.Duration)
 	// The replicas refuse what sharding refuses: refused here, before any starts.
-	if err := sharding.ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod,
-		sharding.LeaseTimingNames{LeaseDuration: "lease duration", RenewDeadline: "renew deadline", RetryPeriod: "retry period"}); err != nil {
+	if err := lease.ValidateTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod,
+		lease.TimingNames{LeaseDuration: "lease duration", RenewDeadline: "renew deadline", RetryPeriod: "retry period"}); err != nil {
 		errs = append(errs, err)
 	}
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)

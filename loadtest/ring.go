@@ -19,6 +19,7 @@ import (
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // Where the load tester's replicas coordinate. They differ from the
@@ -531,7 +532,7 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 	if len(members) == 0 {
 		return false, "no running live member", nil
 	}
-	ring := sharding.NewRing(w.count, members)
+	ringName := ring.New(w.count, members)
 	moved = map[int32]movedShard{}
 	var unownedShards, wrong []int32
 	for n := range w.count {
@@ -539,7 +540,7 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 		switch {
 		case h == "":
 			unownedShards = append(unownedShards, n)
-		case h != ring.Owner(n):
+		case h != ringName.Owner(n):
 			wrong = append(wrong, n)
 		}
 		if l := w.shards[n]; h != "" && !l.acquire.Before(since) {
@@ -551,7 +552,7 @@ func (w *ringWatch) balance(now, since time.Time, running []string) (ok bool, de
 		return false, fmt.Sprintf("%d shards without a running holder (e.g. %d)", len(unownedShards), unownedShards[0]), moved
 	case len(wrong) > 0:
 		n := wrong[0]
-		return false, fmt.Sprintf("%d shards not yet with their desired owner (e.g. %d: %s, desired %s)", len(wrong), n, w.shards[n].holder, ring.Owner(n)), moved
+		return false, fmt.Sprintf("%d shards not yet with their desired owner (e.g. %d: %s, desired %s)", len(wrong), n, w.shards[n].holder, ringName.Owner(n)), moved
 	}
 	return true, "", moved
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // What a write was, for the latency histograms.
@@ -226,7 +227,7 @@ func (t *tracker) observe(obj any) {
 	s.generation = max(s.generation, cb.Generation)
 	was := s.shard
 	s.shard = -1
-	if n, ok := sharding.ParseShardLabel(cb.Labels, t.shards); ok {
+	if n, ok := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, t.shards); ok {
 		s.shard = n
 	}
 	if was < 0 && s.shard >= 0 && (!s.createdAt.IsZero() || s.seenUnlabeled) {

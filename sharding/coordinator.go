@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // The coordinator: one pass (sync) reads the ring's Leases from the cache,
@@ -38,7 +40,7 @@ type coordinator struct {
 	kick       chan struct{}
 
 	mu       sync.Mutex
-	ring     *Ring
+	ring     *ring.Ring
 	mismatch bool
 	shards   map[int32]*shard
 	acquires chan struct{} // bounds concurrent Lease acquisitions
@@ -58,7 +60,7 @@ func newCoordinator(e *env, leaseCache cache.Cache) *coordinator {
 		env:        e,
 		leaseCache: leaseCache,
 		kick:       make(chan struct{}, 1),
-		ring:       NewRing(e.opts.Shards, nil),
+		ring:       ring.New(e.opts.Shards, nil),
 		shards:     map[int32]*shard{},
 		acquires:   make(chan struct{}, 16),
 		groups:     map[*group]bool{},
@@ -168,7 +170,7 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	c.metrics.syncs.Inc()
 	var list coordinationv1.LeaseList
 	// Without deep copies: sync runs on every change of holder or member,
-	// at every expiry and every retry period, and readLeases only reads the
+	// at every expiry and every retry period, and ring.Read only reads the
 	// cached Leases, keeping none of them.
 	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		c.log.Error(err, "Listing ring Leases")
@@ -176,34 +178,34 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	}
 	now := time.Now()
 	next := now.Add(c.opts.RetryPeriod)
-	view := readLeases(c.keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+	view := ring.Read(c.keys.Keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
 		}
 		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
 	})
-	for _, t := range view.expiries {
+	for _, t := range view.Expiries {
 		if t.After(now) && t.Before(next) {
 			next = t
 		}
 	}
 
-	c.metrics.members.Set(float64(len(view.members)))
-	c.metrics.unowned.Set(float64(view.unowned()))
+	c.metrics.members.Set(float64(len(view.Members)))
+	c.metrics.unowned.Set(float64(view.Unowned(now)))
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Whatever this pass changed, the labeler looks again: it campaigns
 	// only while this replica is in the ring.
 	defer c.labeler.wake()
-	mismatch := view.shardCount != 0 && view.shardCount != c.opts.Shards
+	mismatch := view.ShardCount != 0 && view.ShardCount != c.opts.Shards
 	if mismatch != c.mismatch {
 		c.mismatch = mismatch
 		if mismatch {
 			c.metrics.mismatch.Set(1)
 			c.log.Error(nil, "REFUSING TO CLAIM SHARDS: this replica's shard count differs from the ring's; fix --shards",
-				"mine", c.opts.Shards, "ring", view.shardCount)
+				"mine", c.opts.Shards, "ring", view.ShardCount)
 		} else {
 			c.metrics.mismatch.Set(0)
 		}
@@ -223,7 +225,7 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 		return time.Until(next)
 	}
 
-	members := view.members
+	members := view.Members
 	if graceEnd := c.started.Add(c.opts.StartupGrace); len(c.expected) > 0 && now.Before(graceEnd) {
 		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), c.expected...))))
 		if graceEnd.Before(next) {
@@ -233,11 +235,11 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	// A ring hashes ringReplicationFactor virtual nodes per member, and sync
 	// runs on every Lease event: build one only when the members changed.
 	if !slices.Equal(c.ring.Members(), slices.Sorted(slices.Values(members))) {
-		c.ring = NewRing(c.opts.Shards, members)
+		c.ring = ring.New(c.opts.Shards, members)
 	}
-	ring := c.ring
+	current := c.ring
 	for n := range c.opts.Shards {
-		desired := ring.Owner(n) == c.opts.Identity
+		desired := current.Owner(n) == c.opts.Identity
 		s, have := c.shards[n]
 		switch {
 		case desired && !have:
@@ -245,15 +247,14 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 				next = minTime(next, b.notBefore)
 				continue
 			}
-			lease := view.shards[n]
-			if reason, ok := lease.state(c.holder, now).Takeable(); ok {
+			if reason, ok := view.Shards[n].State(c.holder, now).Takeable(); ok {
 				c.startShard(ctx, n, reason)
 			}
 		case !desired && have:
 			s.release("rebalance")
 		}
 	}
-	c.compactLocked(ctx, ring)
+	c.compactLocked(ctx, current)
 	return time.Until(next)
 }
 

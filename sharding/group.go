@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // group is one informer cache for a set of shards this replica acquired
@@ -414,11 +416,11 @@ func (c *coordinator) startGroup(ctx context.Context, shards []*shard) {
 // this replica no longer holds, once the replica holds exactly what the
 // ring gives it (no acquisition or release under way, so the rebuild is
 // not immediately wasted). Caller holds c.mu.
-func (c *coordinator) compactLocked(ctx context.Context, ring *Ring) {
+func (c *coordinator) compactLocked(ctx context.Context, current *ring.Ring) {
 	if c.open != nil {
 		return
 	}
-	desired := ring.ShardsOf(c.opts.Identity)
+	desired := current.ShardsOf(c.opts.Identity)
 	if len(desired) != len(c.shards) {
 		return
 	}

@@ -87,7 +87,7 @@ func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 			if !ok1 || !ok2 {
 				return
 			}
-			if oldO.GetLabels()[g.c.keys.shard] != newO.GetLabels()[g.c.keys.shard] {
+			if oldO.GetLabels()[g.c.keys.Shard] != newO.GetLabels()[g.c.keys.Shard] {
 				// The object moved between two shards of this group: the
 				// old shard's reconcile sees NotFound, as it would with a
 				// cache of its own.

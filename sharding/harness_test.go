@@ -44,6 +44,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 var cp *controlplane.ControlPlane
@@ -618,12 +619,12 @@ func allReconciled(c client.Client, ns, ring string, t testing.TB) error {
 
 // reconciledByHolder says why an object is not labeled for its domain's
 // shard, or not reconciled at its generation by that shard's holder.
-func reconciledByHolder(cb *configv1alpha1.ConfigBinding, ring string, holders map[int32]coordinationv1.Lease) error {
-	shard, ok := sharding.ParseShardLabel(cb.Labels, shardsOf(ring))
+func reconciledByHolder(cb *configv1alpha1.ConfigBinding, ringName string, holders map[int32]coordinationv1.Lease) error {
+	shard, ok := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, shardsOf(ringName))
 	if !ok {
 		return fmt.Errorf("%s has no valid shard label: %v", cb.Name, cb.Labels)
 	}
-	if want := sharding.ShardOf(cb.Spec.Domain, shardsOf(ring)); shard != want {
+	if want := sharding.ShardOf(cb.Spec.Domain, shardsOf(ringName)); shard != want {
 		return fmt.Errorf("%s labeled shard %d, its domain maps to %d", cb.Name, shard, want)
 	}
 	if cb.Status.ObservedGeneration != cb.Generation {

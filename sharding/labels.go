@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // DefaultLabelPrefix prefixes the label and annotation keys a ring writes,
@@ -38,15 +40,10 @@ const (
 )
 
 // labelKeys are the label and annotation keys of one ring: LabelShard and
-// the others, under the ring's prefix.
-type labelKeys struct {
-	shard, domain, ring, leaseKind, shards string
-}
+// the others, under the ring's prefix, with what the runtime does with them.
+type labelKeys struct{ ring.Keys }
 
-func newLabelKeys(prefix string) labelKeys {
-	return labelKeys{shard: prefix + "/shard", domain: prefix + "/domain", ring: prefix + "/ring",
-		leaseKind: prefix + "/lease-kind", shards: prefix + "/shards"}
-}
+func newLabelKeys(prefix string) labelKeys { return labelKeys{ring.KeysFor(prefix)} }
 
 // validateLabelPrefix refuses a prefix that would not make label keys: it
 // must be a DNS subdomain (the prefix part of a qualified name).
@@ -60,17 +57,13 @@ func validateLabelPrefix(prefix string) error {
 // owned are the labels an owned object carries so the shard caches see it:
 // its owner's shard and domain.
 func (k labelKeys) owned(shard int32, domain string) map[string]string {
-	return map[string]string{k.shard: strconv.Itoa(int(shard)), k.domain: domain}
+	return map[string]string{k.Shard: strconv.Itoa(int(shard)), k.Domain: domain}
 }
 
 // shardOf returns the shard an object's labels name, and whether they name
 // one in [0, shards).
 func (k labelKeys) shardOf(labels map[string]string, shards int32) (int32, bool) {
-	v, ok := labels[k.shard]
-	if !ok {
-		return 0, false
-	}
-	return parseShard(v, shards)
+	return k.ShardLabel(labels, shards)
 }
 
 // shardSelector selects objects whose shard label is (selection.In) or is
@@ -80,24 +73,9 @@ func (k labelKeys) shardSelector(op selection.Operator, shards ...int32) (labels
 	for i, n := range shards {
 		values[i] = strconv.Itoa(int(n))
 	}
-	req, err := labels.NewRequirement(k.shard, op, values)
+	req, err := labels.NewRequirement(k.Shard, op, values)
 	if err != nil {
-		return nil, fmt.Errorf("selecting shard label %s %s %v: %w", k.shard, op, shards, err)
+		return nil, fmt.Errorf("selecting shard label %s %s %v: %w", k.Shard, op, shards, err)
 	}
 	return labels.NewSelector().Add(*req), nil
-}
-
-// ParseShardLabel returns the shard an object's LabelShard names (the
-// default prefix's), and whether it names one in [0, shards).
-func ParseShardLabel(labels map[string]string, shards int32) (int32, bool) {
-	return newLabelKeys(DefaultLabelPrefix).shardOf(labels, shards)
-}
-
-// parseShard reads a shard number written by strconv.Itoa, in [0, shards).
-func parseShard(v string, shards int32) (int32, bool) {
-	n, err := strconv.ParseInt(v, 10, 32)
-	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
-		return 0, false
-	}
-	return int32(n), true
 }

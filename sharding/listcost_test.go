@@ -15,8 +15,8 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // bindingSyncs counts the API server's initial syncs of ConfigBindings (LIST
@@ -212,34 +212,34 @@ func TestFleetListsOncePerAcquisition(t *testing.T) {
 		},
 	})
 	ns := newNamespace(t, c)
-	ring := "lists"
+	ringName := "lists"
 	createBindings(t, c, ns, 200, 40)
-	start := readListCounts(t, ring, &own, true)
+	start := readListCounts(t, ringName, &own, true)
 	ids := []string{"l-0", "l-1", "l-2"}
 	var reps []*replica
 	for _, id := range ids {
-		rc := ringConfig(ns, ring, id)
+		rc := ringConfig(ns, ringName, id)
 		rc.everyNamespace = true
 		reps = append(reps, startReplica(t, rc))
 	}
-	expectRingHeld(t, c, ns, ring, ids)
+	expectRingHeld(t, c, ns, ringName, ids)
 	for _, r := range reps {
 		controlplane.Eventually(t, time.Minute, r.id+" ready", r.rep.Ready)
 	}
-	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ringName, t) })
 	quietSyncs(t)
-	started := readListCounts(t, ring, &own, false)
+	started := readListCounts(t, ringName, &own, false)
 	checkListCost(t, "fleet start", started.minus(start), ids)
 
 	reps[2].stop(t)
-	expectRingHeld(t, c, ns, ring, ids[:2])
+	expectRingHeld(t, c, ns, ringName, ids[:2])
 	for _, r := range reps[:2] {
 		controlplane.Eventually(t, time.Minute, r.id+" ready", r.rep.Ready)
 	}
 	quietSyncs(t)
-	left := readListCounts(t, ring, &own, false)
+	left := readListCounts(t, ringName, &own, false)
 	moved := 0
-	before, after := sharding.NewRing(fullShards, ids), sharding.NewRing(fullShards, ids[:2])
+	before, after := ring.New(fullShards, ids), ring.New(fullShards, ids[:2])
 	for n := range int32(fullShards) {
 		if before.Owner(n) != after.Owner(n) {
 			moved++

@@ -48,8 +48,8 @@ type memberLease struct {
 func newMemberLease(e *env, wake func()) *memberLease {
 	opts := e.opts
 	return &memberLease{env: e, wake: wake, lease: e.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
-		map[string]string{e.keys.ring: opts.Ring, e.keys.leaseKind: lease.KindMember},
-		map[string]string{e.keys.shards: strconv.Itoa(int(opts.Shards))})}
+		map[string]string{e.keys.Ring: opts.Ring, e.keys.LeaseKind: lease.KindMember},
+		map[string]string{e.keys.Shards: strconv.Itoa(int(opts.Shards))})}
 }
 
 // run renews the member Lease every RetryPeriod until ctx is done. A renewal

@@ -14,12 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // Defaults. Every held shard Lease is written once per RetryPeriod, so a ring
@@ -37,10 +37,6 @@ const (
 	DefaultLabelerWorkers       = 64
 	DefaultStartupGrace         = 10 * time.Second
 )
-
-// maxShards is the largest shard count of a ring: a replica holds a Lease,
-// and renews it every RetryPeriod, per shard.
-const maxShards = 4096
 
 // Kind is an object kind that a shard watches.
 type Kind struct {
@@ -116,7 +112,7 @@ type Options struct {
 	// in client-go leader election, per shard Lease, member Lease and the
 	// labeler Lease. LeaseDuration must be whole seconds (a Lease stores
 	// seconds), RenewDeadline below it and above 1.2 × RetryPeriod
-	// (ValidateLeaseTiming). Default 15 s, 10 s and 5 s.
+	// (lease.ValidateTiming). Default 15 s, 10 s and 5 s.
 	LeaseDuration time.Duration
 	RenewDeadline time.Duration
 	RetryPeriod   time.Duration
@@ -278,61 +274,8 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	return o.validate()
 }
 
-// LeaseTimingNames are what a caller calls the three Lease durations, so
-// that ValidateLeaseTiming's errors name what the user set: Options fields,
-// or the flags that set them.
-type LeaseTimingNames struct {
-	LeaseDuration, RenewDeadline, RetryPeriod string
-}
-
 // optionsTimingNames name the durations as Options fields.
-var optionsTimingNames = LeaseTimingNames{LeaseDuration: "LeaseDuration", RenewDeadline: "RenewDeadline", RetryPeriod: "RetryPeriod"}
-
-// ValidateLeaseTiming reports what makes a lease duration, renew deadline
-// and retry period unusable, each named as names says. New refuses Options
-// it rejects; a command validates its flags with it before anything starts,
-// so that a bad pair is named instead of stopping a running replica:
-//
-//   - each must be positive;
-//   - the lease duration must be whole seconds: a Lease stores it in
-//     spec.leaseDurationSeconds, so 1.5s would be written, and honoured by
-//     every other replica, as 1s, and 500ms as 0s (expired at once);
-//   - renew deadline < lease duration, so that a holder that cannot renew
-//     stops before anyone else may take its Lease;
-//   - renew deadline > leaderelection.JitterFactor (1.2) × retry period:
-//     a Lease is renewed every retry period and a late renewal needs room
-//     before the deadline; and client-go's leader election, which a Single
-//     runs through its manager, jitters its retries by up to that factor
-//     and refuses a shorter deadline (accepted here, a pair such as 5s/6s
-//     once stopped the replica when its labeler, then client-go's election,
-//     started campaigning).
-func ValidateLeaseTiming(leaseDuration, renewDeadline, retryPeriod time.Duration, names LeaseTimingNames) error {
-	var errs []error
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{names.LeaseDuration, leaseDuration}, {names.RenewDeadline, renewDeadline}, {names.RetryPeriod, retryPeriod}} {
-		if d.v <= 0 {
-			errs = append(errs, fmt.Errorf("%s %s must be positive", d.name, d.v))
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	if leaseDuration%time.Second != 0 {
-		errs = append(errs, fmt.Errorf("%s %s must be whole seconds: a Lease stores spec.leaseDurationSeconds, so it would be written and honoured as %s",
-			names.LeaseDuration, leaseDuration, leaseDuration.Truncate(time.Second)))
-	}
-	if renewDeadline >= leaseDuration {
-		errs = append(errs, fmt.Errorf("%s %s must be below %s %s: a holder that cannot renew must stop before anyone else may take its Lease",
-			names.RenewDeadline, renewDeadline, names.LeaseDuration, leaseDuration))
-	}
-	if floor := time.Duration(leaderelection.JitterFactor * float64(retryPeriod)); renewDeadline <= floor {
-		errs = append(errs, fmt.Errorf("%s %s must exceed %v × %s %s = %s: renewals come every retry period, jittered by up to that factor by client-go's leader election (a Single's), which refuses a shorter deadline",
-			names.RenewDeadline, renewDeadline, leaderelection.JitterFactor, names.RetryPeriod, retryPeriod, floor))
-	}
-	return errors.Join(errs...)
-}
+var optionsTimingNames = lease.TimingNames{LeaseDuration: "LeaseDuration", RenewDeadline: "RenewDeadline", RetryPeriod: "RetryPeriod"}
 
 func (o *Options) validate() error {
 	var errs []error
@@ -364,8 +307,8 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("shard table %q: %s", o.ShardTable, strings.Join(msgs, "; ")))
 		}
 	}
-	if o.Shards < 1 || o.Shards > maxShards {
-		errs = append(errs, fmt.Errorf("shards must be in [1, %d], got %d", maxShards, o.Shards))
+	if o.Shards < 1 || o.Shards > ring.MaxShards {
+		errs = append(errs, fmt.Errorf("shards must be in [1, %d], got %d", ring.MaxShards, o.Shards))
 	}
 	if o.For.Object == nil {
 		errs = append(errs, errors.New("the primary kind (For) is required"))
@@ -373,7 +316,7 @@ func (o *Options) validate() error {
 	if o.Domain == nil {
 		errs = append(errs, errors.New("the Domain function is required"))
 	}
-	if err := ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, optionsTimingNames); err != nil {
+	if err := lease.ValidateTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, optionsTimingNames); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {

@@ -110,7 +110,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		HTTPClient:           mgr.GetHTTPClient(),
 		Scheme:               leaseScheme,
 		DefaultNamespaces:    map[string]cache.Config{opts.LeaseNamespace: {}},
-		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{keys.ring: opts.Ring}),
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{keys.Ring: opts.Ring}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease cache: %w", err)

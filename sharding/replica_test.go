@@ -28,6 +28,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // shards is the shard count of most tests' rings: a quarter of the default.
@@ -61,13 +62,13 @@ func ringConfig(ns, ring, id string) replicaConfig {
 
 // expectRingHeld waits until every shard is held, by the owner the ring of
 // the given members names.
-func expectRingHeld(t *testing.T, c client.Client, ns, ring string, members []string) {
+func expectRingHeld(t *testing.T, c client.Client, ns, ringName string, members []string) {
 	t.Helper()
-	want := sharding.NewRing(shardsOf(ring), members)
+	want := ring.New(shardsOf(ringName), members)
 	controlplane.Eventually(t, 2*time.Minute, "every shard held by its ring owner", func() error {
-		leases := shardHolders(t, c, ns, ring)
+		leases := shardHolders(t, c, ns, ringName)
 		now := time.Now()
-		for n := range shardsOf(ring) {
+		for n := range shardsOf(ringName) {
 			l, ok := leases[n]
 			if !ok || holderOf(l) != want.Owner(n) || !leaseExpiry(l).After(now) {
 				return fmt.Errorf("shard %d held by %q, ring owner %q", n, holderOf(l), want.Owner(n))
@@ -183,17 +184,17 @@ func (h *leaseHistory) check(t *testing.T) {
 func TestThreeReplicasSplitTheRing(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
-	ring := "split"
+	ringName := "split"
 	keys := createBindings(t, c, ns, 300, 60)
 	ids := []string{"r-0", "r-1", "r-2"}
 	var reps []*replica
 	for _, id := range ids {
-		rc := ringConfig(ns, ring, id)
+		rc := ringConfig(ns, ringName, id)
 		rc.everyNamespace = true
 		reps = append(reps, startReplica(t, rc))
 	}
-	expectRingHeld(t, c, ns, ring, ids)
-	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ring, t) })
+	expectRingHeld(t, c, ns, ringName, ids)
+	controlplane.Eventually(t, 3*time.Minute, "all objects reconciled by their shard's holder", func() error { return allReconciled(c, ns, ringName, t) })
 
 	total, maxHeld := 0, 0
 	for _, r := range reps {
@@ -222,7 +223,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, cb := range list.Items {
-				if got, _ := sharding.ParseShardLabel(cb.Labels, fullShards); got != n {
+				if got, _ := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, fullShards); got != n {
 					t.Errorf("%s: shard %d cache holds %s of shard %d", r.id, n, cb.Name, got)
 				}
 				if prev, dup := seen[client.ObjectKeyFromObject(&cb)]; dup {
@@ -243,7 +244,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 		want := map[string]float64{"kshard_shards_owned": fullShards, "kshard_ring_members": 3, "kshard_unowned_shards": 0,
 			"kshard_shard_objects": float64(len(keys)), "kshard_ring_shard_count_mismatch": 0}
 		for name, v := range want {
-			got, err := gathered(name, ring)
+			got, err := gathered(name, ringName)
 			if err != nil {
 				return err
 			}
@@ -255,7 +256,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	})
 
 	// kshard status reads the same picture from the cluster.
-	st, err := sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+	st, err := ring.ReadStatus(context.Background(), c, ring.StatusOptions{Namespace: ns, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +281,7 @@ func TestThreeReplicasSplitTheRing(t *testing.T) {
 	for _, r := range reps {
 		r.stop(t)
 	}
-	st, err = sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+	st, err = ring.ReadStatus(context.Background(), c, ring.StatusOptions{Namespace: ns, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -574,10 +575,10 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
-	ring := "sts"
+	ringName := "sts"
 	sts := createStatefulSet(t, c, ns, 2)
 	cfg := func(id string) replicaConfig {
-		rc := ringConfig(ns, ring, id)
+		rc := ringConfig(ns, ringName, id)
 		// Long member Leases: the restart window.
 		rc.timing = timing{lease: 30 * time.Second, renew: 20 * time.Second, retry: time.Second}
 		rc.statefulSet = "kshard"
@@ -587,14 +588,14 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 	r1 := startReplica(t, cfg("kshard-1"))
 	_ = r0
 	members := []string{"kshard-0", "kshard-1"}
-	expectRingHeld(t, c, ns, ring, members)
-	mine := sharding.NewRing(shards, members).ShardsOf("kshard-1")
+	expectRingHeld(t, c, ns, ringName, members)
+	mine := ring.New(shards, members).ShardsOf("kshard-1")
 
 	// Restart: ordinal 1 < 2 replicas.
 	r1.stop(t)
 	for range 3 {
 		time.Sleep(time.Second)
-		leases := shardHolders(t, c, ns, ring)
+		leases := shardHolders(t, c, ns, ringName)
 		for _, n := range mine {
 			if h := holderOf(leases[n]); h != "" {
 				t.Fatalf("shard %d of the restarting replica taken by %q", n, h)
@@ -602,11 +603,11 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 		}
 	}
 	var member coordinationv1.Lease
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ring, "kshard-1")}, &member); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ringName, "kshard-1")}, &member); err != nil {
 		t.Fatalf("restarting replica's member Lease: %v", err)
 	}
 	r1 = startReplica(t, cfg("kshard-1"))
-	expectRingHeld(t, c, ns, ring, members)
+	expectRingHeld(t, c, ns, ringName, members)
 
 	// Scale-down: 1 replica, so ordinal 1 leaves and hands over.
 	sts.Spec.Replicas = ptr.To(int32(1))
@@ -614,8 +615,8 @@ func TestStatefulSetRestartKeepsShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	r1.stop(t)
-	expectRingHeld(t, c, ns, ring, []string{"kshard-0"})
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ring, "kshard-1")}, &member); err == nil {
+	expectRingHeld(t, c, ns, ringName, []string{"kshard-0"})
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: lease.MemberName(ringName, "kshard-1")}, &member); err == nil {
 		t.Fatal("the leaving replica's member Lease still exists")
 	}
 }
@@ -766,7 +767,7 @@ func createStatefulSet(t *testing.T, c client.Client, ns string, replicas int32)
 func TestStartupDoesNotOverClaim(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
-	ring := "startup"
+	ringName := "startup"
 	createBindings(t, c, ns, 100, 20)
 	createStatefulSet(t, c, ns, 3)
 	ids := []string{"kshard-0", "kshard-1", "kshard-2"}
@@ -800,7 +801,7 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 		}
 	}()
 	for _, id := range ids {
-		rc := ringConfig(ns, ring, id)
+		rc := ringConfig(ns, ringName, id)
 		rc.statefulSet = "kshard"
 		at := time.Now()
 		r := startReplica(t, rc)
@@ -811,10 +812,10 @@ func TestStartupDoesNotOverClaim(t *testing.T) {
 		// hold everything until they join.
 		time.Sleep(time.Second)
 	}
-	expectRingHeld(t, c, ns, ring, ids)
+	expectRingHeld(t, c, ns, ringName, ids)
 	close(stop)
 	<-sampled
-	final := sharding.NewRing(fullShards, ids)
+	final := ring.New(fullShards, ids)
 	for _, id := range ids {
 		share := len(final.ShardsOf(id))
 		t.Logf("%s: held up to %d shards in its startup grace (%d samples); its final share is %d", id, peak[id], samples[id], share)
@@ -949,21 +950,21 @@ func TestClockSkewTakesNoLiveLease(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
-	ring := "skew"
-	history := watchLeases(t, ns, ring)
-	startReplica(t, ringConfig(ns, ring, "r-0"))
-	startReplica(t, ringConfig(ns, ring, "r-1"))
-	expectRingHeld(t, c, ns, ring, []string{"r-0", "r-1"})
-	fast := ringConfig(ns, ring, "r-fast")
+	ringName := "skew"
+	history := watchLeases(t, ns, ringName)
+	startReplica(t, ringConfig(ns, ringName, "r-0"))
+	startReplica(t, ringConfig(ns, ringName, "r-1"))
+	expectRingHeld(t, c, ns, ringName, []string{"r-0", "r-1"})
+	fast := ringConfig(ns, ringName, "r-fast")
 	fast.clockSkew = 30 * time.Second
 	startReplica(t, fast)
-	slow := ringConfig(ns, ring, "r-slow")
+	slow := ringConfig(ns, ringName, "r-slow")
 	slow.clockSkew = -30 * time.Second
 	startReplica(t, slow)
 	members := []string{"r-0", "r-1", "r-fast", "r-slow"}
 	holders := func() error {
-		want := sharding.NewRing(shards, members)
-		for n, l := range shardHolders(t, c, ns, ring) {
+		want := ring.New(shards, members)
+		for n, l := range shardHolders(t, c, ns, ringName) {
 			if holderOf(l) != want.Owner(n) {
 				return fmt.Errorf("shard %d held by %q, ring owner %q", n, holderOf(l), want.Owner(n))
 			}

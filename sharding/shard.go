@@ -191,7 +191,7 @@ func (s *shard) reads(g *group) bool {
 
 // reader reads the shard's objects from group g's cache.
 func (s *shard) reader(g *group) client.Reader {
-	return shardReader{c: g.cache, key: s.c.keys.shard, shard: s.name, scheme: s.c.mgr.GetScheme()}
+	return shardReader{c: g.cache, key: s.c.keys.Shard, shard: s.name, scheme: s.c.mgr.GetScheme()}
 }
 
 // currentReader reads the shard's objects from its group, if active.
@@ -369,7 +369,7 @@ func (s *shard) endTenure() {
 func (s *shard) acquire(ctx context.Context) error {
 	opts := s.c.opts
 	s.lease = s.c.newLeaseWriter(lease.ShardName(opts.Ring, s.id),
-		map[string]string{s.c.keys.ring: opts.Ring, s.c.keys.leaseKind: lease.KindShard}, nil)
+		map[string]string{s.c.keys.Ring: opts.Ring, s.c.keys.LeaseKind: lease.KindShard}, nil)
 	ctx, cancel := context.WithTimeout(ctx, opts.RenewDeadline)
 	defer cancel()
 	now := time.Now()

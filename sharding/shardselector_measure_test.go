@@ -23,6 +23,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // TestMeasureShardSelector evaluates server-side sharded list and watch
@@ -93,12 +94,12 @@ func TestMeasureShardSelector(t *testing.T) {
 
 	gvr := schema.GroupVersionResource{Group: configv1alpha1.GroupVersion.Group, Version: configv1alpha1.GroupVersion.Version, Resource: "configbindings"}
 	members := []string{"r-0", "r-1", "r-2", "r-3"}
-	ring := sharding.NewRing(fullShards, members)
+	ringName := ring.New(fullShards, members)
 	labelOpts := make([]metav1.ListOptions, len(members))
 	shardOpts := make([]metav1.ListOptions, len(members))
 	for i, m := range members {
 		values := make([]string, 0, fullShards)
-		for _, s := range ring.ShardsOf(m) {
+		for _, s := range ringName.ShardsOf(m) {
 			values = append(values, strconv.Itoa(int(s)))
 		}
 		labelOpts[i] = metav1.ListOptions{LabelSelector: sharding.LabelShard + " in (" + strings.Join(values, ",") + ")"}

@@ -92,7 +92,7 @@ func (t *shardTable) load(ctx context.Context) error {
 	// entries were computed with. A labeler of another count starts the
 	// table afresh, so the admission policy never labels by a count the
 	// ring left.
-	if got := cm.Annotations[t.env.keys.shards]; got != strconv.Itoa(int(t.env.opts.Shards)) {
+	if got := cm.Annotations[t.env.keys.Shards]; got != strconv.Itoa(int(t.env.opts.Shards)) {
 		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.env.opts.Shards)
 		return t.reset(ctx, &cm)
 	}
@@ -123,7 +123,7 @@ func (t *shardTable) reset(ctx context.Context, cm *corev1.ConfigMap) error {
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[t.env.keys.shards] = strconv.Itoa(int(t.env.opts.Shards))
+	cm.Annotations[t.env.keys.Shards] = strconv.Itoa(int(t.env.opts.Shards))
 	if err := t.env.writer.Update(ctx, cm); err != nil {
 		return fmt.Errorf("starting shard table %s/%s afresh: %w", cm.Namespace, cm.Name, err)
 	}
@@ -249,7 +249,7 @@ func (t *shardTable) flush(ctx context.Context) error {
 		return nil
 	}
 	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{t.env.keys.shards: shards}},
+		"metadata": map[string]any{"annotations": map[string]string{t.env.keys.Shards: shards}},
 		"data":     batch,
 	})
 	if err != nil {
@@ -288,8 +288,8 @@ func (t *shardTable) create(ctx context.Context, batch map[string]string, shards
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: t.env.opts.LeaseNamespace, Name: t.name,
-			Labels:      map[string]string{t.env.keys.ring: t.env.opts.Ring},
-			Annotations: map[string]string{t.env.keys.shards: shards},
+			Labels:      map[string]string{t.env.keys.Ring: t.env.opts.Ring},
+			Annotations: map[string]string{t.env.keys.Shards: shards},
 		},
 		Data: data,
 	}

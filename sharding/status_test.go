@@ -17,6 +17,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // TestStatusNamesABadShardCountAnnotation: a live member Lease whose
@@ -28,11 +29,11 @@ func TestStatusNamesABadShardCountAnnotation(t *testing.T) {
 	c := newClient(t)
 	ns := newNamespace(t, c)
 	for _, bad := range []string{"-3", "0", "99999", "x"} {
-		ring := "badcount"
+		ringName := "badcount"
 		now := metav1.NewMicroTime(time.Now())
 		l := &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.MemberName(ring, "r-0"),
-				Labels:      map[string]string{sharding.LabelRing: ring, sharding.LabelLeaseKind: lease.KindMember},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.MemberName(ringName, "r-0"),
+				Labels:      map[string]string{sharding.LabelRing: ringName, sharding.LabelLeaseKind: lease.KindMember},
 				Annotations: map[string]string{sharding.AnnotationShards: bad}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("r-0_1"), LeaseDurationSeconds: ptr.To[int32](3600),
 				AcquireTime: &now, RenewTime: &now},
@@ -40,7 +41,7 @@ func TestStatusNamesABadShardCountAnnotation(t *testing.T) {
 		if err := c.Create(context.Background(), l); err != nil {
 			t.Fatal(err)
 		}
-		_, err := sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+		_, err := ring.ReadStatus(context.Background(), c, ring.StatusOptions{Namespace: ns, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 		want := `member Lease badcount-member-r-0: annotation kshard.dev/shards "` + bad + `" is not a shard count in [1, 4096]`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("annotation %q: ReadStatus error %v, want one containing %q", bad, err, want)
@@ -60,14 +61,14 @@ func TestLabelAndMetricsPrefix(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases; its replica watches that namespace only
 	c := newClient(t)
 	ns := newNamespace(t, c)
-	ring := "prefixed"
-	rc := ringConfig(ns, ring, "r-0")
+	ringName := "prefixed"
+	rc := ringConfig(ns, ringName, "r-0")
 	rc.labelPrefix, rc.metricsPrefix = "pricing.example.dev", "pricing"
 	keys := createBindings(t, c, ns, 30, 10)
 	startReplica(t, rc)
 	gvk := configv1alpha1.GroupVersion.WithKind("ConfigBinding")
 	controlplane.Eventually(t, 2*time.Minute, "every shard held and every object reconciled", func() error {
-		st, err := sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: gvk, LabelPrefix: rc.labelPrefix})
+		st, err := ring.ReadStatus(context.Background(), c, ring.StatusOptions{Namespace: ns, Ring: ringName, Kind: gvk, LabelPrefix: rc.labelPrefix})
 		if err != nil {
 			return err
 		}
@@ -108,7 +109,7 @@ func TestLabelAndMetricsPrefix(t *testing.T) {
 			t.Errorf("Lease %s carries %s: %v", l.Name, sharding.LabelRing, l.Labels)
 		}
 	}
-	st, err := sharding.ReadStatus(context.Background(), c, sharding.StatusOptions{Namespace: ns, Ring: ring, Kind: gvk})
+	st, err := ring.ReadStatus(context.Background(), c, ring.StatusOptions{Namespace: ns, Ring: ringName, Kind: gvk, LabelPrefix: sharding.DefaultLabelPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,13 +127,13 @@ func TestLabelAndMetricsPrefix(t *testing.T) {
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "ring" && l.GetValue() == ring {
+				if l.GetName() == "ring" && l.GetValue() == ringName {
 					owned = m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
 	if owned != float64(shards) {
-		t.Errorf("pricing_shards_owned{ring=%q} = %v, want %d (-1: not exported)", ring, owned, shards)
+		t.Errorf("pricing_shards_owned{ring=%q} = %v, want %d (-1: not exported)", ringName, owned, shards)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 var cp *controlplane.ControlPlane
@@ -95,7 +96,7 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return err
 	}
-	st, err := sharding.ReadStatus(ctx, c, sharding.StatusOptions{Namespace: leaseNS, Ring: "e2e", Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+	st, err := ring.ReadStatus(ctx, c, ring.StatusOptions{Namespace: leaseNS, Ring: "e2e", Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 	if err != nil {
 		return err
 	}
@@ -103,7 +104,7 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 	var example string
 	for _, cb := range list.Items {
 		cond := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
-		shard, ok := sharding.ParseShardLabel(cb.Labels, e2eShards)
+		shard, ok := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, e2eShards)
 		switch {
 		case cond == nil || cond.Reason != configbinding.ReasonSynced || cb.Status.ObservedGeneration != cb.Generation || cond.ObservedGeneration != cb.Generation:
 			example = fmt.Sprintf("%s: generation %d, status %+v", cb.Name, cb.Generation, cb.Status)

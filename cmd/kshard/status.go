@@ -13,6 +13,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // errUnowned makes `kshard status` exit non-zero when shards are unowned,
@@ -20,7 +21,7 @@ import (
 var errUnowned = errors.New("some shards are unowned")
 
 func newStatusCommand() *cobra.Command {
-	var kubeconfig, namespace, ring string
+	var kubeconfig, namespace, ringName string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the ring: each shard's holder and desired owner, each member, unowned shards (exit 2 if any)",
@@ -33,7 +34,7 @@ func newStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := sharding.ReadStatus(cmd.Context(), c, sharding.StatusOptions{Namespace: namespace, Ring: ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+			st, err := ring.ReadStatus(cmd.Context(), c, ring.StatusOptions{Namespace: namespace, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 			if err != nil {
 				return err
 			}
@@ -46,12 +47,12 @@ func newStatusCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: the usual loading rules)")
 	cmd.Flags().StringVar(&namespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases")
-	cmd.Flags().StringVar(&ring, "ring", "kshard", "ring name")
+	cmd.Flags().StringVar(&ringName, "ring", "kshard", "ring name")
 	return cmd
 }
 
 // printStatus writes a ring's status as tables a person reads.
-func printStatus(w io.Writer, st *sharding.RingStatus) {
+func printStatus(w io.Writer, st *ring.Status) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ring %s: %d shards, %d unowned, %d unlabeled objects\n\n", st.Ring, st.ShardCount, len(st.Unowned), st.Unlabeled)
 	fmt.Fprintln(tw, "MEMBER\tLIVE\tSHARD COUNT\tHELD\tDESIRED\tRENEWED")

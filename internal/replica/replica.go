@@ -175,7 +175,7 @@ func (o *Options) applyMemoryLimit(log logr.Logger) {
 }
 
 // timingFlags name the Lease timing as cmd/kshard's flags set it.
-var timingFlags = sharding.LeaseTimingNames{LeaseDuration: "--lease-duration", RenewDeadline: "--renew-deadline", RetryPeriod: "--retry-period"}
+var timingFlags = lease.TimingNames{LeaseDuration: "--lease-duration", RenewDeadline: "--renew-deadline", RetryPeriod: "--retry-period"}
 
 func (o *Options) setDefaults() error {
 	if o.Ring == "" {
@@ -201,7 +201,7 @@ func (o *Options) setDefaults() error {
 	}
 	// Sharded or not (a manager's leader election), the same Lease timing:
 	// refused here with the flags named, not when a Lease is first written.
-	if err := sharding.ValidateLeaseTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, timingFlags); err != nil {
+	if err := lease.ValidateTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, timingFlags); err != nil {
 		return err
 	}
 	if o.MaxConcurrentReconciles == 0 {

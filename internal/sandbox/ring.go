@@ -11,6 +11,7 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // conditionReady is the ConfigBinding condition the controller keeps.
@@ -18,8 +19,8 @@ const conditionReady = "Ready"
 
 // readRing reads the ring as the cluster shows it, the same way `kshard
 // status` does: the sandbox judges the replicas only by what they wrote.
-func readRing(ctx context.Context, c client.Reader) (*sharding.RingStatus, error) {
-	return sharding.ReadStatus(ctx, c, sharding.StatusOptions{Namespace: LeaseNamespace, Ring: Ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding")})
+func readRing(ctx context.Context, c client.Reader) (*ring.Status, error) {
+	return ring.ReadStatus(ctx, c, ring.StatusOptions{Namespace: LeaseNamespace, Ring: Ring, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
 }
 
 // listBindings reads every ConfigBinding, a page at a time.
@@ -72,7 +73,7 @@ func settled(bindings []configv1alpha1.ConfigBinding) (ok bool, detail string) {
 // balanced reports whether every shard is held by a live replica and by the
 // one the ring says should hold it: the end of any handover. detail says
 // what is missing.
-func balanced(st *sharding.RingStatus) (ok bool, detail string) {
+func balanced(st *ring.Status) (ok bool, detail string) {
 	if st.ShardCount == 0 {
 		return false, "no live ring member yet"
 	}
@@ -94,7 +95,7 @@ func balanced(st *sharding.RingStatus) (ok bool, detail string) {
 }
 
 // liveMember reports whether a replica has a live member Lease.
-func liveMember(st *sharding.RingStatus, id string) bool {
+func liveMember(st *ring.Status, id string) bool {
 	for _, m := range st.Members {
 		if m.Name == id && m.Live {
 			return true
@@ -104,7 +105,7 @@ func liveMember(st *sharding.RingStatus, id string) bool {
 }
 
 // holders maps each shard to its live holder ("" for none).
-func holders(st *sharding.RingStatus) map[int32]string {
+func holders(st *ring.Status) map[int32]string {
 	out := make(map[int32]string, len(st.Shards))
 	for _, s := range st.Shards {
 		out[s.Shard] = s.Holder
@@ -113,7 +114,7 @@ func holders(st *sharding.RingStatus) map[int32]string {
 }
 
 // shardMap prints which replica holds which shards, with their objects.
-func shardMap(st *sharding.RingStatus) string {
+func shardMap(st *ring.Status) string {
 	type row struct {
 		shards  []int32
 		objects int
@@ -152,7 +153,7 @@ func shardMap(st *sharding.RingStatus) string {
 
 // moves says which shards changed holder between two ring readings, and
 // how many objects moved with them.
-func moves(before, after *sharding.RingStatus) string {
+func moves(before, after *ring.Status) string {
 	was := holders(before)
 	count := map[string]int{}
 	var shards, objects int

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 func TestRanges(t *testing.T) {
@@ -23,30 +23,30 @@ func TestRanges(t *testing.T) {
 }
 
 func TestRingJudgements(t *testing.T) {
-	ring := func(holders ...string) *sharding.RingStatus {
-		st := &sharding.RingStatus{ShardCount: int32(len(holders)),
-			Members: []sharding.MemberStatus{{Name: "a", Live: true}, {Name: "b", Live: true}}}
+	ringName := func(holders ...string) *ring.Status {
+		st := &ring.Status{ShardCount: int32(len(holders)),
+			Members: []ring.MemberStatus{{Name: "a", Live: true}, {Name: "b", Live: true}}}
 		for i, h := range holders {
-			st.Shards = append(st.Shards, sharding.ShardStatus{Shard: int32(i), Holder: h, Desired: "a", Objects: i})
+			st.Shards = append(st.Shards, ring.ShardStatus{Shard: int32(i), Holder: h, Desired: "a", Objects: i})
 			if h == "" {
 				st.Unowned = append(st.Unowned, int32(i))
 			}
 		}
 		return st
 	}
-	if ok, _ := balanced(ring("a", "a")); !ok {
+	if ok, _ := balanced(ringName("a", "a")); !ok {
 		t.Error("a ring held by its desired owners is not balanced")
 	}
-	if ok, detail := balanced(ring("a", "")); ok || !strings.Contains(detail, "unowned") {
+	if ok, detail := balanced(ringName("a", "")); ok || !strings.Contains(detail, "unowned") {
 		t.Errorf("an unowned shard: balanced %v, %q", ok, detail)
 	}
-	if ok, detail := balanced(ring("a", "b")); ok || !strings.Contains(detail, "desired") {
+	if ok, detail := balanced(ringName("a", "b")); ok || !strings.Contains(detail, "desired") {
 		t.Errorf("a shard held by the wrong member: balanced %v, %q", ok, detail)
 	}
-	if ok, detail := gone("b")(ring("a", "a")); ok || !strings.Contains(detail, "live ring member") {
+	if ok, detail := gone("b")(ringName("a", "a")); ok || !strings.Contains(detail, "live ring member") {
 		t.Errorf("a live member is not gone: %v, %q", ok, detail)
 	}
-	if got := moves(ring("a", "b", "b"), ring("a", "a", "a")); !strings.Contains(got, "moved 2 shards with 3 objects (b -> a: 2)") {
+	if got := moves(ringName("a", "b", "b"), ringName("a", "a", "a")); !strings.Contains(got, "moved 2 shards with 3 objects (b -> a: 2)") {
 		t.Errorf("moves = %q", got)
 	}
 	if got := relabeled(map[string]string{"x": "1"}, map[string]string{"x": "2"}); !strings.Contains(got, "WARNING") {

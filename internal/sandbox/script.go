@@ -12,6 +12,7 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // pollInterval is how often the script reads the ring while it waits. It is
@@ -119,7 +120,7 @@ func (sc *script) join(ctx context.Context, r *replica) error {
 		}
 		sc.s.out.printf("%s: started (pid %d)", event, r.pid())
 		return nil
-	}, func(st *sharding.RingStatus) (bool, string) {
+	}, func(st *ring.Status) (bool, string) {
 		if !liveMember(st, r.id) {
 			return false, r.id + " is not a live ring member yet"
 		}
@@ -138,8 +139,8 @@ func (sc *script) crash(ctx context.Context, r *replica) error {
 
 // gone is the end of a leave or a crash: the replica is not a live member,
 // holds nothing, and every shard is held by its desired owner.
-func gone(id string) func(*sharding.RingStatus) (bool, string) {
-	return func(st *sharding.RingStatus) (bool, string) {
+func gone(id string) func(*ring.Status) (bool, string) {
+	return func(st *ring.Status) (bool, string) {
 		if liveMember(st, id) {
 			return false, id + " is still a live ring member"
 		}
@@ -158,7 +159,7 @@ func gone(id string) func(*sharding.RingStatus) (bool, string) {
 // new shard map, what moved, and whether any object's shard label changed
 // (none should: only Leases move).
 func (sc *script) measure(ctx context.Context, event string, act func() error,
-	done func(*sharding.RingStatus) (bool, string), after func(t0 time.Time)) error {
+	done func(*ring.Status) (bool, string), after func(t0 time.Time)) error {
 	out := sc.s.out
 	before, err := readRing(ctx, sc.c)
 	if err != nil {

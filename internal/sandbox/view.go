@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // viewer is the live view: every ViewInterval it scrapes each replica's
@@ -81,7 +81,7 @@ func (v *viewer) collect(ctx context.Context) []string {
 		wg.Go(func() { rows[i] = v.row(ctx, r) })
 	}
 	var (
-		st              *sharding.RingStatus
+		st              *ring.Status
 		ringErr, objErr error
 		ready, total    int
 	)

@@ -22,6 +22,7 @@ import (
 	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/ring"
 )
 
 // objectWrites counts the API server's mutating requests on ConfigBindings
@@ -130,7 +131,7 @@ func TestHandoverWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	gvk := configv1alpha1.GroupVersion.WithKind("ConfigBinding")
 	byHolder := func() (map[string][]string, error) {
-		st, err := sharding.ReadStatus(ctx, e.c, sharding.StatusOptions{Namespace: e.opts.LeaseNamespace, Ring: e.opts.Ring, Kind: gvk})
+		st, err := ring.ReadStatus(ctx, e.c, ring.StatusOptions{Namespace: e.opts.LeaseNamespace, Ring: e.opts.Ring, Kind: gvk, LabelPrefix: sharding.DefaultLabelPrefix})
 		if err != nil {
 			return nil, err
 		}
@@ -144,7 +145,7 @@ func TestHandoverWritesNothing(t *testing.T) {
 			if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != cb.Generation {
 				return nil, fmt.Errorf("%s not Ready: %+v", n, cb.Status.Conditions)
 			}
-			shard, ok := sharding.ParseShardLabel(cb.Labels, st.ShardCount)
+			shard, ok := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, st.ShardCount)
 			if !ok {
 				return nil, fmt.Errorf("%s has no shard label", n)
 			}

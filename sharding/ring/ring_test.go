@@ -1,10 +1,8 @@
-package sharding
+package ring
 
 import (
 	"fmt"
 	"testing"
-
-	"github.com/buraksezer/consistent"
 )
 
 func replicaNames(prefix string, n int) []string {
@@ -20,7 +18,7 @@ func replicaNames(prefix string, n int) []string {
 func TestRingBalance(t *testing.T) {
 	for _, prefix := range []string{"kshard-", "controller-", "replica-"} {
 		for n := 3; n <= 10; n++ {
-			r := NewRing(64, replicaNames(prefix, n))
+			r := New(64, replicaNames(prefix, n))
 			maxLoad := 0
 			total := 0
 			for _, m := range r.Members() {
@@ -39,21 +37,11 @@ func TestRingBalance(t *testing.T) {
 	}
 }
 
-func TestShardOfMatchesConsistent(t *testing.T) {
-	c := consistent.New(nil, consistent.Config{PartitionCount: 64, ReplicationFactor: 1, Load: 1.1, Hasher: hasher{}})
-	for i := range 1000 {
-		d := fmt.Sprintf("domain-%d", i)
-		if got, want := ShardOf(d, 64), int32(c.FindPartitionID([]byte(d))); got != want {
-			t.Fatalf("ShardOf(%q) = %d, consistent says %d", d, got, want)
-		}
-	}
-}
-
 // TestRingMovesFewShards checks that adding a member moves shards mostly to
 // the newcomer: bounded loads may shuffle a few between survivors.
 func TestRingMovesFewShards(t *testing.T) {
-	before := NewRing(64, replicaNames("kshard-", 3))
-	after := NewRing(64, replicaNames("kshard-", 4))
+	before := New(64, replicaNames("kshard-", 3))
+	after := New(64, replicaNames("kshard-", 4))
 	toNew, between := 0, 0
 	for s := range int32(64) {
 		if before.Owner(s) == after.Owner(s) {
@@ -72,30 +60,31 @@ func TestRingMovesFewShards(t *testing.T) {
 }
 
 func TestRingDeterministicAndEmpty(t *testing.T) {
-	a := NewRing(64, []string{"b", "a", "c"})
-	b := NewRing(64, []string{"c", "b", "a"})
+	a := New(64, []string{"b", "a", "c"})
+	b := New(64, []string{"c", "b", "a"})
 	for s := range int32(64) {
 		if a.Owner(s) != b.Owner(s) {
 			t.Fatalf("shard %d: owners differ by member order: %s vs %s", s, a.Owner(s), b.Owner(s))
 		}
 	}
-	if got := NewRing(8, nil).Owner(3); got != "" {
+	if got := New(8, nil).Owner(3); got != "" {
 		t.Fatalf("empty ring owner = %q", got)
 	}
 }
 
-func TestParseShardLabel(t *testing.T) {
+func TestShardLabel(t *testing.T) {
+	keys := KeysFor("kshard.dev")
 	for _, tc := range []struct {
 		v    string
 		ok   bool
 		want int32
 	}{{"0", true, 0}, {"63", true, 63}, {"64", false, 0}, {"-1", false, 0}, {"07", false, 0}, {"x", false, 0}, {"", false, 0}} {
-		got, ok := ParseShardLabel(map[string]string{LabelShard: tc.v}, 64)
+		got, ok := keys.ShardLabel(map[string]string{"kshard.dev/shard": tc.v}, 64)
 		if ok != tc.ok || got != tc.want {
 			t.Errorf("%q: got %d,%v want %d,%v", tc.v, got, ok, tc.want, tc.ok)
 		}
 	}
-	if _, ok := ParseShardLabel(nil, 64); ok {
+	if _, ok := keys.ShardLabel(nil, 64); ok {
 		t.Error("missing label parsed")
 	}
 }

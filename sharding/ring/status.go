@@ -1,4 +1,4 @@
-package sharding
+package ring
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 	"github.com/kshard/kshard/sharding/lease"
 )
 
-// RingStatus is a ring as the cluster shows it: who holds each shard, who
+// Status is a ring as the cluster shows it: who holds each shard, who
 // should, and which shards nobody runs. `kshard status` prints it.
-type RingStatus struct {
+type Status struct {
 	Ring       string
 	ShardCount int32
 	Members    []MemberStatus
@@ -50,7 +50,7 @@ type ShardStatus struct {
 }
 
 // StatusOptions name the ring ReadStatus reads, as its replicas' Options
-// do.
+// (package sharding) do.
 type StatusOptions struct {
 	// Namespace holds the ring's Leases (Options.LeaseNamespace).
 	Namespace string
@@ -58,33 +58,33 @@ type StatusOptions struct {
 	Ring string
 	// Kind is the ring's primary kind, whose objects are counted per shard.
 	Kind schema.GroupVersionKind
-	// LabelPrefix is the ring's (Options.LabelPrefix). Default
-	// DefaultLabelPrefix.
+	// LabelPrefix is the ring's (Options.LabelPrefix; its default is
+	// sharding.DefaultLabelPrefix). Required.
 	LabelPrefix string
 }
 
 // ReadStatus reads a ring's Leases and counts its primary objects per shard
 // label (metadata only, paginated).
-func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*RingStatus, error) {
+func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Status, error) {
 	if opts.LabelPrefix == "" {
-		opts.LabelPrefix = DefaultLabelPrefix
+		return nil, fmt.Errorf("reading ring %s: no label prefix", opts.Ring)
 	}
-	keys, ring := newLabelKeys(opts.LabelPrefix), opts.Ring
+	keys, ring := KeysFor(opts.LabelPrefix), opts.Ring
 	var leases coordinationv1.LeaseList
-	if err := c.List(ctx, &leases, client.InNamespace(opts.Namespace), client.MatchingLabels{keys.ring: ring}); err != nil {
+	if err := c.List(ctx, &leases, client.InNamespace(opts.Namespace), client.MatchingLabels{keys.Ring: ring}); err != nil {
 		return nil, fmt.Errorf("listing Leases of ring %s: %w", ring, err)
 	}
 	now := time.Now()
-	view := readLeases(keys, ring, leases.Items, maxShards, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
-	if len(view.invalid) > 0 {
+	view := Read(keys, ring, leases.Items, MaxShards, now, func(l *coordinationv1.Lease) time.Time { return leaseExpiry(l.Spec) })
+	if len(view.Invalid) > 0 {
 		// Hand-edited or written by something else: the ring cannot be
 		// drawn without knowing whether that member is in it.
-		return nil, fmt.Errorf("reading ring %s: %w", ring, errors.Join(view.invalid...))
+		return nil, fmt.Errorf("reading ring %s: %w", ring, errors.Join(view.Invalid...))
 	}
-	st := &RingStatus{Ring: ring, ShardCount: view.shardCount}
+	st := &Status{Ring: ring, ShardCount: view.ShardCount}
 	if st.ShardCount == 0 {
 		// No live member: take the largest shard Lease number seen.
-		for n := range view.shards {
+		for n := range view.Shards {
 			st.ShardCount = max(st.ShardCount, n+1)
 		}
 	}
@@ -93,12 +93,12 @@ func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Ring
 		return nil, err
 	}
 	st.Unlabeled = unlabeled
-	r := NewRing(st.ShardCount, view.members)
+	r := New(st.ShardCount, view.Members)
 	held := map[string]int{}
 	for n := range st.ShardCount {
 		s := ShardStatus{Shard: n, Desired: r.Owner(n), Objects: counts[n]}
-		if l, ok := view.shards[n]; ok && l.live(now) {
-			s.Holder = lease.HolderReplica(l.holder)
+		if l, ok := view.Shards[n]; ok && l.Live(now) {
+			s.Holder = lease.HolderReplica(l.Holder)
 			held[s.Holder]++
 		} else {
 			st.Unowned = append(st.Unowned, n)
@@ -106,7 +106,7 @@ func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Ring
 		st.Shards = append(st.Shards, s)
 	}
 	for _, l := range leases.Items {
-		switch l.Labels[keys.leaseKind] {
+		switch l.Labels[keys.LeaseKind] {
 		case lease.KindShard:
 			if n, ok := lease.ParseShardName(ring, l.Name, st.ShardCount); ok && st.Shards[n].Holder != "" && l.Spec.AcquireTime != nil {
 				st.Shards[n].LeaseAge = now.Sub(l.Spec.AcquireTime.Time)
@@ -127,7 +127,7 @@ func ReadStatus(ctx context.Context, c client.Reader, opts StatusOptions) (*Ring
 	return st, nil
 }
 
-func countObjects(ctx context.Context, c client.Reader, keys labelKeys, gvk schema.GroupVersionKind, shards int32) (map[int32]int, int, error) {
+func countObjects(ctx context.Context, c client.Reader, keys Keys, gvk schema.GroupVersionKind, shards int32) (map[int32]int, int, error) {
 	counts := map[int32]int{}
 	unlabeled := 0
 	list := &metav1.PartialObjectMetadataList{}
@@ -137,7 +137,7 @@ func countObjects(ctx context.Context, c client.Reader, keys labelKeys, gvk sche
 			return nil, 0, fmt.Errorf("counting %s per shard: %w", gvk.Kind, err)
 		}
 		for _, o := range list.Items {
-			if n, ok := keys.shardOf(o.Labels, shards); ok {
+			if n, ok := keys.ShardLabel(o.Labels, shards); ok {
 				counts[n]++
 			} else {
 				unlabeled++
