@@ -171,6 +171,18 @@ func (g *group) join() {
 	g.members++
 }
 
+// tryJoin counts a shard that reads this group, unless its last member has
+// left (it stops, or has stopped).
+func (g *group) tryJoin() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.members == 0 {
+		return false
+	}
+	g.members++
+	return true
+}
+
 // leave uncounts a shard, and stops the cache when none is left.
 func (g *group) leave() {
 	g.mu.Lock()
@@ -294,6 +306,9 @@ type batch struct {
 // a replica's shards within moments of each other, so the incoming replica
 // lists them once.
 func (c *coordinator) joinBatch(ctx context.Context, s *shard) {
+	if c.rejoin(ctx, s) {
+		return
+	}
 	c.mu.Lock()
 	b := c.open
 	switch {
@@ -314,6 +329,41 @@ func (c *coordinator) joinBatch(ctx context.Context, s *shard) {
 	if complete {
 		c.closeBatch(ctx, b)
 	}
+}
+
+// rejoin activates a shard just acquired in a running, synced group whose
+// selector still covers it: a shard this replica held moments ago, fenced
+// (its renewal missed the renew deadline) or released, and took again. Its
+// tenure starts without another LIST, which would scan the whole collection
+// in the API server: renewals miss their deadline when the server is
+// overloaded (a restart under load at 100,000 objects, docs/scale.md), and
+// a relist for each such shard loads it further. Events of the shard's
+// objects that came while it was not the group's were dropped, so each of
+// its objects is enqueued once.
+func (c *coordinator) rejoin(ctx context.Context, s *shard) bool {
+	var g *group
+	c.mu.Lock()
+	for candidate := range c.groups {
+		if slices.Contains(candidate.shards, s.id) && candidate.isSynced() && candidate.tryJoin() {
+			g = candidate
+			break
+		}
+	}
+	c.mu.Unlock()
+	if g == nil {
+		return false
+	}
+	// tryJoin's count holds the cache until the shard has joined it.
+	defer g.leave()
+	if !s.activate(g) {
+		return true
+	}
+	s.beginTenure()
+	s.onSynced()
+	c.metrics.objects.WithLabelValues(s.name).Set(float64(g.count(s.id, 0)))
+	c.log.V(1).Info("Shard rejoined a running cache", "shard", s.id, "cache", g.shards)
+	c.enqueueAll(ctx, s, g)
+	return true
 }
 
 // maxBatchWait bounds, in BatchWindows from its first shard, how long a

@@ -1,0 +1,78 @@
+package sharding_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/sharding"
+	"github.com/kshard/kshard/sharding/lease"
+	"github.com/kshard/kshard/sharding/ring"
+)
+
+// TestFencedShardRejoinsItsCache: a shard fenced while its replica keeps
+// the others of its cache (its Lease deleted here; a renewal that missed
+// the renew deadline under an overloaded API server in the scale scenario)
+// and acquired again by the same replica reads the running cache: the API
+// server's audit log shows no sync of ConfigBindings by the replica from
+// the fence until the shard is held again, and an update of one of its
+// objects is reconciled after. Each such shard used to start a cache of
+// its own, a LIST that scans the whole collection, which an overloaded
+// server pays again for every renewal it delays.
+func TestFencedShardRejoinsItsCache(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	ringName := "rejoin"
+	createBindings(t, c, ns, 40, 20)
+	r := startReplica(t, ringConfig(ns, ringName, "r-0"))
+	expectRingHeld(t, c, ns, ringName, []string{"r-0"})
+	controlplane.Eventually(t, 2*time.Minute, "all objects reconciled", func() error { return allReconciled(c, ns, ringName, t) })
+
+	var list configv1alpha1.ConfigBindingList
+	if err := c.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	cb := list.Items[0]
+	n, ok := ring.KeysFor(sharding.DefaultLabelPrefix).ShardLabel(cb.Labels, shardsOf(ringName))
+	if !ok {
+		t.Fatalf("%s has no shard label: %v", cb.Name, cb.Labels)
+	}
+	acquired := func() float64 {
+		v, err := gathered("kshard_shard_handovers_total", ringName, "direction", "acquire")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := acquired()
+	from := time.Now()
+	l := &coordinationv1.Lease{}
+	l.Namespace, l.Name = ns, lease.ShardName(ringName, n)
+	if err := c.Delete(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, time.Minute, fmt.Sprintf("shard %d fenced and running again", n), func() error {
+		if got := acquired(); got <= before {
+			return fmt.Errorf("%.0f shard acquisitions, %.0f before the Lease was deleted", got, before)
+		}
+		// Ready: every shard runs with a synced cache, so a LIST of a new
+		// cache was answered, and the audit log (blocking) recorded it.
+		return r.rep.Ready()
+	})
+	if syncs, _, who := syncsBetween(t, from, time.Now(), []string{"r-0"}); syncs != 0 {
+		t.Errorf("shard %d acquired again: r-0 synced ConfigBindings %d times meanwhile (the audit log: %s), want none: the running cache covers it", n, syncs, who)
+	}
+
+	cb.Spec.Target.ConfigMapName += "-moved"
+	if err := c.Update(context.Background(), &cb); err != nil {
+		t.Fatal(err)
+	}
+	controlplane.Eventually(t, time.Minute, "the updated object reconciled by the rejoined shard", func() error { return allReconciled(c, ns, ringName, t) })
+}
