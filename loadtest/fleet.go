@@ -83,6 +83,11 @@ func (m Mode) direct() bool {
 	return false
 }
 
+// externalCache reports whether the mode's replicas keep an external cache
+// (and export its metrics): not the plain controller, nor a replica that
+// calls the config center in Reconcile.
+func (m Mode) externalCache() bool { return !m.Plain && !m.direct() }
+
 // fleet is the replicas of one mode, replica i being "kshard-i" as in a
 // StatefulSet. Slots keep their identity and ports across restarts.
 type fleet struct {

@@ -336,7 +336,8 @@ func (r *run) addEvent(ev EventResult) {
 
 // fetching is the sum of the running replicas' external-cache fetches under
 // way in their latest samples; -1 when a replica with an external cache
-// exports none (a replica of --external-mode=direct has no cache).
+// exports none (the plain controller and a replica of
+// --external-mode=direct have no cache).
 func (f *fleet) fetching(now time.Time) float64 {
 	slots := f.runningSlots()
 	f.mu.Lock()
@@ -347,7 +348,7 @@ func (f *fleet) fetching(now time.Time) float64 {
 		switch {
 		case !ok:
 			return -1
-		case last.Fetching < 0 && !f.mode.direct():
+		case last.Fetching < 0 && f.mode.externalCache():
 			return -1
 		case last.Fetching > 0:
 			n += last.Fetching

@@ -46,6 +46,9 @@ func TestSingletonWarmUpWaitsForFetches(t *testing.T) {
 		{fleetOf(ModeSingleton, 3, 4), 7},
 		{fleetOf(ModeSingleton, 0, -1), -1},
 		{fleetOf(direct, -1), 0},
+		// The plain controller has no external cache: its start once
+		// waited for the metric until the settle timed out.
+		{fleetOf(ModePlain, -1), 0},
 	} {
 		if got := tc.fleet.fetching(now); got != tc.want {
 			t.Errorf("%s with fetches %v: %v, want %v", tc.fleet.mode.Name, tc.fleet.slots, got, tc.want)
