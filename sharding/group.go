@@ -239,7 +239,7 @@ func (g *group) count(n int32, delta int64) int64 {
 // shard reads this group; objects of shards released since the group was
 // built are ignored.
 func (g *group) owner(o client.Object) (*shard, int32, bool) {
-	n, ok := g.c.keys.shardOf(o.GetLabels(), g.c.opts.Shards)
+	n, ok := g.c.keys.ShardLabel(o.GetLabels(), g.c.opts.Shards)
 	if !ok {
 		return nil, 0, false
 	}

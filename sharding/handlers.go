@@ -57,7 +57,7 @@ func passes(preds []predicate.Predicate, f func(predicate.Predicate) bool) bool 
 func (g *group) primaryHandler() toolscache.ResourceEventHandler {
 	preds := g.c.opts.For.Predicates
 	counted := func(o client.Object, delta int64) {
-		if n, ok := g.c.keys.shardOf(o.GetLabels(), g.c.opts.Shards); ok {
+		if n, ok := g.c.keys.ShardLabel(o.GetLabels(), g.c.opts.Shards); ok {
 			c := g.count(n, delta)
 			if s, _, ok := g.owner(o); ok {
 				s.c.metrics.objects.WithLabelValues(s.name).Set(float64(c))

@@ -60,12 +60,6 @@ func (k labelKeys) owned(shard int32, domain string) map[string]string {
 	return map[string]string{k.Shard: strconv.Itoa(int(shard)), k.Domain: domain}
 }
 
-// shardOf returns the shard an object's labels name, and whether they name
-// one in [0, shards).
-func (k labelKeys) shardOf(labels map[string]string, shards int32) (int32, bool) {
-	return k.ShardLabel(labels, shards)
-}
-
 // shardSelector selects objects whose shard label is (selection.In) or is
 // not (selection.NotIn) one of shards.
 func (k labelKeys) shardSelector(op selection.Operator, shards ...int32) (labels.Selector, error) {

@@ -219,7 +219,7 @@ func (s *Single) belongs(o client.Object, n int32) bool {
 	if gvk, err := apiutil.GVKForObject(o, s.mgr.GetScheme()); err == nil && gvk == s.forGVK {
 		return s.ShardOf(o) == n
 	}
-	if m, ok := newLabelKeys(s.opts.LabelPrefix).shardOf(o.GetLabels(), s.opts.Shards); ok {
+	if m, ok := newLabelKeys(s.opts.LabelPrefix).ShardLabel(o.GetLabels(), s.opts.Shards); ok {
 		return m == n
 	}
 	return true

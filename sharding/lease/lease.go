@@ -44,6 +44,13 @@ func ParseShardName(ring, name string, shards int32) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
+	return ParseShard(v, shards)
+}
+
+// ParseShard reads a shard number as a ring writes it, in a Lease's name
+// and in an object's shard label (strconv.Itoa: no sign, no leading zero),
+// and reports whether it is one in [0, shards).
+func ParseShard(v string, shards int32) (int32, bool) {
 	n, err := strconv.ParseInt(v, 10, 32)
 	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
 		return 0, false

@@ -41,11 +41,7 @@ func (k Keys) ShardLabel(labels map[string]string, shards int32) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
-	n, err := strconv.ParseInt(v, 10, 32)
-	if err != nil || n < 0 || n >= int64(shards) || strconv.FormatInt(n, 10) != v {
-		return 0, false
-	}
-	return int32(n), true
+	return lease.ParseShard(v, shards)
 }
 
 // View is what a ring's Leases say at one moment.
