@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -232,9 +233,12 @@ func (a *AuditSummary) reconcileCheck(notAudited string) Check {
 // writes to shard resources (audit.CheckExclusive): the numbers behind the
 // write check.
 type WriteEvidence struct {
-	// Log is the audit log read; empty when the run had none (a cluster of
-	// --kubeconfig without --apiserver-audit-log), and then the check has
-	// no data. Error says why it could not be read.
+	// Log is the file name of the audit log read (in the run's work
+	// directory, or --apiserver-audit-log's; the name alone, so that a
+	// committed report carries no path of the machine that ran it); empty
+	// when the run had none (a cluster of --kubeconfig without
+	// --apiserver-audit-log), and then the check has no data. Error says
+	// why it could not be read.
 	Log   string `json:",omitempty"`
 	Error string `json:",omitempty"`
 	// Events counts the audit events read.
@@ -396,10 +400,11 @@ type evidenceFor struct {
 // committed replica write in it against the ring's shard Leases.
 func writeEvidence(ev evidenceFor) *WriteEvidence {
 	path, opts := ev.log, ev.check
-	w := &WriteEvidence{Log: path, Fencing: ev.fencing}
+	w := &WriteEvidence{Fencing: ev.fencing}
 	if path == "" {
 		return w
 	}
+	w.Log = filepath.Base(path)
 	l, err := audit.ReadAPILogFile(path)
 	if err != nil {
 		w.Error = fmt.Sprintf("reading the API server's audit log: %v", err)
