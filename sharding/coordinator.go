@@ -268,40 +268,83 @@ func (c *coordinator) startShard(ctx context.Context, n int32, reason string) {
 		if c.shards[n] == s {
 			delete(c.shards, n)
 		}
-		c.noteAcquisitionLocked(n, s.acquireErr)
+		c.noteTenureLocked(n, s.ended, s.acquireErr)
 		c.mu.Unlock()
 		c.wake()
 	}()
 }
 
-// acquireBackoff spaces out attempts at a shard Lease that could not be
-// taken, so a Lease that stays out of reach (a live holder the ring does not
-// know of, a failing API server) is not retried in a hot loop.
+// acquireBackoff spaces out attempts at a shard. A Lease that could not be
+// taken (a live holder the ring does not know of, a failing API server) is
+// not retried in a hot loop. A shard fenced (its renewals missed their
+// deadline) is not taken back at once either: a fence says this replica, or
+// the API server it writes to, is overloaded, and taking the shard back at
+// once adds the shard's reconciles and external fetches to that load before
+// the next renewals are due. A replica held to 50m of CPU fenced its own
+// shards 449 times in a start that way, and never settled (docs/scale.md).
 type acquireBackoff struct {
-	delays    wait.Backoff
+	delays wait.Backoff
+	// fenced says delays are a fence's, counted from its first fence: the
+	// delays of failed takes before it were shorter.
+	fenced    bool
 	failures  int
 	notBefore time.Time
 }
 
-// noteAcquisitionLocked records how an attempt at shard n ended: a failure
-// backs off (100 ms, doubling, at most RetryPeriod), a success forgets the
-// failures. Caller holds c.mu.
-func (c *coordinator) noteAcquisitionLocked(n int32, err error) {
-	if err == nil {
+// tenureEnd is how a shard's run on this replica ended, as its backoff
+// counts it.
+type tenureEnd int
+
+const (
+	// endReleased: it was released, or handed over; a later acquisition
+	// need not wait.
+	endReleased tenureEnd = iota
+	// endNotTaken: its Lease could not be taken.
+	endNotTaken
+	// endFenced: it was held, and stopped when a renewal missed its
+	// deadline or found the Lease gone.
+	endFenced
+)
+
+// noteTenureLocked records how a run of shard n ended. A Lease that could
+// not be taken backs off 100 ms, doubling, to at most RetryPeriod; a fence
+// backs off RetryPeriod, doubling, to at most LeaseDuration: a shard fenced
+// at its renew deadline has been expired at most RenewDeadline when this
+// replica may take it again, less than the ring's unowned bound. The
+// failures are forgotten when the shard is released, or renewed once after
+// it was taken again (forgive). Caller holds c.mu.
+func (c *coordinator) noteTenureLocked(n int32, end tenureEnd, err error) {
+	if end == endReleased {
 		delete(c.backoff, n)
 		return
 	}
 	b := c.backoff[n]
-	if b == nil {
+	switch fenced := end == endFenced; {
+	case fenced && (b == nil || !b.fenced):
+		b = &acquireBackoff{fenced: true, delays: wait.Backoff{Duration: c.opts.RetryPeriod, Factor: 2,
+			Cap: c.opts.LeaseDuration, Steps: math.MaxInt32}}
+		c.backoff[n] = b
+	case b == nil:
 		b = &acquireBackoff{delays: wait.Backoff{Duration: min(100*time.Millisecond, c.opts.RetryPeriod), Factor: 2,
 			Cap: c.opts.RetryPeriod, Steps: math.MaxInt32}}
 		c.backoff[n] = b
 	}
 	b.failures++
-	b.notBefore = time.Now().Add(b.delays.Step())
-	if b.failures == 3 {
+	delay := b.delays.Step()
+	b.notBefore = time.Now().Add(delay)
+	switch {
+	case end == endFenced:
+		c.log.V(1).Info("Shard fenced; taking it again after a backoff", "shard", n, "fences", b.failures, "backoff", delay)
+	case b.failures == 3:
 		c.log.Info("Cannot acquire a shard Lease; backing off", "shard", n, "attempts", b.failures, "reason", err.Error())
 	}
+}
+
+// forgive forgets the backoff of shard n: it was taken again and renewed.
+func (c *coordinator) forgive(n int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.backoff, n)
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -92,7 +92,9 @@ type shard struct {
 
 	lease   *leaseWriter
 	started time.Time
-	// acquireErr is why the Lease could not be taken, read after run.
+	// ended is how run ended, and acquireErr why the Lease could not be
+	// taken; both read after run.
+	ended      tenureEnd
 	acquireErr error
 
 	// ctx is cancelled when the shard stops: in-flight reconciles see it.
@@ -268,6 +270,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	<-s.c.acquires
 	s.acquireErr = err
 	if err != nil {
+		s.ended = endNotTaken
 		if !apierrors.IsConflict(err) && !errors.Is(err, errLeaseHeld) {
 			s.log.Error(err, "Acquiring shard Lease")
 		}
@@ -294,13 +297,21 @@ func (s *shard) run(parent context.Context, reason string) {
 	defer renewal.Stop()
 	var drained chan bool
 	releaseCh := s.releaseCh
+	renewed := false
 	for {
 		select {
 		case <-renewal.C:
 			if err := s.renew(ctx); err != nil {
+				s.ended = endFenced
 				s.fence(err)
 				s.c.metrics.handovers.WithLabelValues("release", "fenced").Inc()
 				return
+			}
+			if !renewed {
+				// Held through a renewal: a backoff of fences before
+				// this tenure is over.
+				renewed = true
+				s.c.forgive(s.id)
 			}
 			// On the schedule, as a ticker: a slow renewal does not push
 			// the next one toward the deadline, and the periods it
