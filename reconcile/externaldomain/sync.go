@@ -185,19 +185,31 @@ func (s *syncer) Polled(ctx context.Context, p externalcache.FeedPoll) error {
 // refusal), not the config center's: the mirror does not say Unavailable for
 // it, as it did, and the feed is not polled meanwhile, since the write
 // carries every change taken in so far. It fails only when the shard is lost
-// (errLost) or the loop ends.
+// (errLost) or the loop ends. It steps writeBackoff itself: a step past the
+// cap stays at the cap, where wait.ExponentialBackoffWithContext gives up
+// once the cap is reached (six tries, about half a minute), and the mirror
+// stopped for good (TestRefusedMirrorWriteIsRetried).
 func (s *syncer) writeRetrying(ctx context.Context) error {
-	tries := 0
-	return wait.ExponentialBackoffWithContext(ctx, writeBackoff, func(ctx context.Context) (bool, error) {
+	delays := writeBackoff
+	for tries := 1; ; tries++ {
 		err := s.write(ctx, nil)
-		if err == nil || errors.Is(err, errLost) || ctx.Err() != nil {
-			return err == nil, err
+		if err == nil || errors.Is(err, errLost) {
+			return err
 		}
-		if tries++; tries == 1 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if tries == 1 {
 			s.log.Info("Writing the mirror failed; trying again", "error", err.Error())
 		}
-		return false, nil
-	})
+		t := time.NewTimer(delays.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // writeBackoff spaces the tries of a mirror's write: from half a second,
