@@ -284,8 +284,10 @@ func handoverGoal(ev EventResult, lease time.Duration) (string, bool) {
 	if ev.WritesCounted {
 		writes = fmt.Sprintf("%.0f object writes (goal 0: %s)", ev.ObjectWrites, metText(ev.ObjectWrites == 0))
 	}
-	return fmt.Sprintf("%s at %s: every moved object (%d in %d shards) reconciled by its new owner %s after the signal: goal ≤ %s, %s; %s",
-		ev.Name, fmtDur(ev.At), ev.Objects, ev.Moved, fmtDur(ev.Reconciled), goal, metText(ev.Reconciled <= goal), writes), true
+	return fmt.Sprintf("%s at %s: every moved object (%d in %d shards) reconciled by its new owner %s after the signal: goal ≤ %s, %s; "+
+		"every shard held by its new owner after %s, the last object reconciled %s after that; %s",
+		ev.Name, fmtDur(ev.At), ev.Objects, ev.Moved, fmtDur(ev.Reconciled), goal, metText(ev.Reconciled <= goal),
+		fmtDur(ev.Held), fmtDur(ev.Reconciled-ev.Held), writes), true
 }
 
 func metText(ok bool) string {

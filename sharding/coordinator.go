@@ -47,6 +47,9 @@ type coordinator struct {
 	open     *batch        // the acquisition batch shards join, if any
 	groups   map[*group]bool
 	backoff  map[int32]*acquireBackoff
+	// warm is the cache this replica syncs for the shards leaving members
+	// hand it (warmup.go), if any.
+	warm *warmup
 
 	// expected are the StatefulSet's desired members, read at start; they
 	// count as ring members until StartupGrace after started, so a replica
@@ -178,13 +181,7 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	}
 	now := time.Now()
 	next := now.Add(c.opts.RetryPeriod)
-	view := ring.Read(c.keys.Keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
-		renew := time.Time{}
-		if l.Spec.RenewTime != nil {
-			renew = l.Spec.RenewTime.Time
-		}
-		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
-	})
+	view := c.read(list.Items, now)
 	for _, t := range view.Expiries {
 		if t.After(now) && t.Before(next) {
 			next = t
@@ -254,8 +251,21 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 			s.release("rebalance")
 		}
 	}
+	c.warmLocked(ctx, view, current)
 	c.compactLocked(ctx, current)
 	return time.Until(next)
+}
+
+// read builds the ring's view of its Leases, timing each Lease's expiry on
+// this replica's clock from when it saw the Lease renewed.
+func (c *coordinator) read(items []coordinationv1.Lease, now time.Time) *ring.View {
+	return ring.Read(c.keys.Keys, c.opts.Ring, items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+		renew := time.Time{}
+		if l.Spec.RenewTime != nil {
+			renew = l.Spec.RenewTime.Time
+		}
+		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
+	})
 }
 
 // startShard begins acquiring a shard. Caller holds c.mu.
@@ -357,6 +367,9 @@ func minTime(a, b time.Time) time.Time {
 // releaseAll drains and releases every shard and waits for them.
 func (c *coordinator) releaseAll(reason string) {
 	c.mu.Lock()
+	if c.warm != nil {
+		c.endWarmupLocked(c.warm)
+	}
 	held := make([]*shard, 0, len(c.shards))
 	for _, s := range c.shards {
 		held = append(held, s)

@@ -41,6 +41,9 @@ type group struct {
 	mu         sync.Mutex
 	started    bool
 	compacting bool
+	// warming: the cache of a warm-up, whose shards this replica does not
+	// hold yet; not compacted until the warm-up ends.
+	warming bool
 	members    int             // shards that read this group
 	counts     map[int32]int64 // primary objects cached, per shard
 }
@@ -224,7 +227,7 @@ func (g *group) beginCompaction() bool {
 func (g *group) wasteful() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.members > 0 && len(g.shards) >= 2*g.members
+	return !g.warming && g.members > 0 && len(g.shards) >= 2*g.members
 }
 
 // count adds delta to a shard's cached objects and returns the new count.

@@ -55,7 +55,8 @@ func (e *heldError) Unwrap() error { return errLeaseHeld }
 type leaseWriter struct {
 	leases coordinationv1client.LeaseInterface
 	name   string
-	// labels and annotations are set on every write (others are kept).
+	// labels and annotations are set on every write (others are kept); an
+	// annotation "" is removed.
 	labels, annotations map[string]string
 	// holder is this process's holder identity.
 	holder   string
@@ -272,7 +273,14 @@ func (w *leaseWriter) update(ctx context.Context, l *coordinationv1.Lease) error
 		if l.Annotations == nil {
 			l.Annotations = map[string]string{}
 		}
-		maps.Copy(l.Annotations, w.annotations)
+		for k, v := range w.annotations {
+			if v == "" {
+				// An annotation this writer says nothing of now.
+				delete(l.Annotations, k)
+			} else {
+				l.Annotations[k] = v
+			}
+		}
 	}
 	updated, err := w.leases.Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -39,17 +40,41 @@ type memberLease struct {
 	lease *leaseWriter
 	// wake tells the coordinator that the member state changed.
 	wake func()
+	// changed asks run for a write now: an annotation changed.
+	changed chan struct{}
 
 	mu     sync.Mutex
 	state  memberState
 	holder string // the other incarnation, while waiting
+	// says are the annotations of a warm leave (Keys.Leaving,
+	// Keys.WarmFor) the next write carries; "" clears one.
+	says map[string]string
 }
 
 func newMemberLease(e *env, wake func()) *memberLease {
 	opts := e.opts
-	return &memberLease{env: e, wake: wake, lease: e.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
-		map[string]string{e.keys.Ring: opts.Ring, e.keys.LeaseKind: lease.KindMember},
-		map[string]string{e.keys.Shards: strconv.Itoa(int(opts.Shards))})}
+	// Both start empty: a Lease taken over from an incarnation that was
+	// leaving says so no more.
+	says := map[string]string{e.keys.Leaving: "", e.keys.WarmFor: ""}
+	return &memberLease{env: e, wake: wake, changed: make(chan struct{}, 1), says: says,
+		lease: e.newLeaseWriter(lease.MemberName(opts.Ring, opts.Identity),
+			map[string]string{e.keys.Ring: opts.Ring, e.keys.LeaseKind: lease.KindMember},
+			map[string]string{e.keys.Shards: strconv.Itoa(int(opts.Shards))})}
+}
+
+// say sets an annotation of the member Lease, written at once.
+func (m *memberLease) say(key, value string) {
+	m.mu.Lock()
+	same := m.says[key] == value
+	m.says[key] = value
+	m.mu.Unlock()
+	if same {
+		return
+	}
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
 }
 
 // run renews the member Lease every RetryPeriod until ctx is done. A renewal
@@ -68,6 +93,8 @@ func (m *memberLease) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			m.renewOnce(renewCtx)
+		case <-m.changed:
 			m.renewOnce(renewCtx)
 		}
 	}
@@ -122,6 +149,9 @@ func (m *memberLease) notHeldReason() error {
 func (m *memberLease) renewOnce(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, m.env.opts.RenewDeadline)
 	defer cancel()
+	m.mu.Lock()
+	maps.Copy(m.lease.annotations, m.says)
+	m.mu.Unlock()
 	for attempt := 0; attempt < 3; attempt++ {
 		var err error
 		if m.held() {

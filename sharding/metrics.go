@@ -90,7 +90,8 @@ func vecsFor(prefix string) *metricVecs {
 		cachesStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "_caches_started_total",
 			Help: "Informer caches this replica started, by reason: acquisition (a batch of shards acquired together), " +
-				"compaction (a cache rebuilt for fewer shards), labeler (a term of the elected labeler). Each begins with one " +
+				"compaction (a cache rebuilt for fewer shards), warm-up (a cache of the shards a leaving replica hands this one), " +
+				"labeler (a term of the elected labeler). Each begins with one " +
 				"initial sync (LIST or watch-list) of the primary kind, for which the API server scans the whole collection.",
 		}, []string{"ring", "reason"}),
 		shardCountMismatch: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -36,6 +36,7 @@ const (
 	DefaultBatchWindow          = time.Second
 	DefaultLabelerWorkers       = 64
 	DefaultStartupGrace         = 10 * time.Second
+	DefaultWarmLeave            = 20 * time.Second
 )
 
 // Kind is an object kind that a shard watches.
@@ -196,6 +197,13 @@ type Options struct {
 	// for at most this long. Negative disables it. Defaults to 10 s, about
 	// the time replicas of one StatefulSet take to start together.
 	StartupGrace time.Duration
+	// WarmLeave bounds how long Replica.Leave keeps running a leaving
+	// replica's shards while the replicas that take them sync caches of
+	// them; then it leaves anyway, and the shards it hands over start cold.
+	// Negative: Leave returns at once. Defaults to 20 s: a cache's sync took
+	// 9–13 s at 100,000 objects (docs/scale.md), and Leave, the drain and
+	// the release fit deploy/base's terminationGracePeriodSeconds of 45.
+	WarmLeave time.Duration
 
 	// AuditLog, when set, receives a JSON line (AuditRecord) at the start
 	// and end of every reconcile, for proving that reconciles never overlap.
@@ -264,6 +272,9 @@ func (o *Options) setDefaults(log logr.Logger) error {
 	}
 	if o.StartupGrace == 0 {
 		o.StartupGrace = DefaultStartupGrace
+	}
+	if o.WarmLeave == 0 {
+		o.WarmLeave = DefaultWarmLeave
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}

@@ -3,6 +3,7 @@ package sharding_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,10 +73,10 @@ func TestFencedShardRejoinsItsCache(t *testing.T) {
 		// cache was answered, and the audit log (blocking) recorded it.
 		return r.rep.Ready()
 	})
-	if started := newInformerSyncs(t, "r-0", from, time.Now()); len(started) != 0 {
+	if started := newInformerSyncs(t, ns, "r-0", from, time.Now()); len(started) != 0 {
 		t.Errorf("shard %d acquired again: r-0 started %d informers of ConfigBindings meanwhile (the audit log: %v), want none: the running cache covers it", n, len(started), started)
 	}
-	ended, retaken := retake(t, "r-0", l.Name, from)
+	ended, retaken := retake(t, ns, "r-0", l.Name, from)
 	if gap := retaken.Received.Sub(ended.Done); gap < fastTiming.retry {
 		t.Errorf("shard %d taken again %s after the last write of its fenced tenure was answered, want at least the retry period %s:\n  %s\n  %s",
 			n, gap, fastTiming.retry, ended, retaken)
@@ -88,11 +89,13 @@ func TestFencedShardRejoinsItsCache(t *testing.T) {
 	controlplane.Eventually(t, time.Minute, "the updated object reconciled by the rejoined shard", func() error { return allReconciled(c, ns, ringName, t) })
 }
 
-// newInformerSyncs lists the syncs of ConfigBindings by a replica in a
-// window whose informer (path and selectors) the replica had not synced
-// before it: a new cache. A relist of a running cache (its watch expired)
-// syncs an informer seen before, and is not a new cache.
-func newInformerSyncs(t *testing.T, replica string, from, to time.Time) []string {
+// newInformerSyncs lists the syncs of ConfigBindings in namespace ns by a
+// replica in a window whose informer (path and selectors) the replica had
+// not synced before it: a new cache. A relist of a running cache (its watch
+// expired) syncs an informer seen before, and is not a new cache. Tests
+// running beside this one name their replicas alike, in namespaces of
+// their own.
+func newInformerSyncs(t *testing.T, ns, replica string, from, to time.Time) []string {
 	t.Helper()
 	l, err := audit.ReadAPILogFile(apiAudit)
 	if err != nil {
@@ -101,7 +104,8 @@ func newInformerSyncs(t *testing.T, replica string, from, to time.Time) []string
 	seen := map[string]bool{}
 	var out []string
 	for _, s := range l.Syncs {
-		if s.Resource != "configbindings" || lease.HolderReplica(s.Holder) != replica || s.Received.After(to) {
+		if s.Resource != "configbindings" || !strings.Contains(s.Group, "/namespaces/"+ns+"/") ||
+			lease.HolderReplica(s.Holder) != replica || s.Received.After(to) {
 			continue
 		}
 		if s.Received.Before(from) {
@@ -113,11 +117,12 @@ func newInformerSyncs(t *testing.T, replica string, from, to time.Time) []string
 	return out
 }
 
-// retake finds, in the API server's audit log, a replica's first write
+// retake finds, in the API server's audit log, a replica's first write in
+// namespace ns
 // since from that took Lease name (a new acquire time) and the write of the
 // Lease by the replica answered last before it: a fenced tenure's last
 // renewal attempt.
-func retake(t *testing.T, replica, name string, from time.Time) (ended, taken audit.Write) {
+func retake(t *testing.T, ns, replica, name string, from time.Time) (ended, taken audit.Write) {
 	t.Helper()
 	l, err := audit.ReadAPILogFile(apiAudit)
 	if err != nil {
@@ -125,7 +130,7 @@ func retake(t *testing.T, replica, name string, from time.Time) (ended, taken au
 	}
 	var mine []audit.Write
 	for _, w := range l.Writes {
-		if w.Resource == "leases" && w.Name == name && lease.HolderReplica(w.Holder) == replica {
+		if w.Resource == "leases" && w.Namespace == ns && w.Name == name && lease.HolderReplica(w.Holder) == replica {
 			mine = append(mine, w)
 		}
 	}

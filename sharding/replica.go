@@ -3,6 +3,7 @@ package sharding
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -209,6 +210,53 @@ func (r *Replica) Start(ctx context.Context) error {
 	}
 	r.coord.releaseAll(reason)
 	return nil
+}
+
+// Leave hands this replica's shards over warm when it leaves the ring (a
+// scale-down; not a restart in its StatefulSet, which keeps its shards): it
+// says so on its member Lease and keeps running its shards until every
+// replica that takes some of them has synced a cache of them, or for
+// Options.WarmLeave at most. Call it when the termination signal comes and
+// before the manager stops: a manager stops its controllers' workers first,
+// and the shards would go unrun meanwhile. Start, when its context ends,
+// then hands the shards over as it always does, and each new owner runs its
+// shards as soon as it holds them instead of after a sync of its own (9–13 s
+// at 100,000 objects). A replica stopped without Leave hands them over cold.
+func (r *Replica) Leave(ctx context.Context) {
+	e := r.env
+	if e.opts.WarmLeave < 0 || !r.member.held() {
+		return
+	}
+	leave, stays := e.leaving(ctx)
+	if !leave {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.opts.WarmLeave)
+	defer cancel()
+	to, err := r.coord.successors(ctx, stays)
+	if err != nil || len(to) == 0 {
+		// Nobody to hand over to warm (the whole ring stops), or the ring
+		// cannot be read: leave cold.
+		return
+	}
+	started := time.Now()
+	r.member.say(e.keys.Leaving, strings.Join(to, ","))
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cold, err := r.coord.coldSuccessors(ctx, to)
+		if err == nil && len(cold) == 0 {
+			e.log.Info("Leaving: the replicas taking this one's shards synced caches of them", "to", to, "took", time.Since(started))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			e.log.Info("Leaving with replicas taking this one's shards not synced yet; they start those cold",
+				"waited", time.Since(started), "notSynced", cold, "error", err)
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Holds reports whether this replica holds a shard now: it runs it, and

@@ -60,15 +60,34 @@ func (e *env) statefulSet(ctx context.Context) (*appsv1.StatefulSet, int32, erro
 // configured, an API error) means leave: handing over costs a move, while a
 // wrong restart leaves shards unowned until the member Lease expires.
 func (e *env) terminationIntent(ctx context.Context) intent {
-	if e.opts.StatefulSet == "" {
+	if leave, _ := e.leaving(ctx); leave {
 		return intentLeave
+	}
+	return intentRestart
+}
+
+// leaving reads the StatefulSet, as terminationIntent does, and says
+// whether this replica leaves the ring and which members stay in it: those
+// of the StatefulSet below its desired count, and any member not named as
+// one of its pods. Without a StatefulSet every other member stays.
+func (e *env) leaving(ctx context.Context) (leave bool, stays func(member string) bool) {
+	all := func(string) bool { return true }
+	if e.opts.StatefulSet == "" {
+		return true, all
 	}
 	sts, desired, err := e.statefulSet(ctx)
 	if err != nil {
 		e.log.Error(err, "Deciding between restart and leave; leaving")
-		return intentLeave
+		return true, all
 	}
-	return intentOf(e.opts.Identity, sts.Name, desired, sts.DeletionTimestamp != nil)
+	deleting := sts.DeletionTimestamp != nil
+	if intentOf(e.opts.Identity, sts.Name, desired, deleting) != intentLeave {
+		return false, nil
+	}
+	return true, func(m string) bool {
+		_, pod := strings.CutPrefix(m, sts.Name+"-")
+		return !pod || intentOf(m, sts.Name, desired, deleting) == intentRestart
+	}
 }
 
 // expectedMembers names the StatefulSet's desired replicas

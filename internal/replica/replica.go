@@ -290,11 +290,24 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := wire(mgr, opts, incarnation, rec, src); err != nil {
+	leave, err := wire(mgr, opts, incarnation, rec, src)
+	if err != nil {
 		return err
 	}
 	log.Info("Starting replica", "sharding", opts.Sharding, "externalMode", opts.ExternalMode, "externalSource", opts.ExternalSource, "shards", opts.Shards)
-	return mgr.Start(ctx)
+	// The manager runs until the replica has handed its shards over warm
+	// (sharding.Replica.Leave): stopping it stops the workers at once.
+	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	go func() {
+		select {
+		case <-ctx.Done():
+			leave(mgrCtx)
+			stop()
+		case <-mgrCtx.Done():
+		}
+	}()
+	return mgr.Start(mgrCtx)
 }
 
 // rateLimiter backs off failing objects one by one. Successful reconciles
@@ -340,8 +353,10 @@ type shardRuntime interface {
 // shards' runtime, one way whether sharding is on or off: the shards' caches
 // (or, sharding off, the manager's) watch ConfigBindings, their ConfigMaps
 // and the source's kinds, the source follows each shard's tenure, and one
-// controller runs the held shards' requests.
-func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) error {
+// controller runs the held shards' requests. It returns what to do when
+// the replica is told to stop, before its manager stops: a ring's warm
+// leave.
+func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) (leave func(context.Context), err error) {
 	// shardOf is the runtime's: a ring reads the shard label, a single
 	// replica an object's domain (with sharding off nothing labels objects).
 	var shardOf func(client.Object) (int32, bool)
@@ -376,12 +391,12 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 			OnRelease:      src.released,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() }); err != nil {
-			return err
+			return nil, err
 		}
-		shards, shardOf = rep, shardLabel
+		shards, shardOf, leave = rep, shardLabel, rep.Leave
 	} else {
 		// The manager's cache applies the ConfigMaps' selector and
 		// transform (newManager).
@@ -396,25 +411,27 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 			OnRelease: src.released,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return err
+			return nil, err
 		}
-		shards, shardOf = single, func(o client.Object) (int32, bool) { return single.ShardOf(o), true }
+		shards, shardOf, leave = single, func(o client.Object) (int32, bool) { return single.ShardOf(o), true }, func(context.Context) {}
 	}
 	if err := src.bind(mgr, shards); err != nil {
-		return err
+		return nil, err
 	}
 	rec.Shards, rec.Values, rec.Domains = shards, src.values(), src.domains()
 	if opts.WebhookPort != 0 {
 		if err := registerWebhook(mgr, src.knowledge()); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	_, err := shards.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
+	if _, err := shards.NewController("configbinding", rec, controller.TypedOptions[sharding.Request]{
 		MaxConcurrentReconciles: opts.MaxConcurrentReconciles,
 		RateLimiter:             rateLimiter(opts),
-	})
-	return err
+	}); err != nil {
+		return nil, err
+	}
+	return leave, nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -26,12 +27,18 @@ type Keys struct {
 	// Leases (lease.KindMember, lease.KindShard), and Shards annotates a
 	// member Lease with the shard count its replica runs.
 	Ring, LeaseKind, Shards string
+	// Leaving annotates the member Lease of a replica about to leave the
+	// ring with the members it hands its shards to (comma-separated), and
+	// WarmFor the member Lease of a replica that has synced a cache of the
+	// shards it takes from the leaving members it names: a warm leave.
+	Leaving, WarmFor string
 }
 
 // KeysFor are the keys under prefix.
 func KeysFor(prefix string) Keys {
 	return Keys{Shard: prefix + "/shard", Domain: prefix + "/domain", Ring: prefix + "/ring",
-		LeaseKind: prefix + "/lease-kind", Shards: prefix + "/shards"}
+		LeaseKind: prefix + "/lease-kind", Shards: prefix + "/shards",
+		Leaving: prefix + "/leaving", WarmFor: prefix + "/warm-for"}
 }
 
 // ShardLabel returns the shard an object's labels name, and whether they
@@ -58,6 +65,13 @@ type View struct {
 	// Invalid says, per live member Lease whose shard-count annotation is
 	// not a shard count, why: such a member is no member of the ring.
 	Invalid []error
+	// Leaving are the Members that announce they leave, each with the
+	// members it hands its shards to: they still hold their shards, while
+	// the replicas that take them sync a cache of them.
+	Leaving map[string][]string
+	// WarmFor says, per member, the leaving members whose shards it has a
+	// synced cache of.
+	WarmFor map[string][]string
 	total   int32
 }
 
@@ -119,6 +133,8 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 		name    string
 		shards  int32
 		created time.Time
+		leaving []string
+		warmFor []string
 	}
 	var members []live
 	for i := range items {
@@ -138,7 +154,14 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 				v.Invalid = append(v.Invalid, err)
 				continue
 			}
-			members = append(members, live{name: lease.HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time})
+			m := live{name: lease.HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time}
+			if to := l.Annotations[keys.Leaving]; to != "" {
+				m.leaving = strings.Split(to, ",")
+			}
+			if w := l.Annotations[keys.WarmFor]; w != "" {
+				m.warmFor = strings.Split(w, ",")
+			}
+			members = append(members, m)
 		case lease.KindShard:
 			n, ok := lease.ParseShardName(ring, l.Name, shards)
 			if !ok {
@@ -168,8 +191,21 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 	}
 	v.ShardCount = best
 	for _, m := range members {
-		if m.shards == best {
-			v.Members = append(v.Members, m.name)
+		if m.shards != best {
+			continue
+		}
+		v.Members = append(v.Members, m.name)
+		if len(m.leaving) > 0 {
+			if v.Leaving == nil {
+				v.Leaving = map[string][]string{}
+			}
+			v.Leaving[m.name] = m.leaving
+		}
+		if len(m.warmFor) > 0 {
+			if v.WarmFor == nil {
+				v.WarmFor = map[string][]string{}
+			}
+			v.WarmFor[m.name] = m.warmFor
 		}
 	}
 	return v

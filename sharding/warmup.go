@@ -1,0 +1,208 @@
+package sharding
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/kshard/kshard/sharding/ring"
+)
+
+// A warm leave. A replica that leaves the ring hands its shards to replicas
+// that have none of their objects cached, and each new owner's first
+// reconcile waits for a cache of its own to sync: a LIST or watch-list that
+// scans the whole collection, 9–13 s at 100,000 objects on the scale
+// scenario's machine (docs/scale.md), while nobody runs the shards. So the
+// leaving replica first says so on its member Lease (Keys.Leaving) and keeps
+// running its shards; every replica that the ring without it gives some of
+// them starts a cache of just those (a warm-up), and says on its own member
+// Lease when it synced (Keys.WarmFor). The leaving replica then releases its
+// shards as before, and each new owner's acquisition joins the synced cache
+// at once (rejoin), enqueueing the shard's objects.
+
+// warmup is a cache this replica syncs for the shards it will take from
+// leaving members, before they release them.
+type warmup struct {
+	// leavers are the leaving members it warms for, sorted; shards the
+	// shards it takes from them, sorted.
+	leavers []string
+	shards  []int32
+	// g is its cache once synced; cancelled ends a warm-up not synced yet.
+	g         *group
+	cancelled chan struct{}
+}
+
+// warmLocked starts, replaces or ends this replica's warm-up from the ring
+// as last read: the shards that leaving members own now and that the rings
+// they hand over to (Keys.Leaving) give this replica. A warm-up ends once no
+// leaving member is left and every one of its shards this replica still
+// wants runs (it joined the cache, or another): its cache lives on with the
+// shards that joined it. Caller holds c.mu.
+func (c *coordinator) warmLocked(ctx context.Context, view *ring.View, current *ring.Ring) {
+	me := c.opts.Identity
+	var gains []int32
+	var leavers []string
+	if _, leaving := view.Leaving[me]; !leaving {
+		for from, to := range view.Leaving {
+			if !slices.Contains(to, me) {
+				continue
+			}
+			next := ring.New(c.opts.Shards, to)
+			for n := range c.opts.Shards {
+				if current.Owner(n) == from && next.Owner(n) == me {
+					gains = append(gains, n)
+				}
+			}
+			leavers = append(leavers, from)
+		}
+		slices.Sort(gains)
+		slices.Sort(leavers)
+	}
+	w := c.warm
+	switch {
+	case w != nil && len(gains) > 0 && slices.Equal(w.shards, gains):
+		if !slices.Equal(w.leavers, leavers) {
+			w.leavers = leavers
+			if w.g != nil {
+				c.member.say(c.keys.WarmFor, strings.Join(leavers, ","))
+			}
+		}
+		return
+	case w != nil && len(gains) == 0 && c.pendingLocked(w, current):
+		// The leaving members are gone; their shards are not all taken
+		// yet, and will join the warm-up's cache.
+		return
+	case w != nil:
+		c.endWarmupLocked(w)
+	}
+	if len(gains) == 0 {
+		return
+	}
+	w = &warmup{leavers: leavers, shards: gains, cancelled: make(chan struct{})}
+	c.warm = w
+	go c.startWarmup(context.WithoutCancel(ctx), w)
+}
+
+// pendingLocked reports whether a shard of warm-up w that the ring gives
+// this replica does not run yet. Caller holds c.mu.
+func (c *coordinator) pendingLocked(w *warmup, current *ring.Ring) bool {
+	if w.g == nil {
+		return false
+	}
+	for _, n := range w.shards {
+		if current.Owner(n) != c.opts.Identity {
+			continue
+		}
+		if s, ok := c.shards[n]; !ok || !s.active() {
+			return true
+		}
+	}
+	return false
+}
+
+// endWarmupLocked ends warm-up w: its cache stops unless shards joined it.
+// Caller holds c.mu.
+func (c *coordinator) endWarmupLocked(w *warmup) {
+	c.warm = nil
+	close(w.cancelled)
+	c.member.say(c.keys.WarmFor, "")
+	if g := w.g; g != nil {
+		g.mu.Lock()
+		g.warming = false
+		g.mu.Unlock()
+		// leave stops the cache when it is the last member, and takes
+		// c.mu to forget it.
+		go g.leave()
+	}
+}
+
+// startWarmup creates and starts the cache of warm-up w and, once it
+// synced, offers it to the shards' acquisitions (rejoin) and says so on the
+// member Lease.
+func (c *coordinator) startWarmup(ctx context.Context, w *warmup) {
+	select {
+	case <-c.queue.ready:
+	case <-w.cancelled:
+		return
+	}
+	g, err := c.newGroup(ctx, slices.Clone(w.shards))
+	if err != nil {
+		c.log.Error(err, "Creating the cache of a warm leave; the shards will start cold", "shards", w.shards, "leaving", w.leavers)
+		return
+	}
+	g.members = 1 // the warm-up itself, until it ends
+	g.warming = true
+	c.metrics.caches.WithLabelValues("warm-up").Inc()
+	started := time.Now()
+	g.start()
+	select {
+	case <-g.synced:
+	case <-w.cancelled:
+		g.leave()
+		return
+	case <-g.done:
+		return
+	}
+	c.mu.Lock()
+	if c.warm != w {
+		c.mu.Unlock()
+		g.leave()
+		return
+	}
+	w.g = g
+	c.groups[g] = true
+	leavers := strings.Join(w.leavers, ",")
+	c.mu.Unlock()
+	c.log.Info("Synced the cache of shards a leaving replica hands over", "shards", w.shards, "leaving", leavers, "took", time.Since(started))
+	c.member.say(c.keys.WarmFor, leavers)
+}
+
+// successors are the members this replica hands its shards to when it
+// leaves: every live member but itself, the others leaving, and those
+// stays says go too (scaled away with it).
+func (c *coordinator) successors(ctx context.Context, stays func(string) bool) ([]string, error) {
+	view, err := c.readNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range view.Members {
+		if _, leaving := view.Leaving[m]; m != c.opts.Identity && !leaving && stays(m) {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// coldSuccessors lists the members of to that the ring of to gives some of
+// this replica's shards and that have not said yet that they synced a
+// cache of them.
+func (c *coordinator) coldSuccessors(ctx context.Context, to []string) ([]string, error) {
+	view, err := c.readNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	me := c.opts.Identity
+	next := ring.New(c.opts.Shards, to)
+	var cold []string
+	for _, n := range c.heldShards() {
+		if s := next.Owner(n); s != "" && !slices.Contains(cold, s) && !slices.Contains(view.WarmFor[s], me) {
+			cold = append(cold, s)
+		}
+	}
+	return cold, nil
+}
+
+// readNow reads the ring from the cache of its Leases.
+func (c *coordinator) readNow(ctx context.Context) (*ring.View, error) {
+	var list coordinationv1.LeaseList
+	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ring Leases: %w", err)
+	}
+	return c.read(list.Items, time.Now()), nil
+}
