@@ -44,8 +44,8 @@ type group struct {
 	// warming: the cache of a warm-up, whose shards this replica does not
 	// hold yet; not compacted until the warm-up ends.
 	warming bool
-	members    int             // shards that read this group
-	counts     map[int32]int64 // primary objects cached, per shard
+	members int             // shards that read this group
+	counts  map[int32]int64 // primary objects cached, per shard
 }
 
 // stripThen strips managed fields, then runs a kind's own transform: a
