@@ -222,7 +222,11 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 		return time.Until(next)
 	}
 
-	members := view.Members
+	// A leaving member (warmup.go) keeps the shards it holds until it
+	// releases them, but the ring is computed without it: its successors
+	// warm up for what they will take, and it claims nothing more.
+	members := slices.DeleteFunc(slices.Clone(view.Members), func(m string) bool { return slices.Contains(view.Leaving, m) })
+	leaving := slices.Contains(view.Leaving, c.opts.Identity)
 	if graceEnd := c.started.Add(c.opts.StartupGrace); len(c.expected) > 0 && now.Before(graceEnd) {
 		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), c.expected...))))
 		if graceEnd.Before(next) {
@@ -247,7 +251,7 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 			if reason, ok := view.Shards[n].State(c.holder, now).Takeable(); ok {
 				c.startShard(ctx, n, reason)
 			}
-		case !desired && have:
+		case !desired && have && !leaving:
 			s.release("rebalance")
 		}
 	}

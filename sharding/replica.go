@@ -3,7 +3,6 @@ package sharding
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -233,20 +232,19 @@ func (r *Replica) Leave(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.opts.WarmLeave)
 	defer cancel()
-	to, err := r.coord.successors(ctx, stays)
-	if err != nil || len(to) == 0 {
+	if n, err := r.coord.staying(ctx, stays); err != nil || n == 0 {
 		// Nobody to hand over to warm (the whole ring stops), or the ring
 		// cannot be read: leave cold.
 		return
 	}
 	started := time.Now()
-	r.member.say(e.keys.Leaving, strings.Join(to, ","))
+	r.member.say(e.keys.Leaving, "true")
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		cold, err := r.coord.coldSuccessors(ctx, to)
+		cold, err := r.coord.coldSuccessors(ctx)
 		if err == nil && len(cold) == 0 {
-			e.log.Info("Leaving: the replicas taking this one's shards synced caches of them", "to", to, "took", time.Since(started))
+			e.log.Info("Leaving: the replicas taking this one's shards synced caches of them", "took", time.Since(started))
 			return
 		}
 		select {

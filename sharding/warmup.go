@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kshard/kshard/sharding/lease"
 	"github.com/kshard/kshard/sharding/ring"
 )
 
@@ -19,11 +20,12 @@ import (
 // scans the whole collection, 9–13 s at 100,000 objects on the scale
 // scenario's machine (docs/scale.md), while nobody runs the shards. So the
 // leaving replica first says so on its member Lease (Keys.Leaving) and keeps
-// running its shards; every replica that the ring without it gives some of
-// them starts a cache of just those (a warm-up), and says on its own member
-// Lease when it synced (Keys.WarmFor). The leaving replica then releases its
-// shards as before, and each new owner's acquisition joins the synced cache
-// at once (rejoin), enqueueing the shard's objects.
+// running its shards. Every replica then computes the ring without it; one
+// that the ring gives some of its shards starts a cache of just those (a
+// warm-up), and says on its own member Lease when it synced (Keys.WarmFor).
+// The leaving replica then releases its shards as before, and each new
+// owner's acquisition joins the synced cache at once (rejoin), enqueueing
+// the shard's objects.
 
 // warmup is a cache this replica syncs for the shards it will take from
 // leaving members, before they release them.
@@ -38,31 +40,28 @@ type warmup struct {
 }
 
 // warmLocked starts, replaces or ends this replica's warm-up from the ring
-// as last read: the shards that leaving members own now and that the rings
-// they hand over to (Keys.Leaving) give this replica. A warm-up ends once no
-// leaving member is left and every one of its shards this replica still
-// wants runs (it joined the cache, or another): its cache lives on with the
-// shards that joined it. Caller holds c.mu.
+// as last read: the shards the ring (computed without the leaving members)
+// gives this replica that a leaving member holds. A warm-up ends once no
+// leaving member holds one of its shards and every one of them this replica
+// still wants runs (it joined the cache, or another): its cache lives on with
+// the shards that joined it. Caller holds c.mu.
 func (c *coordinator) warmLocked(ctx context.Context, view *ring.View, current *ring.Ring) {
 	me := c.opts.Identity
 	var gains []int32
 	var leavers []string
-	if _, leaving := view.Leaving[me]; !leaving {
-		for from, to := range view.Leaving {
-			if !slices.Contains(to, me) {
-				continue
-			}
-			next := ring.New(c.opts.Shards, to)
-			for n := range c.opts.Shards {
-				if current.Owner(n) == from && next.Owner(n) == me {
-					gains = append(gains, n)
-				}
-			}
-			leavers = append(leavers, from)
+	for n := range c.opts.Shards {
+		l, ok := view.Shards[n]
+		if !ok || current.Owner(n) != me || !l.Live(time.Now()) {
+			continue
 		}
-		slices.Sort(gains)
-		slices.Sort(leavers)
+		if from := lease.HolderReplica(l.Holder); slices.Contains(view.Leaving, from) {
+			gains = append(gains, n)
+			if !slices.Contains(leavers, from) {
+				leavers = append(leavers, from)
+			}
+		}
 	}
+	slices.Sort(leavers)
 	w := c.warm
 	switch {
 	case w != nil && len(gains) > 0 && slices.Equal(w.shards, gains):
@@ -162,33 +161,18 @@ func (c *coordinator) startWarmup(ctx context.Context, w *warmup) {
 	c.member.say(c.keys.WarmFor, leavers)
 }
 
-// successors are the members this replica hands its shards to when it
-// leaves: every live member but itself, the others leaving, and those
-// stays says go too (scaled away with it).
-func (c *coordinator) successors(ctx context.Context, stays func(string) bool) ([]string, error) {
-	view, err := c.readNow(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, m := range view.Members {
-		if _, leaving := view.Leaving[m]; m != c.opts.Identity && !leaving && stays(m) {
-			out = append(out, m)
-		}
-	}
-	return out, nil
-}
-
-// coldSuccessors lists the members of to that the ring of to gives some of
-// this replica's shards and that have not said yet that they synced a
-// cache of them.
-func (c *coordinator) coldSuccessors(ctx context.Context, to []string) ([]string, error) {
+// coldSuccessors lists the replicas that the ring without the leaving
+// members (this one among them) gives some of this replica's shards and
+// that have not said yet that they synced a cache of them. None when no
+// member stays.
+func (c *coordinator) coldSuccessors(ctx context.Context) ([]string, error) {
 	view, err := c.readNow(ctx)
 	if err != nil {
 		return nil, err
 	}
 	me := c.opts.Identity
-	next := ring.New(c.opts.Shards, to)
+	stay := slices.DeleteFunc(slices.Clone(view.Members), func(m string) bool { return m == me || slices.Contains(view.Leaving, m) })
+	next := ring.New(c.opts.Shards, stay)
 	var cold []string
 	for _, n := range c.heldShards() {
 		if s := next.Owner(n); s != "" && !slices.Contains(cold, s) && !slices.Contains(view.WarmFor[s], me) {
@@ -196,6 +180,23 @@ func (c *coordinator) coldSuccessors(ctx context.Context, to []string) ([]string
 		}
 	}
 	return cold, nil
+}
+
+// staying counts the live members other than this replica that do not
+// leave: none of them announces it, and stays (the StatefulSet's count)
+// does not say they go too.
+func (c *coordinator) staying(ctx context.Context, stays func(string) bool) (int, error) {
+	view, err := c.readNow(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range view.Members {
+		if m != c.opts.Identity && !slices.Contains(view.Leaving, m) && stays(m) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // readNow reads the ring from the cache of its Leases.

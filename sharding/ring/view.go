@@ -28,9 +28,9 @@ type Keys struct {
 	// member Lease with the shard count its replica runs.
 	Ring, LeaseKind, Shards string
 	// Leaving annotates the member Lease of a replica about to leave the
-	// ring with the members it hands its shards to (comma-separated), and
-	// WarmFor the member Lease of a replica that has synced a cache of the
-	// shards it takes from the leaving members it names: a warm leave.
+	// ring, and WarmFor the member Lease of a replica that has synced a
+	// cache of the shards it takes from the leaving members it names
+	// (comma-separated): a warm leave.
 	Leaving, WarmFor string
 }
 
@@ -65,10 +65,10 @@ type View struct {
 	// Invalid says, per live member Lease whose shard-count annotation is
 	// not a shard count, why: such a member is no member of the ring.
 	Invalid []error
-	// Leaving are the Members that announce they leave, each with the
-	// members it hands its shards to: they still hold their shards, while
-	// the replicas that take them sync a cache of them.
-	Leaving map[string][]string
+	// Leaving are the Members that announce they leave: they still hold
+	// their shards, while the replicas that take them sync a cache of them,
+	// but the ring is computed without them.
+	Leaving []string
 	// WarmFor says, per member, the leaving members whose shards it has a
 	// synced cache of.
 	WarmFor map[string][]string
@@ -133,7 +133,7 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 		name    string
 		shards  int32
 		created time.Time
-		leaving []string
+		leaving bool
 		warmFor []string
 	}
 	var members []live
@@ -154,10 +154,7 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 				v.Invalid = append(v.Invalid, err)
 				continue
 			}
-			m := live{name: lease.HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time}
-			if to := l.Annotations[keys.Leaving]; to != "" {
-				m.leaving = strings.Split(to, ",")
-			}
+			m := live{name: lease.HolderReplica(holder), shards: n, created: l.CreationTimestamp.Time, leaving: l.Annotations[keys.Leaving] != ""}
 			if w := l.Annotations[keys.WarmFor]; w != "" {
 				m.warmFor = strings.Split(w, ",")
 			}
@@ -195,11 +192,8 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 			continue
 		}
 		v.Members = append(v.Members, m.name)
-		if len(m.leaving) > 0 {
-			if v.Leaving == nil {
-				v.Leaving = map[string][]string{}
-			}
-			v.Leaving[m.name] = m.leaving
+		if m.leaving {
+			v.Leaving = append(v.Leaving, m.name)
 		}
 		if len(m.warmFor) > 0 {
 			if v.WarmFor == nil {
