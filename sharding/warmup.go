@@ -41,17 +41,21 @@ type warmup struct {
 
 // warmLocked starts, replaces or ends this replica's warm-up from the ring
 // as last read: the shards the ring (computed without the leaving members)
-// gives this replica that a leaving member holds. A warm-up ends once no
+// gives this replica that a leaving member holds. A shard a leaving member
+// released stays in the warm-up until this replica runs it: the releases
+// come one by one, and a warm-up ended at the first would leave the others
+// to start cold. So a warm-up is replaced only when a leaving member holds a
+// shard it lacks (with the shards it still waits for), and ends once no
 // leaving member holds one of its shards and every one of them this replica
-// still wants runs (it joined the cache, or another): its cache lives on with
-// the shards that joined it. Caller holds c.mu.
+// still wants runs (it joined the cache, or another): its cache lives on
+// with the shards that joined it. Caller holds c.mu.
 func (c *coordinator) warmLocked(ctx context.Context, view *ring.View, current *ring.Ring) {
 	me := c.opts.Identity
 	var gains []int32
 	var leavers []string
 	for n := range c.opts.Shards {
 		l, ok := view.Shards[n]
-		if !ok || current.Owner(n) != me || !l.Live(time.Now()) {
+		if !ok || current.Owner(n) != me {
 			continue
 		}
 		if from := lease.HolderReplica(l.Holder); slices.Contains(view.Leaving, from) {
@@ -63,21 +67,22 @@ func (c *coordinator) warmLocked(ctx context.Context, view *ring.View, current *
 	}
 	slices.Sort(leavers)
 	w := c.warm
-	switch {
-	case w != nil && len(gains) > 0 && slices.Equal(w.shards, gains):
-		if !slices.Equal(w.leavers, leavers) {
-			w.leavers = leavers
-			if w.g != nil {
-				c.member.say(c.keys.WarmFor, strings.Join(leavers, ","))
+	if w != nil {
+		waiting := c.waitingLocked(w, current)
+		if !isSubset(gains, w.shards) {
+			gains = slices.Compact(slices.Sorted(slices.Values(append(gains, waiting...))))
+			c.endWarmupLocked(w)
+		} else {
+			if len(gains) == 0 && len(waiting) == 0 {
+				c.endWarmupLocked(w)
+			} else if len(leavers) > 0 && !slices.Equal(w.leavers, leavers) {
+				w.leavers = leavers
+				if w.g != nil {
+					c.member.say(c.keys.WarmFor, strings.Join(leavers, ","))
+				}
 			}
+			return
 		}
-		return
-	case w != nil && len(gains) == 0 && c.pendingLocked(w, current):
-		// The leaving members are gone; their shards are not all taken
-		// yet, and will join the warm-up's cache.
-		return
-	case w != nil:
-		c.endWarmupLocked(w)
 	}
 	if len(gains) == 0 {
 		return
@@ -87,21 +92,29 @@ func (c *coordinator) warmLocked(ctx context.Context, view *ring.View, current *
 	go c.startWarmup(context.WithoutCancel(ctx), w)
 }
 
-// pendingLocked reports whether a shard of warm-up w that the ring gives
-// this replica does not run yet. Caller holds c.mu.
-func (c *coordinator) pendingLocked(w *warmup, current *ring.Ring) bool {
-	if w.g == nil {
-		return false
-	}
+// waitingLocked lists the shards of warm-up w that the ring gives this
+// replica and that it does not run yet. Caller holds c.mu.
+func (c *coordinator) waitingLocked(w *warmup, current *ring.Ring) []int32 {
+	var out []int32
 	for _, n := range w.shards {
 		if current.Owner(n) != c.opts.Identity {
 			continue
 		}
 		if s, ok := c.shards[n]; !ok || !s.active() {
-			return true
+			out = append(out, n)
 		}
 	}
-	return false
+	return out
+}
+
+// isSubset reports whether every element of a is in sorted b.
+func isSubset(a, b []int32) bool {
+	for _, x := range a {
+		if _, ok := slices.BinarySearch(b, x); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // endWarmupLocked ends warm-up w: its cache stops unless shards joined it.
