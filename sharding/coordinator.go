@@ -171,17 +171,13 @@ func (c *coordinator) run(ctx context.Context) {
 // look again when nothing happens.
 func (c *coordinator) sync(ctx context.Context) time.Duration {
 	c.metrics.syncs.Inc()
-	var list coordinationv1.LeaseList
-	// Without deep copies: sync runs on every change of holder or member,
-	// at every expiry and every retry period, and ring.Read only reads the
-	// cached Leases, keeping none of them.
-	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		c.log.Error(err, "Listing ring Leases")
+	now := time.Now()
+	view, err := c.read(ctx, now)
+	if err != nil {
+		c.log.Error(err, "Reading the ring")
 		return c.opts.RetryPeriod
 	}
-	now := time.Now()
 	next := now.Add(c.opts.RetryPeriod)
-	view := c.read(list.Items, now)
 	for _, t := range view.Expiries {
 		if t.After(now) && t.Before(next) {
 			next = t
@@ -260,16 +256,23 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	return time.Until(next)
 }
 
-// read builds the ring's view of its Leases, timing each Lease's expiry on
-// this replica's clock from when it saw the Lease renewed.
-func (c *coordinator) read(items []coordinationv1.Lease, now time.Time) *ring.View {
-	return ring.Read(c.keys.Keys, c.opts.Ring, items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+// read builds the ring's view of its Leases from their cache, timing each
+// Lease's expiry on this replica's clock from when it saw the Lease renewed.
+// Without deep copies: it runs on every change of holder or member, at
+// every expiry and every retry period, and ring.Read only reads the cached
+// Leases, keeping none of them.
+func (c *coordinator) read(ctx context.Context, now time.Time) (*ring.View, error) {
+	var list coordinationv1.LeaseList
+	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing ring Leases: %w", err)
+	}
+	return ring.Read(c.keys.Keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
 		}
 		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
-	})
+	}), nil
 }
 
 // startShard begins acquiring a shard. Caller holds c.mu.

@@ -2,13 +2,9 @@ package sharding
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
-
-	coordinationv1 "k8s.io/api/coordination/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/sharding/lease"
 	"github.com/kshard/kshard/sharding/ring"
@@ -179,7 +175,7 @@ func (c *coordinator) startWarmup(ctx context.Context, w *warmup) {
 // that have not said yet that they synced a cache of them. None when no
 // member stays.
 func (c *coordinator) coldSuccessors(ctx context.Context) ([]string, error) {
-	view, err := c.readNow(ctx)
+	view, err := c.read(ctx, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +195,7 @@ func (c *coordinator) coldSuccessors(ctx context.Context) ([]string, error) {
 // leave: none of them announces it, and stays (the StatefulSet's count)
 // does not say they go too.
 func (c *coordinator) staying(ctx context.Context, stays func(string) bool) (int, error) {
-	view, err := c.readNow(ctx)
+	view, err := c.read(ctx, time.Now())
 	if err != nil {
 		return 0, err
 	}
@@ -210,13 +206,4 @@ func (c *coordinator) staying(ctx context.Context, stays func(string) bool) (int
 		}
 	}
 	return n, nil
-}
-
-// readNow reads the ring from the cache of its Leases.
-func (c *coordinator) readNow(ctx context.Context) (*ring.View, error) {
-	var list coordinationv1.LeaseList
-	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing ring Leases: %w", err)
-	}
-	return c.read(list.Items, time.Now()), nil
 }
