@@ -16,11 +16,16 @@ import (
 // TestWarmLeave: a replica that leaves through Leave hands its shards over
 // warm. By the API server's audit log, the replica that takes them synced
 // a cache of exactly those shards before the leaving replica released the
-// first of them, and synced no shard cache after: each shard ran as soon as
-// its new owner held it. Before, the new owner's cache (a LIST or
-// watch-list that scans the whole collection, 9–13 s at 100,000 objects)
-// came after the release, while nobody ran the shards. And every object is
-// reconciled by its new owner.
+// first of them, and synced no cache of moved shards alone during its first
+// tenure of them: each shard ran as soon as its new owner held it. Before,
+// the new owner's cache (a LIST or watch-list that scans the whole
+// collection, 9–13 s at 100,000 objects) came after the release, while
+// nobody ran the shards. And every object is reconciled by its new owner.
+//
+// Later syncs are no cold start and are let be: a cache that merges the
+// taken shards with the replica's own (compaction), and a cache started
+// after a later acquisition of a shard (its first tenure fenced, as on a
+// loaded machine the renewals can miss their deadline).
 func TestWarmLeave(t *testing.T) {
 	t.Parallel() // own namespace, ring and Leases
 	c := newClient(t)
@@ -66,6 +71,35 @@ func TestWarmLeave(t *testing.T) {
 	if release.IsZero() {
 		t.Fatalf("no release of w-1's shards %v in the audit log since %s", moved, from.Format(time.StampMicro))
 	}
+	// retaken[n]: when w-0 first took shard n again after its first tenure
+	// of it since from began (a new acquire time), zero if it did not.
+	retaken := map[int32]time.Time{}
+	for _, n := range moved {
+		var acquisitions []time.Time
+		for _, w := range l.Writes {
+			if w.Resource == "leases" && w.Namespace == ns && w.Name == lease.ShardName(ringName, n) && lease.HolderReplica(w.LeaseHolder) == "w-0" &&
+				w.Code < 300 && w.LeaseAcquired.After(from) && !slices.ContainsFunc(acquisitions, w.LeaseAcquired.Equal) {
+				acquisitions = append(acquisitions, w.LeaseAcquired)
+			}
+		}
+		if len(acquisitions) > 1 {
+			slices.SortFunc(acquisitions, time.Time.Compare)
+			retaken[n] = acquisitions[1]
+		}
+	}
+	inFirstTenure := func(s audit.Sync) bool {
+		for _, n := range s.Shards {
+			if !slices.Contains(moved, n) {
+				return false // a cache that merges the moved shards with w-0's own
+			}
+		}
+		for _, n := range s.Shards {
+			if r := retaken[n]; r.IsZero() || s.Received.Before(r) {
+				return true
+			}
+		}
+		return false
+	}
 	seen := map[string]bool{}
 	var warm, late []string
 	for _, s := range l.Syncs {
@@ -79,7 +113,7 @@ func TestWarmLeave(t *testing.T) {
 		case s.Received.Before(release) && slices.Equal(slices.Sorted(slices.Values(s.Shards)), moved):
 			seen[s.Group] = true
 			warm = append(warm, s.Group)
-		default:
+		case s.Received.After(release) && inFirstTenure(s):
 			late = append(late, fmt.Sprintf("%s at %s", s.Group, s.Received.Format(time.StampMicro)))
 		}
 	}
@@ -87,6 +121,6 @@ func TestWarmLeave(t *testing.T) {
 		t.Errorf("w-0 synced no cache of w-1's shards %v before w-1 released the first at %s", moved, release.Format(time.StampMicro))
 	}
 	if len(late) > 0 {
-		t.Errorf("w-0 synced shard caches after w-1 released its shards at %s: %v", release.Format(time.StampMicro), late)
+		t.Errorf("w-0 synced caches of moved shards in its first tenure of them, after w-1 released its shards at %s: %v", release.Format(time.StampMicro), late)
 	}
 }
