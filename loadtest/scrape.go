@@ -556,6 +556,43 @@ func (r *run) markWrites(ctx context.Context) (writeMark, error) {
 	return writeMark{api: api, own: own}, nil
 }
 
+// Bounds of awaitScansStill: how long the count must hold, and how long
+// to wait for that at most.
+const (
+	scansStillFor    = 3 * time.Second
+	scansStillWithin = time.Minute
+)
+
+// awaitScansStill waits until the API server's count of ConfigBindings
+// scanned has not moved for scansStillFor, at most scansStillWithin. The
+// API server finishes a watch-list's scan after its client is gone (the
+// cache watcher filters every remaining object, then counts them all), so
+// the syncs a stopped fleet had just begun are counted seconds after its
+// processes exit: at 100,000 objects, late enough to be billed to the next
+// fleet's start without the wait.
+func (r *run) awaitScansStill(ctx context.Context) {
+	var last apiServerSample
+	since, deadline := time.Now(), time.Now().Add(scansStillWithin)
+	for time.Now().Before(deadline) {
+		s, err := scrapeAPIServer(ctx, r.rc)
+		if err != nil {
+			r.log.Error(err, "Reading the API server's metrics before a fleet's start")
+			return
+		}
+		if s.Started != last.Started || s.Scanned != last.Scanned {
+			last, since = s, time.Now()
+		} else if time.Since(since) >= scansStillFor {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	r.progress.printf("%s  the API server's count of ConfigBindings scanned still moved after %s; starting the next fleet anyway", r.elapsed(), scansStillWithin)
+}
+
 // markWritesOrLog is markWrites for counts a report can do without: a
 // failed scrape is logged and leaves the mark invalid.
 func (r *run) markWritesOrLog(ctx context.Context) writeMark {

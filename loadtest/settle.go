@@ -73,6 +73,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 		f.tableDomains = n
 	}
 	f.sizes = []int{n}
+	r.awaitScansStill(ctx)
 	before, err := r.markWrites(ctx)
 	if err != nil {
 		return nil, err
