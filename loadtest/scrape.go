@@ -44,6 +44,8 @@ const (
 	metricAPIWatchLists  = "apiserver_watch_list_duration_seconds"
 	metricAPIInitEvents  = "apiserver_init_events_total"
 	metricAPIWatchSizes  = "apiserver_watch_events_sizes"
+	metricAPIChecks      = "apiserver_storage_consistency_checks_total"
+	metricAPIObjects     = "apiserver_resource_objects"
 	metricAPILongRunning = "apiserver_longrunning_requests"
 	metricProcessStart   = "process_start_time_seconds"
 	controllerName       = "configbinding"
@@ -309,7 +311,15 @@ type apiServerSample struct {
 	// serve them: objects fetched for LISTs plus initial events processed
 	// for watches. A label selector does not narrow it: the watch cache has
 	// no index on labels, so every sync scans every object of the resource.
-	Scanned float64
+	// Fetched is the LISTs' part.
+	Scanned, Fetched float64
+	// Checks counts the API server's own consistency checks of its
+	// ConfigBinding cache (DetectCacheInconsistency, on by default since
+	// Kubernetes 1.34, every 5 to 7.5 minutes): each lists every object
+	// from the cache and again from etcd, which the fetched objects count
+	// though no client synced. Objects is the server's count of
+	// ConfigBindings now. minus takes the checks' lists out of Scanned.
+	Checks, Objects float64
 	// Bytes sums LIST response sizes and watch event sizes (initial and
 	// later events alike).
 	Bytes float64
@@ -361,7 +371,12 @@ func apiSampleOf(f families) (apiServerSample, error) {
 	s.Started = f.sum(metricProcessStart, nil)
 	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
 	s.Syncs = f.sum(metricAPIRequests, listed) + watchLists
-	s.Scanned = f.sum(metricAPIListFetched, res) + f.sum(metricAPIInitEvents, res)
+	s.Fetched = f.sum(metricAPIListFetched, res)
+	s.Scanned = s.Fetched + f.sum(metricAPIInitEvents, res)
+	for _, status := range []string{"success", "failure"} { // an error ends a check before or while it lists
+		s.Checks += f.sum(metricAPIChecks, map[string]string{"resource": resourceBindings, "status": status})
+	}
+	s.Objects = f.sum(metricAPIObjects, res)
 	_, listBytes := f.histogramSum(metricAPIRespSizes, list)
 	_, watchBytes := f.histogramSum(metricAPIWatchSizes, res)
 	s.Bytes = listBytes + watchBytes
@@ -476,12 +491,21 @@ func (s apiServerSample) sameServer(o apiServerSample) bool {
 }
 
 // minus is the difference of two API server samples (counters) of one
-// process (sameServer).
+// process (sameServer). The objects the server's consistency checks
+// listed in between (two lists of the objects counted at s per check) are
+// taken out of Scanned, at most as many as were fetched: a check whose
+// lists straddle o is counted at its end, and its part before o must not
+// be taken from what clients made the server scan after it.
 func (s apiServerSample) minus(o apiServerSample) apiServerSample {
+	fetched := s.Fetched - o.Fetched
+	checked := min(2*(s.Checks-o.Checks)*s.Objects, fetched)
 	return apiServerSample{
 		At:            s.At,
 		Syncs:         s.Syncs - o.Syncs,
-		Scanned:       s.Scanned - o.Scanned,
+		Scanned:       s.Scanned - o.Scanned - checked,
+		Fetched:       fetched - checked,
+		Checks:        s.Checks - o.Checks,
+		Objects:       s.Objects,
 		Bytes:         s.Bytes - o.Bytes,
 		OpenWatches:   s.OpenWatches,
 		LeaseWrites:   s.LeaseWrites - o.LeaseWrites,

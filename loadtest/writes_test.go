@@ -219,3 +219,37 @@ func TestRenderWriteRows(t *testing.T) {
 		t.Error("the scanned ratio must be — without a singleton fleet")
 	}
 }
+
+// TestScannedLeavesOutConsistencyChecks: the API server's own consistency
+// check of its ConfigBinding cache lists every object from the cache and
+// from etcd, which the fetched-objects counter counts as it counts a
+// client's LIST. Between the two scrapes below (lines as kube-apiserver
+// 1.37.2 exports them) one client watch-list scanned the 1,000 objects and
+// one check ran: the scan is 1,000, not 3,000. A check whose lists began
+// before the first scrape takes no more than was fetched after it.
+func TestScannedLeavesOutConsistencyChecks(t *testing.T) {
+	scrape := func(at time.Time, initEvents, cacheFetched, etcdFetched, checks int) apiServerSample {
+		return apiScrape(t, at, requestsHelp+fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 2
+apiserver_init_events_total{group="config.kshard.dev",resource="configbindings"} %d
+apiserver_storage_list_fetched_objects_total{group="config.kshard.dev",index="",resource="configbindings",storage="watchcache"} %d
+apiserver_storage_list_fetched_objects_total{group="config.kshard.dev",index="",resource="configbindings",storage="etcd"} %d
+apiserver_storage_consistency_checks_total{group="config.kshard.dev",resource="configbindings",status="success"} %d
+apiserver_storage_consistency_checks_total{group="config.kshard.dev",resource="configbindings",status="error"} 7
+apiserver_storage_consistency_checks_total{group="",resource="configmaps",status="success"} 9
+apiserver_resource_objects{group="config.kshard.dev",resource="configbindings"} 1000
+apiserver_resource_objects{group="",resource="configmaps"} 1000
+`, initEvents, cacheFetched, etcdFetched, checks))
+	}
+	t0 := time.Now()
+	before := scrape(t0, 5000, 1256, 1000, 1)
+	after := scrape(t0.Add(time.Minute), 6000, 2256, 2000, 2)
+	if got := after.minus(before).Scanned; got != 1000 {
+		t.Errorf("ConfigBindings scanned = %v, want 1000 (one watch-list; the check's 2,000 left out)", got)
+	}
+	// The check's cache list was counted before the first scrape, its etcd
+	// list and its end after.
+	straddled := scrape(t0, 5000, 2256, 1000, 1)
+	if got := after.minus(straddled).Scanned; got != 1000 {
+		t.Errorf("ConfigBindings scanned across a check's start = %v, want 1000", got)
+	}
+}
