@@ -656,6 +656,9 @@ func TestRBACNotExcessive(t *testing.T) {
 		"read a StatefulSet other than its own": func() error {
 			return sa.Get(ctx, client.ObjectKey{Namespace: ns, Name: "other"}, &appsv1.StatefulSet{})
 		},
+		"list every StatefulSet of its namespace": func() error {
+			return sa.List(ctx, &appsv1.StatefulSetList{}, client.InNamespace(ns))
+		},
 		"create RBAC (escalate) in its namespace": func() error {
 			return sa.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "x"}})
 		},

@@ -2,6 +2,7 @@ package sharding
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -11,16 +12,16 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/sharding/ring"
 )
 
-// The coordinator: one pass (sync) reads the ring's Leases from the cache,
+// The coordinator: one pass (sync) reads the ring's Leases from their watch,
 // recomputes the ring and this replica's wanted shards, and starts or releases
 // shards; it runs on every change of holder or membership and at the next
 // expiry.
@@ -36,7 +37,9 @@ type coordinator struct {
 	member  *memberLease
 	labeler *labeler
 
-	leaseCache cache.Cache
+	// ringLeases are the ring's Leases as last listed and watched, set
+	// once by watchLeases.
+	ringLeases *objectWatch
 	kick       chan struct{}
 
 	mu       sync.Mutex
@@ -51,6 +54,13 @@ type coordinator struct {
 	// hand it (warmup.go), if any.
 	warm *warmup
 
+	// sts says which members the StatefulSet no longer wants, if one is
+	// configured: they count as leaving (statefulset.go).
+	sts *statefulSetWatch
+	// leaving says this replica was, at the last pass, a member that
+	// announced its leave or that the StatefulSet no longer wants.
+	leaving bool
+
 	// expected are the StatefulSet's desired members, read at start; they
 	// count as ring members until StartupGrace after started, so a replica
 	// that starts before its peers claims only its own share.
@@ -58,44 +68,42 @@ type coordinator struct {
 	started  time.Time
 }
 
-func newCoordinator(e *env, leaseCache cache.Cache) *coordinator {
+func newCoordinator(e *env) *coordinator {
 	return &coordinator{
-		env:        e,
-		leaseCache: leaseCache,
-		kick:       make(chan struct{}, 1),
-		ring:       ring.New(e.opts.Shards, nil),
-		shards:     map[int32]*shard{},
-		acquires:   make(chan struct{}, 16),
-		groups:     map[*group]bool{},
-		backoff:    map[int32]*acquireBackoff{},
+		env:      e,
+		kick:     make(chan struct{}, 1),
+		ring:     ring.New(e.opts.Shards, nil),
+		shards:   map[int32]*shard{},
+		acquires: make(chan struct{}, 16),
+		groups:   map[*group]bool{},
+		backoff:  map[int32]*acquireBackoff{},
 	}
 }
 
-// watchLeases starts the cache of the ring's Leases, whose every change of
-// holder or member wakes the coordinator, and waits for it to sync. stop
-// ends the cache and waits for it.
+// watchLeases starts the watch of the ring's Leases (watch.go), whose every
+// change of holder or member wakes the coordinator, and waits for its first
+// list. stop ends the watch and waits for it.
 func (c *coordinator) watchLeases(ctx context.Context) (stop func(), err error) {
 	leaseCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	inf, err := c.leaseCache.GetInformer(leaseCtx, &coordinationv1.Lease{})
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("watching ring Leases: %w", err)
-	}
-	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.wake() },
-		UpdateFunc: c.leaseUpdated,
-		DeleteFunc: func(any) { c.wake() },
-	}); err != nil {
-		cancel()
-		return nil, fmt.Errorf("watching ring Leases: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.leaseCache.Start(leaseCtx) }()
+	lw := toolscache.NewFilteredListWatchFromClient(c.leases.CoordinationV1().RESTClient(), "leases", c.opts.LeaseNamespace,
+		func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{c.keys.Ring: c.opts.Ring}).String()
+		})
+	w, done := startWatch(leaseCtx, "ring-leases", lw, &coordinationv1.Lease{}, c.opts.RetryPeriod, func(old, new any) {
+		if old != nil && new != nil {
+			c.leaseUpdated(old, new)
+			return
+		}
+		c.wake()
+	})
 	stop = func() { cancel(); <-done }
-	if !c.leaseCache.WaitForCacheSync(ctx) {
+	if !w.waitForSync(ctx) {
 		stop()
 		return nil, fmt.Errorf("syncing ring Leases: %w", context.Cause(ctx))
 	}
+	c.mu.Lock()
+	c.ringLeases = w
+	c.mu.Unlock()
 	return stop, nil
 }
 
@@ -218,13 +226,21 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 		return time.Until(next)
 	}
 
-	// A leaving member (warmup.go) keeps the shards it holds until it
-	// releases them, but the ring is computed without it: its successors
-	// warm up for what they will take, and it claims nothing more.
+	// A leaving member (warmup.go), or one the StatefulSet no longer wants,
+	// keeps the shards it holds until it releases them, but the ring is
+	// computed without it: its successors warm up for what they will take,
+	// and it claims nothing more.
 	members := slices.DeleteFunc(slices.Clone(view.Members), func(m string) bool { return slices.Contains(view.Leaving, m) })
 	leaving := slices.Contains(view.Leaving, c.opts.Identity)
+	c.leaving = leaving
 	if graceEnd := c.started.Add(c.opts.StartupGrace); len(c.expected) > 0 && now.Before(graceEnd) {
-		members = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(members), c.expected...))))
+		unwanted := c.sts.unwanted(c.expected)
+		for _, m := range c.expected {
+			if !slices.Contains(view.Leaving, m) && !slices.Contains(unwanted, m) && !slices.Contains(members, m) {
+				members = append(members, m)
+			}
+		}
+		slices.Sort(members)
 		if graceEnd.Before(next) {
 			next = graceEnd
 		}
@@ -256,23 +272,39 @@ func (c *coordinator) sync(ctx context.Context) time.Duration {
 	return time.Until(next)
 }
 
-// read builds the ring's view of its Leases from their cache, timing each
+// read builds the ring's view of its Leases from their watch, timing each
 // Lease's expiry on this replica's clock from when it saw the Lease renewed.
-// Without deep copies: it runs on every change of holder or member, at
-// every expiry and every retry period, and ring.Read only reads the cached
-// Leases, keeping none of them.
+// Its Leaving members are those that announce it and those the StatefulSet
+// no longer wants. Without deep copies: it runs on every change of holder
+// or member, at every expiry and every retry period, and ring.Read only
+// reads the watched Leases, keeping none of them.
 func (c *coordinator) read(ctx context.Context, now time.Time) (*ring.View, error) {
-	var list coordinationv1.LeaseList
-	if err := c.leaseCache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing ring Leases: %w", err)
+	c.mu.Lock()
+	w := c.ringLeases
+	c.mu.Unlock()
+	if w == nil {
+		return nil, errors.New("the ring's Leases are not watched yet")
 	}
-	return ring.Read(c.keys.Keys, c.opts.Ring, list.Items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
+	objs := w.List()
+	items := make([]coordinationv1.Lease, 0, len(objs))
+	for _, o := range objs {
+		if l, ok := o.(*coordinationv1.Lease); ok {
+			items = append(items, *l)
+		}
+	}
+	view := ring.Read(c.keys.Keys, c.opts.Ring, items, c.opts.Shards, now, func(l *coordinationv1.Lease) time.Time {
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
 		}
 		return c.observed.expiry(l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second, now)
-	}), nil
+	})
+	for _, m := range c.sts.unwanted(view.Members) {
+		if !slices.Contains(view.Leaving, m) {
+			view.Leaving = append(view.Leaving, m)
+		}
+	}
+	return view, nil
 }
 
 // startShard begins acquiring a shard. Caller holds c.mu.
@@ -419,11 +451,18 @@ func (c *coordinator) inRing() error {
 	if c.mismatch {
 		return fmt.Errorf("shard count %d differs from the ring's", c.opts.Shards)
 	}
+	if c.leaving {
+		return errLeaving
+	}
 	if !slices.Contains(c.ring.Members(), c.opts.Identity) {
 		return fmt.Errorf("not a ring member yet")
 	}
 	return nil
 }
+
+// errLeaving says this replica leaves the ring: it announced so, or the
+// StatefulSet no longer wants it. It takes no shard and does not label.
+var errLeaving = errors.New("leaving the ring")
 
 // missing lists the shards the ring gives this replica that it does not
 // run yet with synced informers.

@@ -2,14 +2,12 @@ package sharding
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -101,20 +99,7 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating Lease client: %w", err)
 	}
-	leaseScheme := runtime.NewScheme()
-	if err := coordinationv1.AddToScheme(leaseScheme); err != nil {
-		return nil, err
-	}
 	keys := newLabelKeys(opts.LabelPrefix)
-	leaseCache, err := cache.New(mgr.GetConfig(), cache.Options{
-		HTTPClient:           mgr.GetHTTPClient(),
-		Scheme:               leaseScheme,
-		DefaultNamespaces:    map[string]cache.Config{opts.LeaseNamespace: {}},
-		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{keys.Ring: opts.Ring}),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("creating Lease cache: %w", err)
-	}
 	holder := lease.Holder(opts.Identity, opts.Incarnation)
 	e := &env{
 		opts:      opts,
@@ -129,7 +114,8 @@ func New(mgr manager.Manager, opts Options) (*Replica, error) {
 		forGVK:    forGVK,
 		queue:     queueSlot{ready: make(chan struct{})},
 	}
-	coord := newCoordinator(e, leaseCache)
+	coord := newCoordinator(e)
+	coord.sts = e.newStatefulSetWatch(coord.wake)
 	r := &Replica{env: e, coord: coord}
 	r.member = newMemberLease(e, coord.wake)
 	r.labeler = newLabeler(e, r.inRing)
@@ -181,6 +167,7 @@ func (r *Replica) Start(ctx context.Context) error {
 		return err
 	}
 	defer stopWatching()
+	defer r.coord.sts.start(ctx)()
 
 	r.coord.expect(e.expectedMembers(ctx))
 	memberDone := make(chan struct{})
@@ -330,9 +317,12 @@ func (r *Replica) inRing() error {
 }
 
 // Ready is a readiness check: ready once this replica runs every shard the
-// ring gives it, with synced informers, and its shard count agrees.
+// ring gives it, with synced informers, and its shard count agrees. A
+// replica that leaves the ring is given no shard: it is ready, so that a
+// scale-down (an OrderedReady StatefulSet waits on its pods' readiness)
+// does not see it fail.
 func (r *Replica) Ready() error {
-	if err := r.inRing(); err != nil {
+	if err := r.inRing(); err != nil && !errors.Is(err, errLeaving) {
 		return err
 	}
 	if missing := r.coord.missing(); len(missing) > 0 {
