@@ -33,7 +33,9 @@ func (f *failingLister) List(metav1.ListOptions) (runtime.Object, error) {
 		Items: []coordinationv1.Lease{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "l", ResourceVersion: "1"}}}}, nil
 }
 
-func (f *failingLister) Watch(metav1.ListOptions) (watch.Interface, error) { return watch.NewFake(), nil }
+func (f *failingLister) Watch(metav1.ListOptions) (watch.Interface, error) {
+	return watch.NewFake(), nil
+}
 
 // IsWatchListSemanticsUnSupported: the reflector lists, as it does when
 // an API server does not stream lists.
