@@ -588,12 +588,14 @@ const (
 )
 
 // awaitScansStill waits until the API server's count of ConfigBindings
-// scanned has not moved for scansStillFor, at most scansStillWithin. The
-// API server finishes a watch-list's scan after its client is gone (the
-// cache watcher filters every remaining object, then counts them all), so
-// the syncs a stopped fleet had just begun are counted seconds after its
-// processes exit: at 100,000 objects, late enough to be billed to the next
-// fleet's start without the wait.
+// scanned has not moved for scansStillFor, at most scansStillWithin, before
+// a fleet's start is counted from it or to it. The API server finishes a
+// watch-list's scan after its client is gone (the cache watcher filters
+// every remaining object, then counts them all), so the syncs a stopped
+// fleet had just begun are counted seconds after its processes exit: at
+// 100,000 objects, late enough to be billed to the next fleet's start
+// without the wait. And a consistency check counts its scans as it goes,
+// itself only when done.
 func (r *run) awaitScansStill(ctx context.Context) {
 	var last apiServerSample
 	since, deadline := time.Now(), time.Now().Add(scansStillWithin)
@@ -614,7 +616,7 @@ func (r *run) awaitScansStill(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-	r.progress.printf("%s  the API server's count of ConfigBindings scanned still moved after %s; starting the next fleet anyway", r.elapsed(), scansStillWithin)
+	r.progress.printf("%s  the API server's count of ConfigBindings scanned still moved after %s; reading it anyway", r.elapsed(), scansStillWithin)
 }
 
 // markWritesOrLog is markWrites for counts a report can do without: a
