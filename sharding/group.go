@@ -346,8 +346,8 @@ func (c *coordinator) joinBatch(ctx context.Context, s *shard) {
 func (c *coordinator) rejoin(ctx context.Context, s *shard) bool {
 	var g *group
 	c.mu.Lock()
-	for candidate := range c.groups {
-		if slices.Contains(candidate.shards, s.id) && candidate.isSynced() && candidate.tryJoin() {
+	for _, candidate := range c.rejoinCandidatesLocked(s.id) {
+		if candidate.tryJoin() {
 			g = candidate
 			break
 		}
@@ -367,6 +367,24 @@ func (c *coordinator) rejoin(ctx context.Context, s *shard) bool {
 	c.log.V(1).Info("Shard rejoined a running cache", "shard", s.id, "cache", g.shards)
 	c.enqueueAll(ctx, s, g)
 	return true
+}
+
+// rejoinCandidatesLocked lists the running, synced groups whose selector
+// covers shard n, fewest shards first. A warm-up's cache is exactly the
+// shards a leaving replica hands over, and an older cache of this replica
+// may cover them too (one it started when it held every shard): each shard
+// taken joins the warm-up's, so that cache stays whole instead of being
+// compacted, with one more LIST, to the shards that happened to pick it.
+// Caller holds c.mu.
+func (c *coordinator) rejoinCandidatesLocked(n int32) []*group {
+	var out []*group
+	for g := range c.groups {
+		if slices.Contains(g.shards, n) && g.isSynced() {
+			out = append(out, g)
+		}
+	}
+	slices.SortFunc(out, func(a, b *group) int { return len(a.shards) - len(b.shards) })
+	return out
 }
 
 // maxBatchWait bounds, in BatchWindows from its first shard, how long a
