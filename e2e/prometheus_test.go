@@ -328,12 +328,14 @@ func (s *suite) checkDashboard(ctx context.Context, t *testing.T) {
 // the shards again resolves it. A takeover after a crash leaves shards
 // unowned for about a second (the sigkill step reports whether an evaluation
 // caught it), so the outage is made on purpose: a member Lease of a replica
-// that runs nothing (kshard-9: a replica hung with only its member renewal
-// alive), which the ring gives shards its holders release and nobody
-// claims, for as long as the suite renews it.
+// that runs nothing (a replica hung with only its member renewal alive),
+// which the ring gives shards its holders release and nobody claims, for as
+// long as the suite renews it. Its name carries no ordinal of the
+// StatefulSet: a member at or past the StatefulSet's count is leaving and
+// given no shard (sharding/statefulset.go), so "kshard-9" would take none.
 func testUnownedAlert(t *testing.T, s *suite, _ *recorder) {
 	ctx := stepContext(t, 10*time.Minute)
-	const alert, ghost = "KshardUnownedShards", statefulSet + "-9"
+	const alert, ghost = "KshardUnownedShards", statefulSet + "-hung"
 	leases := s.cs.CoordinationV1().Leases(systemNamespace)
 	name := lease.MemberName(ringName, ghost)
 	now := metav1.NewMicroTime(time.Now())
