@@ -98,12 +98,7 @@ func memoryRows(fl []*FleetResult) []fleetRow {
 		return func(f *FleetResult) string { return memoryText(v(f)) }
 	}
 	var rows []fleetRow
-	for _, m := range []struct {
-		title string
-		v     func(*FleetResult) float64
-		// vsBase makes the row v's ratio to the base fleet's ("%s" its name).
-		vsBase bool
-	}{
+	figures := []memoryFigure{
 		{title: "heap in use per replica, peak (largest)", v: func(f *FleetResult) float64 { return f.HeapPeakMax }},
 		{title: "heap in use per replica, peak (mean)", v: func(f *FleetResult) float64 { return f.HeapPeakMean }},
 		{title: "largest peak heap ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapPeakMax }, vsBase: true},
@@ -111,8 +106,19 @@ func memoryRows(fl []*FleetResult) []fleetRow {
 		{title: "… ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapEndMax }, vsBase: true},
 		{title: "heap in use, whole fleet at the end of the load (sum of replicas)", v: func(f *FleetResult) float64 { return f.HeapEndSum }},
 		{title: "… ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapEndSum }, vsBase: true},
-		{title: "RSS per replica, peak (largest)", v: func(f *FleetResult) float64 { return f.RSSPeakMax }},
-	} {
+	}
+	if slices.ContainsFunc(fl, func(f *FleetResult) bool { return f.HeapLiveEndMax > 0 }) {
+		figures = append(figures, []memoryFigure{
+			{title: "live heap per replica, peak (largest; go_gc_heap_live_bytes: marked live by the last collection)", v: func(f *FleetResult) float64 { return f.HeapLivePeakMax }},
+			{title: "… ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapLivePeakMax }, vsBase: true},
+			{title: "live heap per replica at the end of the load (largest)", v: func(f *FleetResult) float64 { return f.HeapLiveEndMax }},
+			{title: "… ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapLiveEndMax }, vsBase: true},
+			{title: "live heap, whole fleet at the end of the load (sum of replicas)", v: func(f *FleetResult) float64 { return f.HeapLiveEndSum }},
+			{title: "… ÷ %s's", v: func(f *FleetResult) float64 { return f.HeapLiveEndSum }, vsBase: true},
+		}...)
+	}
+	figures = append(figures, memoryFigure{title: "RSS per replica, peak (largest)", v: func(f *FleetResult) float64 { return f.RSSPeakMax }})
+	for _, m := range figures {
 		switch {
 		case !m.vsBase:
 			rows = append(rows, fleetRow{m.title, field(m.v)})
@@ -126,6 +132,14 @@ func memoryRows(fl []*FleetResult) []fleetRow {
 			fleetRow{"etcd RSS, peak over the fleet's life", field(func(f *FleetResult) float64 { return f.EtcdRSSPeak })})
 	}
 	return append(rows, fleetRow{"peak resident memory ÷ memory limit (largest replica)", memoryLimitText})
+}
+
+// memoryFigure is a memory row: a figure of each fleet, or (vsBase) its
+// ratio to the base fleet's, the title's "%s" naming the base.
+type memoryFigure struct {
+	title  string
+	v      func(*FleetResult) float64
+	vsBase bool
 }
 
 // startRows say how long each fleet's start took to reconcile the objects

@@ -147,18 +147,19 @@ func TestMissingFamiliesAreNoData(t *testing.T) {
 	}
 	const process = "# TYPE go_memstats_heap_inuse_bytes gauge\ngo_memstats_heap_inuse_bytes 1e+07\n" +
 		"# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 3e+07\n"
-	const kshard = "# TYPE kshard_shards_owned gauge\nkshard_shards_owned{ring=\"r\"} 0\n" +
+	const kshard = "# TYPE go_gc_heap_live_bytes gauge\ngo_gc_heap_live_bytes 0\n" +
+		"# TYPE kshard_shards_owned gauge\nkshard_shards_owned{ring=\"r\"} 0\n" +
 		"# TYPE kshard_unlabeled_objects gauge\nkshard_unlabeled_objects{ring=\"r\"} 0\n" +
 		"# TYPE kshard_shard_objects gauge\nkshard_shard_objects{ring=\"r\",shard=\"3\"} 0\n" +
 		"# TYPE kshard_caches_started_total counter\nkshard_caches_started_total{ring=\"r\",reason=\"acquisition\"} 0\n" +
 		"# TYPE kshard_shard_handovers_total counter\nkshard_shard_handovers_total{ring=\"r\",direction=\"acquire\",reason=\"x\"} 0\n"
 
 	missing := replicaSampleOf(parse(process), "")
-	if missing.Objects != -1 || missing.Shards != -1 || missing.Unlabeled != -1 || missing.Acquired != -1 || missing.Caches != nil {
+	if missing.Objects != -1 || missing.Shards != -1 || missing.Unlabeled != -1 || missing.Acquired != -1 || missing.Caches != nil || missing.HeapLive != -1 {
 		t.Errorf("kshard families missing: %+v, want -1 and nil", missing)
 	}
 	zero := replicaSampleOf(parse(process+kshard), "")
-	if zero.Objects != 0 || zero.Shards != 0 || zero.Unlabeled != 0 || zero.Acquired != 0 || zero.Caches == nil {
+	if zero.Objects != 0 || zero.Shards != 0 || zero.Unlabeled != 0 || zero.Acquired != 0 || zero.Caches == nil || zero.HeapLive != 0 {
 		t.Errorf("kshard families at 0: %+v, want 0 and a map", zero)
 	}
 
@@ -170,6 +171,9 @@ func TestMissingFamiliesAreNoData(t *testing.T) {
 			slots: []*slot{{id: "kshard-0", instances: []*instance{{proc: &container{done: make(chan struct{})}, samples: []replicaSample{s}}}}}})
 	}
 	res := result(missing)
+	if res.HeapLivePeakMax != 0 || res.HeapLiveEndSum != 0 {
+		t.Errorf("a fleet whose scrapes lacked the live heap: peak %v, fleet at the end %v; want 0 (no data)", res.HeapLivePeakMax, res.HeapLiveEndSum)
+	}
 	if res.HeldMax != -1 || res.CachesStarted != -1 || res.AcquisitionCaches != -1 || res.Acquisitions != -1 || res.UnlabeledPeak != -1 {
 		t.Errorf("a fleet whose scrapes lacked them: held %v, caches %v (%v for acquisitions, of %v), unlabeled %v; want -1 each",
 			res.HeldMax, res.CachesStarted, res.AcquisitionCaches, res.Acquisitions, res.UnlabeledPeak)

@@ -223,6 +223,15 @@ type FleetResult struct {
 	// peaks summed, and the heaps at the end of the measured phase summed
 	// (what the fleet holds at once in the steady state).
 	HeapPeakSum, HeapEndSum float64
+	// HeapLivePeakMax, HeapLiveEndMax and HeapLiveEndSum are the largest
+	// replica's peak and end and the whole fleet's end of the live heap
+	// (go_gc_heap_live_bytes, what the last collection marked live): the
+	// heap a replica holds, which the heap in use above overstates by the
+	// garbage not yet collected at the scrape, a fifth more or less from one
+	// scrape to the next. 0 without data (a report from before the load
+	// tester read it, or a scrape without the family), and the sum 0
+	// unless every replica had it.
+	HeapLivePeakMax, HeapLiveEndMax, HeapLiveEndSum float64
 	// APIServerRSSPeak and EtcdRSSPeak are the largest resident memory of
 	// the control plane's kube-apiserver and etcd over the fleet's life
 	// (VmRSS, sampled with the replicas); -1 on a cluster the load tester
@@ -315,13 +324,16 @@ type ReplicaResult struct {
 	Processes         int
 	Samples           int
 	HeapPeak, HeapEnd float64
-	RSSPeak, RSSEnd   float64
-	ShardsEnd         float64
-	HeldPeak, HeldEnd float64
-	Reconciles        float64
-	ExternalCalls     float64
-	CacheHitRatio     float64
-	HasShardMetrics   bool
+	// HeapLivePeak and HeapLiveEnd are the live heap's (FleetResult's
+	// HeapLive*); 0 without data.
+	HeapLivePeak, HeapLiveEnd float64
+	RSSPeak, RSSEnd           float64
+	ShardsEnd                 float64
+	HeldPeak, HeldEnd         float64
+	Reconciles                float64
+	ExternalCalls             float64
+	CacheHitRatio             float64
+	HasShardMetrics           bool
 }
 
 // fleetResult computes a stopped fleet's numbers from its samples.
@@ -403,6 +415,7 @@ type replicaTally struct {
 	// exported one has no such figure, rather than 0.
 	heldSeen, cachesSeen, acquiredSeen bool
 	heapPeaks, rssPeaks, heapEnds      []float64
+	livePeaks, liveEnds                []float64
 }
 
 // replicaFigures sums the fleet's replica processes over its life and its
@@ -441,6 +454,12 @@ func (res *FleetResult) replicaFigures(f *fleet, from, to time.Time) {
 		if rr.HeapEnd > 0 {
 			t.heapEnds = append(t.heapEnds, rr.HeapEnd)
 		}
+		if rr.HeapLivePeak > 0 {
+			t.livePeaks = append(t.livePeaks, rr.HeapLivePeak)
+		}
+		if rr.HeapLiveEnd > 0 {
+			t.liveEnds = append(t.liveEnds, rr.HeapLiveEnd)
+		}
 		if rr.RSSPeak > 0 {
 			t.rssPeaks = append(t.rssPeaks, rr.RSSPeak)
 		}
@@ -461,6 +480,7 @@ func (res *FleetResult) addInstance(rr *ReplicaResult, t *replicaTally, in *inst
 	rr.Samples += len(in.samples)
 	for _, x := range in.samples {
 		rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
+		rr.HeapLivePeak = math.Max(rr.HeapLivePeak, x.HeapLive)
 		rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
 		rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
 		t.heldSeen = t.heldSeen || x.Objects >= 0
@@ -490,6 +510,7 @@ func (res *FleetResult) addInstance(rr *ReplicaResult, t *replicaTally, in *inst
 	// shard exports no series of objects.
 	if end, ok := in.at(to); ok && in.proc.Started().Before(to) {
 		rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
+		rr.HeapLiveEnd = max(end.HeapLive, 0)
 	}
 	res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
 	res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
@@ -528,6 +549,13 @@ func (res *FleetResult) conclude(t *replicaTally, sharded bool) {
 	}
 	for _, h := range t.heapEnds {
 		res.HeapEndSum += h
+	}
+	res.HeapLivePeakMax, _ = maxMean(t.livePeaks)
+	res.HeapLiveEndMax, _ = maxMean(t.liveEnds)
+	if len(t.liveEnds) == len(t.heapEnds) {
+		for _, h := range t.liveEnds {
+			res.HeapLiveEndSum += h
+		}
 	}
 	if s := res.Window.Seconds(); s > 0 {
 		res.Reconciles /= s

@@ -222,31 +222,48 @@ func (r *run) scaleFindings() {
 
 // heapGoals compares a sharded fleet's heap with the singleton's: its
 // largest replica at its peak and at the end of the load, and the whole
-// fleet at the end of the load.
+// fleet at the end of the load. The goals are judged on the live heap,
+// what the replicas hold, where both fleets have it; the heap in use, which
+// adds the garbage not yet collected at the scrape, is given beside it.
+// Reports from before the load tester read the live heap judge the heap in
+// use.
 func heapGoals(f, single *FleetResult) []string {
 	goal := map[int]float64{4: goalHeap4, 8: goalHeap8}[f.Replicas]
 	var out []string
-	ratio := func(a, b float64) (float64, bool) { return a / b, a > 0 && b > 0 }
 	for _, x := range []struct {
-		what       string
-		a, b, goal float64
+		what        string
+		live, inUse func(*FleetResult) float64
+		goal        float64
 	}{
-		{"largest replica's peak heap", f.HeapPeakMax, single.HeapPeakMax, goal},
-		{"largest replica's heap at the end of the load", f.HeapEndMax, single.HeapEndMax, goal},
-		{"whole fleet's heap at the end of the load", f.HeapEndSum, single.HeapEndSum, goalFleetHeap},
+		{"largest replica's peak %s", func(r *FleetResult) float64 { return r.HeapLivePeakMax }, func(r *FleetResult) float64 { return r.HeapPeakMax }, goal},
+		{"largest replica's %s at the end of the load", func(r *FleetResult) float64 { return r.HeapLiveEndMax }, func(r *FleetResult) float64 { return r.HeapEndMax }, goal},
+		{"whole fleet's %s at the end of the load", func(r *FleetResult) float64 { return r.HeapLiveEndSum }, func(r *FleetResult) float64 { return r.HeapEndSum }, goalFleetHeap},
 	} {
-		q, ok := ratio(x.a, x.b)
+		a, b, measure := x.live(f), x.live(single), "live heap"
+		inUse := fmt.Sprintf("; heap in use %s", heapRatioText(x.inUse(f), x.inUse(single)))
+		if a <= 0 || b <= 0 {
+			a, b, measure, inUse = x.inUse(f), x.inUse(single), "heap in use", ""
+		}
+		head := f.Fleet + ": " + fmt.Sprintf(x.what, measure)
 		switch {
-		case !ok:
-			out = append(out, fmt.Sprintf("%s: %s ÷ %s: no data", f.Fleet, x.what, single.Fleet))
+		case a <= 0 || b <= 0:
+			out = append(out, fmt.Sprintf("%s ÷ %s's: no data", head, single.Fleet))
 		case x.goal == 0:
-			out = append(out, fmt.Sprintf("%s: %s = %.2f× %s's (%s against %s; no goal at this size)", f.Fleet, x.what, q, single.Fleet, formatBytes(x.a), formatBytes(x.b)))
+			out = append(out, fmt.Sprintf("%s = %s %s's (no goal at this size)%s", head, heapRatioText(a, b), single.Fleet, inUse))
 		default:
-			out = append(out, fmt.Sprintf("%s: %s = %.2f× %s's (%s against %s): goal ≤ %.2f×, %s", f.Fleet, x.what, q, single.Fleet,
-				formatBytes(x.a), formatBytes(x.b), x.goal, metText(q <= x.goal)))
+			out = append(out, fmt.Sprintf("%s = %s %s's: goal ≤ %.2f×, %s%s", head, heapRatioText(a, b), single.Fleet, x.goal, metText(a/b <= x.goal), inUse))
 		}
 	}
 	return out
+}
+
+// heapRatioText writes a heap's ratio to another and both, "0.25× (1 MiB
+// against 4 MiB)".
+func heapRatioText(a, b float64) string {
+	if a <= 0 || b <= 0 {
+		return "no data"
+	}
+	return fmt.Sprintf("%.2f× (%s against %s)", a/b, formatBytes(a), formatBytes(b))
 }
 
 // scanFinding states how many times the API server scanned each object for

@@ -149,8 +149,9 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(string(md), "| create storm: controller writes per second ÷ ceiling writes per second |") {
 		t.Error("the report lacks the create storm's ceiling row")
 	}
-	if f.HeapPeakMax <= 0 || f.Syncs < 1 {
-		t.Errorf("heap %v, initial syncs %v: the replicas' and the API server's metrics were not read", f.HeapPeakMax, f.Syncs)
+	if f.HeapPeakMax <= 0 || f.HeapLivePeakMax <= 0 || f.HeapLiveEndSum <= 0 || f.Syncs < 1 {
+		t.Errorf("heap %v, live heap %v (fleet at the end %v), initial syncs %v: the replicas' and the API server's metrics were not read",
+			f.HeapPeakMax, f.HeapLivePeakMax, f.HeapLiveEndSum, f.Syncs)
 	}
 	// Every sync the API server made (the load tester's own subtracted) is
 	// one of the caches the replicas report, and a cache serves the shards
