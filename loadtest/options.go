@@ -279,7 +279,7 @@ func (o *Options) setDefaults(sc *scenario) error {
 			return fmt.Errorf("defaulting the report folder and the HPA file (set them, or run from the repository): %w", err)
 		}
 		if o.Out == "" {
-			o.Out = filepath.Join(root, "loadtest", "results")
+			o.Out = filepath.Join(root, filepath.FromSlash(resultsFolder))
 		}
 		if o.HPAFile == "" {
 			o.HPAFile = filepath.Join(root, defaultHPAFile)

@@ -20,7 +20,9 @@ type Source struct {
 	Commit string
 	// Modified says the tree had uncommitted changes (untracked files
 	// included, as Go's own stamp counts them): no commit holds the code
-	// measured.
+	// measured. Read from git, the reports' folder (loadtest/results) is
+	// left out: a report written and not yet committed is the load
+	// tester's output, not code it measured.
 	Modified bool
 	// From says where Commit was read: sourceFromBuild or sourceFromGit;
 	// "" when unknown.
@@ -86,6 +88,10 @@ func sourceOfBuild(settings []debug.BuildSetting) (Source, bool) {
 	return s, s.Commit != ""
 }
 
+// resultsFolder is where the reports are committed, from the repository
+// root.
+const resultsFolder = "loadtest/results"
+
 // sourceOfGit asks git for the commit checked out in dir and whether the
 // tree differs from it.
 func sourceOfGit(ctx context.Context, dir string) (Source, error) {
@@ -93,7 +99,7 @@ func sourceOfGit(ctx context.Context, dir string) (Source, error) {
 	if err != nil {
 		return Source{}, err
 	}
-	status, err := git(ctx, dir, "status", "--porcelain")
+	status, err := git(ctx, dir, "status", "--porcelain", "--", ".", ":(exclude)"+resultsFolder)
 	if err != nil {
 		return Source{}, err
 	}

@@ -3,7 +3,9 @@ package loadtest
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime/debug"
 	"strings"
@@ -84,5 +86,45 @@ func TestSourceOfGit(t *testing.T) {
 	}
 	if _, err := sourceOfGit(ctx, t.TempDir()); err == nil || !strings.Contains(err.Error(), "git rev-parse HEAD") {
 		t.Errorf("outside a repository: %v, want an error naming git rev-parse HEAD", err)
+	}
+}
+
+// TestUncommittedReportsAreNoChange: a report written into the results
+// folder and not yet committed leaves the source unmodified; any other
+// change, an untracked file included, marks it.
+func TestUncommittedReportsAreNoChange(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	ctx, dir := context.Background(), t.TempDir()
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("git", append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@t"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	write := func(path, text string) {
+		t.Helper()
+		p := filepath.Join(dir, filepath.FromSlash(path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("init", "-q")
+	write("loadtest/results/basic.md", "old")
+	write("loadtest/run.go", "package loadtest")
+	run("add", ".")
+	run("commit", "-q", "-m", "x")
+	write("loadtest/results/basic.md", "new")
+	write("loadtest/results/node/chaos.md", "new")
+	if s, err := sourceOfGit(ctx, dir); err != nil || s.Modified {
+		t.Errorf("with only reports changed: %+v, %v; want unmodified", s, err)
+	}
+	write("loadtest/new.go", "package loadtest")
+	if s, err := sourceOfGit(ctx, dir); err != nil || !s.Modified {
+		t.Errorf("with an untracked source file: %+v, %v; want modified", s, err)
 	}
 }
