@@ -220,15 +220,14 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 		throttled += in.delta(from, done, func(x replicaSample) float64 { return x.CFSThrottled })
 		f.mu.Unlock()
 	}
-	secs := done.Sub(from).Seconds()
 	if cores, ok := f.cores(from, done); ok {
 		w.ReplicaCores = cores
 	}
 	if periods > 0 {
 		w.Throttled = throttled / periods
 	}
-	if api, _, ok := r.controlPlaneCPU(from, done); ok {
-		w.APIServerCores = api / secs
+	if api, _, ok := r.controlPlaneCores(from, done); ok {
+		w.APIServerCores = api
 	}
 	if within, ok := shareWithin(queue, capacityObjective.Seconds()); ok {
 		w.QueueWithin = within

@@ -55,6 +55,14 @@ func fleetRows(rep *Report) []fleetRow {
 	if has(func(f *FleetResult) bool { return f.Storm.Kind != "" }) {
 		rows = append(rows, stormRows(rep.Machine.Calibration)...)
 	}
+	if has(func(f *FleetResult) bool { return f.Storm.ServerCPUPerWrite > 0 }) {
+		rows = append(rows, fleetRow{"create storm: kube-apiserver CPU per controller write (all it served meanwhile)", func(f *FleetResult) string {
+			if f.Storm.ServerCPUPerWrite <= 0 {
+				return noData
+			}
+			return fmt.Sprintf("%.2f ms", f.Storm.ServerCPUPerWrite*1000)
+		}})
+	}
 	rows = slices.Concat(rows, shardRows(), syncRows(fl), phaseRows())
 	if has(func(f *FleetResult) bool { return f.Propagation.Probes > 0 }) {
 		rows = append(rows, propagationRows()...)

@@ -190,10 +190,11 @@ func readControlPlane(now time.Time, pids map[string]int) (controlPlaneSample, b
 	return s, s.APIServer > 0 && s.Etcd > 0 && s.APIServerCPU >= 0 && s.EtcdCPU >= 0
 }
 
-// controlPlaneCPU is the CPU time the kube-apiserver and etcd used from
-// from to to, in seconds, between the samples nearest inside those bounds;
-// false without two samples of the same processes there.
-func (r *run) controlPlaneCPU(from, to time.Time) (apiServer, etcd float64, ok bool) {
+// controlPlaneCores is the CPU the kube-apiserver and etcd used from from
+// to to, in cores (CPU-seconds per second), between the samples nearest
+// inside those bounds; false without two samples of the same processes
+// there.
+func (r *run) controlPlaneCores(from, to time.Time) (apiServer, etcd float64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var first, last *controlPlaneSample
@@ -207,10 +208,11 @@ func (r *run) controlPlaneCPU(from, to time.Time) (apiServer, etcd float64, ok b
 		}
 		last = s
 	}
-	if first == nil || last == first || first.APIServerPID != last.APIServerPID {
+	if first == nil || !last.At.After(first.At) || first.APIServerPID != last.APIServerPID {
 		return 0, 0, false
 	}
-	return last.APIServerCPU - first.APIServerCPU, last.EtcdCPU - first.EtcdCPU, true
+	secs := last.At.Sub(first.At).Seconds()
+	return (last.APIServerCPU - first.APIServerCPU) / secs, (last.EtcdCPU - first.EtcdCPU) / secs, true
 }
 
 // clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's CPU

@@ -211,9 +211,10 @@ func (r *run) scaleFindings() {
 	}
 	for _, ev := range r.report.Events {
 		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
-			if api, etcd, ok := r.controlPlaneCPU(r.begin.Add(ev.At), r.begin.Add(ev.At+ev.Reconciled)); ok && ev.Reconciled > 0 {
+			if api, etcd, ok := r.controlPlaneCores(r.begin.Add(ev.At), r.begin.Add(ev.At+ev.Reconciled)); ok {
+				secs := ev.Reconciled.Seconds()
 				g += fmt.Sprintf("; meanwhile kube-apiserver used %.1f and etcd %.1f CPU-seconds (%.2f and %.2f cores of the machine's %d)",
-					api, etcd, api/ev.Reconciled.Seconds(), etcd/ev.Reconciled.Seconds(), runtime.NumCPU())
+					api*secs, etcd*secs, api, etcd, runtime.NumCPU())
 			}
 			r.addFinding(g)
 		}

@@ -104,7 +104,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	}
 	// Objects that existed before the fleet make its start its create
 	// storm; without any, the scenario's creates will.
-	f.storm = stormOfStart(ev, f.startObjects)
+	f.storm = r.withServerCPU(stormOfStart(ev, f.startObjects), f.started)
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}

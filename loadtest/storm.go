@@ -55,6 +55,14 @@ type CreateStorm struct {
 	WritesCounted bool
 	Writes        float64
 	Own           int64
+	// ServerCPUPerWrite is the kube-apiserver's CPU per controller write in
+	// the storm, in seconds: its cores between the samples inside the storm
+	// over the storm's controller writes per second. It takes in all the
+	// server did meanwhile (watch events, Lease renewals, admission, the
+	// audit log), so fleets compare by what each write costs the server
+	// with them, a count where the write rate is a time. 0 without samples
+	// of a control plane the load tester started, or without writes.
+	ServerCPUPerWrite float64 `json:",omitempty"`
 }
 
 // stormFigures are a storm's rates; -1 where there is no figure.
@@ -128,7 +136,16 @@ func (r *run) measureStorm(ctx context.Context, kind string, objects int, perSec
 	if writes, own, ok := controllerWrites(before, r.markWritesOrLog(ctx)); ok {
 		s.WritesCounted, s.Writes, s.Own = true, writes, own
 	}
-	return s, err
+	return r.withServerCPU(s, at), err
+}
+
+// withServerCPU adds the API server's CPU per controller write to a storm
+// that began at at.
+func (r *run) withServerCPU(s CreateStorm, at time.Time) CreateStorm {
+	if api, _, ok := r.controlPlaneCores(at, at.Add(s.Duration)); ok && s.WritesCounted && s.Writes > 0 && s.Duration > 0 {
+		s.ServerCPUPerWrite = api / (s.Writes / s.Duration.Seconds())
+	}
+	return s
 }
 
 // ceilingText is the calibration for the report's settings.

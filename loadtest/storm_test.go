@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -264,5 +265,35 @@ func TestOverClaim(t *testing.T) {
 	}
 	if _, ok := overClaim([]replicaSample{at(1, 0)}, t0, t0.Add(4*time.Second)); ok {
 		t.Error("a replica holding nothing at the end has no share to compare with")
+	}
+}
+
+// TestServerCPUPerWrite: a storm's API server CPU per controller write is
+// the server's cores between the samples inside the storm over the storm's
+// write rate; without two samples of one process inside it, or without
+// counted writes, there is none.
+func TestServerCPUPerWrite(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	sample := func(sec, cpu float64, pid int) controlPlaneSample {
+		return controlPlaneSample{At: t0.Add(time.Duration(sec * float64(time.Second))), APIServerCPU: cpu, EtcdCPU: 0, APIServerPID: pid}
+	}
+	// 1.5 cores from 1 s to 9 s; the samples outside the storm do not count.
+	r := &run{controlPlane: []controlPlaneSample{sample(-1, 0, 1), sample(1, 10, 1), sample(9, 22, 1), sample(11, 100, 1)}}
+	storm := CreateStorm{Kind: stormStart, Objects: 1000, Duration: 10 * time.Second, Settled: true, WritesCounted: true, Writes: 3000}
+	// 300 writes/s at 1.5 cores: 5 ms per write.
+	if got := r.withServerCPU(storm, t0).ServerCPUPerWrite; math.Abs(got-0.005) > 1e-9 {
+		t.Errorf("CPU per write %v s, want 0.005", got)
+	}
+	for name, c := range map[string]struct {
+		r *run
+		s CreateStorm
+	}{
+		"no writes counted": {r, CreateStorm{Kind: stormStart, Objects: 1000, Duration: 10 * time.Second}},
+		"one sample":        {&run{controlPlane: []controlPlaneSample{sample(1, 10, 1)}}, storm},
+		"a restart between": {&run{controlPlane: []controlPlaneSample{sample(1, 10, 1), sample(9, 2, 2)}}, storm},
+	} {
+		if got := c.r.withServerCPU(c.s, t0).ServerCPUPerWrite; got != 0 {
+			t.Errorf("%s: CPU per write %v, want none (0)", name, got)
+		}
 	}
 }
