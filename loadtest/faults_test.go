@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,4 +461,49 @@ func TestUnownedAcrossAnAPIServerRestart(t *testing.T) {
 			t.Errorf("shard %d unowned %s–%s passed: %+v", iv.Shard, iv.From.Sub(t0), iv.To.Sub(t0), c)
 		}
 	}
+}
+
+// TestRingPollOutlastsStop: a poll asked to stop goes on until the watch
+// has delivered a Lease since, so that a watch still backing off after an
+// API server restart does not leave every Lease looking expired; once the
+// watch delivers, the poll ends.
+func TestRingPollOutlastsStop(t *testing.T) {
+	now := time.Now()
+	proc := testProcess(now.Add(-time.Minute), 0, true)
+	w := newRingState(Ring, sharding.DefaultShards, func(string, time.Time) *instance { return proc })
+	var calls atomic.Int64
+	w.list = func(context.Context) ([]coordinationv1.Lease, error) {
+		calls.Add(1)
+		return nil, nil
+	}
+	polls := func(what string, cond func() bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(t.Context(), ringPoll, time.Minute, true, func(context.Context) (bool, error) {
+			return cond(), nil
+		}); err != nil {
+			t.Fatalf("%s: %d polls", what, calls.Load())
+		}
+	}
+	stop := w.poll(t.Context())
+	polls("the first poll", func() bool { return calls.Load() > 0 })
+	stop()
+	stop() // again, as a deferred stop does after an explicit one
+	asked := calls.Load()
+	polls("polls after stop, with the watch silent", func() bool { return calls.Load() >= asked+3 })
+
+	l := shardLeaseObject(0, "kshard-0_a", now, now)
+	l.ResourceVersion = "10"
+	w.observe(l, false)
+	// The poll ends at its next tick: the count holds still from then on.
+	var last int64 = -1
+	still := 0
+	polls("the poll went on after the watch delivered", func() bool {
+		n := calls.Load()
+		if n == last {
+			still++
+		} else {
+			last, still = n, 0
+		}
+		return still >= 20 // 20 checks, 2 s, with no poll: it ended
+	})
 }

@@ -82,6 +82,9 @@ type ringWatch struct {
 	// list reads the ring's Leases from the API server directly, past the
 	// watch: see poll.
 	list func(context.Context) ([]coordinationv1.Lease, error)
+	// watched is when the watch last delivered a Lease of the ring: a
+	// stopped poll ends only once it delivers again.
+	watched time.Time
 
 	// guard turns the unowned-interval check on: off while a fleet starts
 	// or stops as a whole, when nothing is supposed to own the shards.
@@ -230,8 +233,9 @@ func (w *ringWatch) observe(obj any, deleted bool) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.watched = time.Now()
 	if w.newer(l) {
-		w.record(l, deleted, time.Now())
+		w.record(l, deleted, w.watched)
 	}
 }
 
@@ -249,26 +253,40 @@ func (w *ringWatch) newer(l *coordinationv1.Lease) bool {
 	return true
 }
 
-// poll reads the ring's Leases from the API server every ringPoll × 5 until
-// the returned stop is called, beside the watch. An API server restart
-// breaks the load tester's watch as it breaks the replicas': client-go
-// reconnects it with a backoff that reaches half a minute, while the
-// replicas renew their Leases by direct requests as soon as the server
-// answers. Without the poll, a shard held again at once would look unowned
-// until the watch came back. A failed read (the server away) is retried at
-// the next poll.
+// poll reads the ring's Leases from the API server every ringPoll × 5,
+// beside the watch, until the returned stop is called and the watch has
+// delivered a Lease since. An API server restart breaks the load tester's
+// watch as it breaks the replicas': client-go reconnects it with a backoff
+// that an outage grows to 30–60 s, while the replicas renew their Leases by
+// direct requests as soon as the server answers. Without the poll, a shard
+// held again at once would look unowned until the watch came back; and a
+// poll that ended with the restart's handover, before the watch was back,
+// left every Lease looking expired from then on (chaos at 7166159: all 64
+// shards unowned for more than lease duration + retry period after the
+// restart had settled). The Leases are renewed every retry period, so a
+// watch that is back delivers within one. A failed read (the server away)
+// is retried at the next poll. stop does not wait, and may be called again.
 func (w *ringWatch) poll(ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
+	stopping := make(chan struct{})
 	go func() {
-		defer close(done)
 		t := time.NewTicker(5 * ringPoll)
 		defer t.Stop()
+		asked := stopping
+		var stopAt time.Time
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-asked:
+				stopAt, asked = time.Now(), nil
+				continue
 			case <-t.C:
+			}
+			w.mu.Lock()
+			back := !stopAt.IsZero() && w.watched.After(stopAt)
+			w.mu.Unlock()
+			if back {
+				return
 			}
 			leases, err := w.list(ctx)
 			if err != nil {
@@ -284,7 +302,8 @@ func (w *ringWatch) poll(ctx context.Context) (stop func()) {
 			w.mu.Unlock()
 		}
 	}()
-	return func() { cancel(); <-done }
+	var once sync.Once
+	return func() { once.Do(func() { close(stopping) }) }
 }
 
 // record takes in a Lease seen at seen. Caller holds w.mu.
