@@ -56,7 +56,8 @@ type View struct {
 	// Members are the live members whose shard count is the ring's.
 	Members []string
 	// ShardCount is the ring's shard count: the one most live members
-	// announce (ties: the oldest member's), 0 with no live member.
+	// announce (ties: the count whose oldest member is the oldest), 0 with
+	// no live member.
 	ShardCount int32
 	// Shards holds each shard's Lease, when it exists.
 	Shards map[int32]*ShardLease
@@ -180,10 +181,15 @@ func Read(keys Keys, ring string, items []coordinationv1.Lease, shards int32, no
 	for _, m := range members {
 		votes[m.shards]++
 	}
-	best := members[0].shards // the oldest member breaks ties
-	for count, n := range votes {
-		if n > votes[best] {
-			best = count
+	// Members are oldest first, so a count is first met at its oldest
+	// member: a count tied with the best so far never displaces it, and ties
+	// go to the count whose oldest member is the oldest. (Ranging over the
+	// votes map settled ties between counts other than the oldest member's
+	// by map order, and replicas flipped in and out of the ring.)
+	best := members[0].shards
+	for _, m := range members {
+		if votes[m.shards] > votes[best] {
+			best = m.shards
 		}
 	}
 	v.ShardCount = best
