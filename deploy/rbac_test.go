@@ -608,15 +608,15 @@ func TestRBACNotExcessive(t *testing.T) {
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: configv1alpha1.GroupVersion.String(), Kind: "ConfigBinding",
 				Name: "b", UID: "00000000-0000-0000-0000-000000000001", Controller: ptr.To(true)}}}}
 	}
-	controlplane.Eventually(t, time.Minute, "the admission policy in force: a ConfigMap in kube-system refused", func() error {
+	controlplane.Eventually(t, time.Minute, "the admission policies in force: a ConfigMap in kube-system, and one in no shard, refused", func() error {
 		if err := sa.Create(ctx, managed("kube-system"), client.DryRunAll); !apierrors.IsForbidden(err) {
-			return fmt.Errorf("got %v, want Forbidden", err)
+			return fmt.Errorf("in kube-system: got %v, want Forbidden", err)
+		}
+		if err := sa.Create(ctx, managed(open), client.DryRunAll); !apierrors.IsForbidden(err) {
+			return fmt.Errorf("in no shard: got %v, want Forbidden", err)
 		}
 		return nil
 	})
-	if err := sa.Create(ctx, managed(open), client.DryRunAll); err != nil {
-		t.Errorf("the ServiceAccount may not create its own target in a namespace that opted in: %v", err)
-	}
 	kubeSystem := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: uniqueName("kshard-probe")}}
 	if err := admin.Create(ctx, kubeSystem); err != nil {
 		t.Fatal(err)
@@ -644,6 +644,20 @@ func TestRBACNotExcessive(t *testing.T) {
 		},
 		"create a kshard-looking ConfigMap where the namespace did not opt in": func() error {
 			return sa.Create(ctx, managed(other), client.DryRunAll)
+		},
+		// A token that is not bound to a pod holds no shard's Lease
+		// (TestFenceHasNoSideDoor tries a pod's).
+		"create its target in a namespace that opted in, with no shard": func() error {
+			return sa.Create(ctx, managed(open), client.DryRunAll)
+		},
+		"create its target in a namespace that opted in, in a shard": func() error {
+			cm := managed(open)
+			cm.Labels["kshard.dev/shard"] = "3"
+			err := sa.Create(ctx, cm, client.DryRunAll)
+			if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "parameterNotFoundAction") {
+				return apierrors.NewForbidden(corev1.Resource("configmaps"), cm.Name, err) // shard 3's Lease is missing: closed
+			}
+			return err
 		},
 		"create a ConfigMap not marked as kshard's": func() error {
 			return sa.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: open, Name: "plain"}}, client.DryRunAll)

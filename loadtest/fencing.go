@@ -201,10 +201,16 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 		}
 		out = append(out, o)
 	}
+	var fence []any
 	for _, b := range shardwrites.Bindings(baseRing, ns, shards) {
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&b)
+		fence = append(fence, &b)
+	}
+	labels, labelsBinding := shardwrites.Labels(ns, replica.DefaultShardTable, shards)
+	fence = append(fence, labels, labelsBinding)
+	for _, f := range fence {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(f)
 		if err != nil {
-			return nil, fmt.Errorf("binding %s: %w", b.Name, err)
+			return nil, fmt.Errorf("the fence of %d shards: %w", shards, err)
 		}
 		o := &unstructured.Unstructured{Object: m}
 		if err := renameFor(o, ns, ring, shards); err != nil {
@@ -277,11 +283,15 @@ func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) erro
 		return unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace")
 	case "ValidatingAdmissionPolicyBinding":
 		// One binding per shard, its param the shard's Lease by name
-		// (deploy/base/shard-writes-bindings.yaml, `kshard fencing`).
+		// (deploy/base/shard-fence.yaml, `kshard fencing`); the label
+		// policy's has none.
 		o.SetName(o.GetName() + "-" + ns)
 		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
 		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
 			return err
+		}
+		if _, ok, _ := unstructured.NestedMap(o.Object, "spec", "paramRef"); !ok {
+			return nil
 		}
 		if err := unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace"); err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/shardwrites"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
 )
@@ -34,7 +35,7 @@ func TestFencingObjects(t *testing.T) {
 			kinds[o.GetKind()]++
 			switch o.GetKind() {
 			case "ValidatingAdmissionPolicy":
-				if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace {
+				if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace && o.GetName() != shardwrites.LabelsPolicy+"-"+LeaseNamespace {
 					t.Errorf("policy %s", o.GetName())
 				}
 				conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
@@ -43,6 +44,9 @@ func TestFencingObjects(t *testing.T) {
 				}
 			case "ValidatingAdmissionPolicyBinding":
 				policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
+				if policy == shardwrites.LabelsPolicy+"-"+LeaseNamespace {
+					continue
+				}
 				name, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
 				ns, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace")
 				if policy != audit.FencingPolicy+"-"+LeaseNamespace || ns != LeaseNamespace {
@@ -70,7 +74,7 @@ func TestFencingObjects(t *testing.T) {
 				t.Errorf("no binding takes Lease %s", lease.ShardName(Ring, n))
 			}
 		}
-		if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ValidatingAdmissionPolicyBinding"] != int(shards) || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
+		if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != int(shards)+1 || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {
 			t.Errorf("objects by kind %v", kinds)
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -188,7 +190,12 @@ func (g *group) ownedHandler(k Kind) toolscache.ResourceEventHandler {
 }
 
 // rightShard reports whether an object's domain maps to this shard, and
-// corrects its label in the background when it does not.
+// hands it to the labeler in the background when it does not: a wrong label
+// (set by hand, or by a ring of another shard count) is removed, under this
+// shard's hold, and the labeler labels the object for its domain. Only the
+// labeler stamps a shard label; a holder removes one only from its own
+// shard's objects, so no write of a holder moves an object into a shard it
+// does not hold (deploy/base's kshard-shard-writes policy).
 func (s *shard) rightShard(o client.Object) bool {
 	domain := s.c.opts.Domain(o)
 	want := ShardOf(domain, s.c.opts.Shards)
@@ -196,20 +203,35 @@ func (s *shard) rightShard(o client.Object) bool {
 		return true
 	}
 	go func() {
-		if err := s.c.stampLabels(context.Background(), o, domain, want); err != nil {
-			s.log.Error(err, "Correcting a wrong shard label", "object", client.ObjectKeyFromObject(o))
+		if err := s.unlabel(context.Background(), o); err != nil {
+			s.log.Error(err, "Handing an object with a wrong shard label to the labeler", "object", client.ObjectKeyFromObject(o))
 		} else {
-			s.log.Info("Corrected a wrong shard label", "object", client.ObjectKeyFromObject(o), "from", s.id, "to", want)
+			s.log.Info("Handed an object with a wrong shard label to the labeler", "object", client.ObjectKeyFromObject(o), "from", s.id, "to", want)
 		}
 	}()
 	return false
 }
 
-// stampLabels writes an object's domain and shard labels with a merge patch
-// of the labels alone: the shard follows from the immutable domain, so
-// concurrent stamps agree and need no resourceVersion guard.
-func (e *env) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": e.keys.owned(shard, domain)}})
+// unlabel removes an object's shard and domain labels while this shard is
+// held, if the object still carries this shard's label (a resourceVersion
+// precondition: nothing but the labels it was seen with is removed).
+func (s *shard) unlabel(ctx context.Context, o client.Object) error {
+	until, ok := s.holdUntil(time.Now())
+	if !ok {
+		return nil
+	}
+	wctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	return s.c.removeLabels(wctx, o)
+}
+
+// removeLabels removes an object's shard and domain labels with a merge
+// patch conditional on the resourceVersion it was read at.
+func (e *env) removeLabels(ctx context.Context, o client.Object) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": o.GetResourceVersion(),
+		"labels":          map[string]any{e.keys.Shard: nil, e.keys.Domain: nil},
+	}})
 	if err != nil {
 		return err
 	}
@@ -217,8 +239,8 @@ func (e *env) stampLabels(ctx context.Context, o client.Object, domain string, s
 	if !ok {
 		return fmt.Errorf("%T is not a client.Object", o)
 	}
-	if err := e.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("labeling %s with shard %d: %w", client.ObjectKeyFromObject(o), shard, err)
+	if err := e.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("removing the shard label of %s: %w", client.ObjectKeyFromObject(o), err)
 	}
 	return nil
 }

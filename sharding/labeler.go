@@ -2,8 +2,10 @@ package sharding
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -332,10 +335,44 @@ func (l *labeler) reconcile(ctx context.Context, c client.Reader, table *shardTa
 	domain := l.env.opts.Domain(obj)
 	shard := ShardOf(domain, l.env.opts.Shards)
 	if err := l.env.stampLabels(ctx, obj, domain, shard); err != nil {
+		if leaseMissing(err) {
+			// The shard's Lease does not exist yet (a ring starting): the
+			// API server fails a write into the shard closed until its
+			// holder creates it.
+			l.log.V(1).Info("Shard Lease not created yet; labeling later", "object", req.NamespacedName, "shard", shard)
+			return reconcile.Result{RequeueAfter: l.env.opts.RetryPeriod}, nil
+		}
 		return reconcile.Result{}, err
 	}
 	if table != nil {
 		table.add(domain, shard)
 	}
 	return reconcile.Result{}, nil
+}
+
+// stampLabels writes an object's domain and shard labels with a merge
+// patch. Only the labeler stamps them (deploy/base's kshard-labeler-writes
+// policy): a shard's holder removes a wrong label (shard.unlabel), and the
+// labeler stamps the right one.
+func (e *env) stampLabels(ctx context.Context, o client.Object, domain string, shard int32) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": e.keys.owned(shard, domain)}})
+	if err != nil {
+		return err
+	}
+	obj, ok := o.DeepCopyObject().(client.Object)
+	if !ok {
+		return fmt.Errorf("%T is not a client.Object", o)
+	}
+	if err := e.writer.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("labeling %s with shard %d: %w", client.ObjectKeyFromObject(o), shard, err)
+	}
+	return nil
+}
+
+// leaseMissing reports whether the API server refused a write because an
+// admission policy binding's param is missing and the binding fails closed
+// (parameterNotFoundAction Deny): deploy/base's fence, for a shard whose
+// Lease does not exist yet.
+func leaseMissing(err error) bool {
+	return apierrors.IsInvalid(err) && strings.Contains(err.Error(), "parameterNotFoundAction")
 }

@@ -3,7 +3,6 @@ package sharding
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -36,10 +35,13 @@ const shardTableFlushInterval = 200 * time.Millisecond
 // and no wait for the labeler; an object of a domain not in it yet is
 // labeled by the labeler as before, and its domain added.
 //
-// Only the labeler writes it, during its term, with merge patches of the
-// new entries: an entry follows from its domain and the shard count alone,
-// so two labelers that overlap for a moment write the same values. A table
-// of another shard count is started afresh. A table that reaches
+// Only the labeler writes it, during its term (deploy/base's
+// kshard-labeler-writes policy refuses anyone else), with merge patches of
+// the new entries, each conditional on the resourceVersion this term last
+// read or wrote: a table that changed meanwhile (a person's edit, the write
+// of a labeler whose term overlapped this one's) is read again before it is
+// written, never overwritten from a stale read. A table of another shard
+// count is started afresh. A table that reaches
 // maxShardTableBytes takes no more domains, which the labeler keeps labeling
 // (kshard_shard_table_full says so); a table deleted meanwhile is written
 // again, whole, by the next flush.
@@ -47,6 +49,9 @@ type shardTable struct {
 	env  *env
 	name string
 	log  logr.Logger
+	// rv is the table's resourceVersion as this term last read or wrote
+	// it, "" when it did not exist; only run's goroutine uses it.
+	rv string
 
 	mu      sync.Mutex
 	entries map[string]int32 // in the table, as last read or written
@@ -83,6 +88,7 @@ func (t *shardTable) load(ctx context.Context) error {
 	err := t.env.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.env.opts.LeaseNamespace, Name: t.name}, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
+		t.rv = ""
 		t.log.Info("No shard table yet; writing one as domains are labeled")
 		return nil
 	case err != nil:
@@ -96,8 +102,17 @@ func (t *shardTable) load(ctx context.Context) error {
 		t.log.Info("Shard table of another shard count; starting it afresh", "tableShards", got, "shards", t.env.opts.Shards)
 		return t.reset(ctx, &cm)
 	}
+	t.rv = cm.ResourceVersion
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// Read whole: a table read again after it changed keeps none of what
+	// this term knew of it, but what it has yet to write.
+	t.entries, t.bytes = map[string]int32{}, 0
+	for domain, n := range t.pending {
+		if _, ok := cm.Data[domain]; !ok {
+			t.bytes += len(domain) + len(strconv.Itoa(int(n)))
+		}
+	}
 	for domain, v := range cm.Data {
 		n, err := strconv.ParseInt(v, 10, 32)
 		if err != nil || int32(n) != ShardOf(domain, t.env.opts.Shards) {
@@ -127,6 +142,14 @@ func (t *shardTable) reset(ctx context.Context, cm *corev1.ConfigMap) error {
 	if err := t.env.writer.Update(ctx, cm); err != nil {
 		return fmt.Errorf("starting shard table %s/%s afresh: %w", cm.Namespace, cm.Name, err)
 	}
+	t.rv = cm.ResourceVersion
+	t.mu.Lock()
+	t.entries = map[string]int32{}
+	t.bytes = 0
+	for domain, n := range t.pending {
+		t.bytes += len(domain) + len(strconv.Itoa(int(n)))
+	}
+	t.mu.Unlock()
 	return nil
 }
 
@@ -239,26 +262,33 @@ func (t *shardTable) flush(ctx context.Context) error {
 	if recheck && len(batch) == 0 {
 		var cm corev1.ConfigMap
 		err := t.env.mgr.GetAPIReader().Get(ctx, types.NamespacedName{Namespace: t.env.opts.LeaseNamespace, Name: t.name}, &cm)
-		if !apierrors.IsNotFound(err) {
-			return err
+		switch {
+		case apierrors.IsNotFound(err):
+			t.log.Info("Shard table gone; writing it again")
+			t.rv = ""
+			return t.create(ctx, batch, shards)
+		case err == nil && cm.ResourceVersion != t.rv:
+			t.log.Info("Shard table changed since this labeler read it; reading it again")
+			return t.load(ctx)
 		}
-		t.log.Info("Shard table gone; writing it again")
-		return t.create(ctx, batch, shards)
+		return err
 	}
 	if len(batch) == 0 {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{t.env.keys.Shards: shards}},
-		"data":     batch,
-	})
-	if err != nil {
-		return err
-	}
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: t.env.opts.LeaseNamespace, Name: t.name}}
-	err = t.env.writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
-	if apierrors.IsNotFound(err) {
+	var err error
+	if t.rv == "" {
 		err = t.create(ctx, batch, shards)
+	} else {
+		err = t.patch(ctx, batch, shards)
+	}
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err) {
+		// Changed, created or deleted since this term read it: read it
+		// again, and write the batch at the next flush.
+		if lerr := t.load(ctx); lerr != nil {
+			return lerr
+		}
+		return fmt.Errorf("shard table %s/%s changed since it was read (%w); read again", t.env.opts.LeaseNamespace, t.name, err)
 	}
 	if err != nil {
 		return fmt.Errorf("adding %d domains to shard table %s/%s: %w", len(batch), t.env.opts.LeaseNamespace, t.name, err)
@@ -271,6 +301,24 @@ func (t *shardTable) flush(ctx context.Context) error {
 	t.env.metrics.tableDomains.Set(float64(len(t.entries)))
 	t.mu.Unlock()
 	t.log.V(1).Info("Added domains to the shard table", "added", len(batch))
+	return nil
+}
+
+// patch adds batch to the table with a merge patch conditional on the
+// resourceVersion last read or written.
+func (t *shardTable) patch(ctx context.Context, batch map[string]string, shards string) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": t.rv, "annotations": map[string]string{t.env.keys.Shards: shards}},
+		"data":     batch,
+	})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: t.env.opts.LeaseNamespace, Name: t.name}}
+	if err := t.env.writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return err
+	}
+	t.rv = cm.ResourceVersion
 	return nil
 }
 
@@ -293,11 +341,11 @@ func (t *shardTable) create(ctx context.Context, batch map[string]string, shards
 		},
 		Data: data,
 	}
-	err := t.env.writer.Create(ctx, cm)
-	if apierrors.IsAlreadyExists(err) {
-		return errors.New("created meanwhile; patching at the next flush")
+	if err := t.env.writer.Create(ctx, cm); err != nil {
+		return err
 	}
-	return err
+	t.rv = cm.ResourceVersion
+	return nil
 }
 
 func boolGauge(b bool) float64 {

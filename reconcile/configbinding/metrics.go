@@ -13,6 +13,11 @@ import (
 // the holder of the shard's Lease.
 const fencedMessage = "kshard fencing:"
 
+// leaselessMessage is in the API server's refusal of a write to a shard
+// whose Lease does not exist (deploy/base's bindings fail closed): it
+// answers 422, with no word of the policy's own.
+const leaselessMessage = "no params found for policy binding with `Deny` parameterNotFoundAction"
+
 // fencedWrites counts the writes the API server refused because this
 // replica did not hold the shard's Lease when they arrived: late writes the
 // replica's own check (WriteContext) let go before the Lease moved. Each is
@@ -28,7 +33,9 @@ func init() { metrics.Registry.MustRegister(fencedWrites) }
 // Such a write needs no condition: the shard has moved, and its new holder
 // writes the binding.
 func fenced(resource string, err error) bool {
-	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), fencedMessage) {
+	fence := apierrors.IsForbidden(err) && strings.Contains(err.Error(), fencedMessage)
+	leaseless := apierrors.IsInvalid(err) && strings.Contains(err.Error(), leaselessMessage)
+	if !fence && !leaseless {
 		return false
 	}
 	fencedWrites.WithLabelValues(resource).Inc()

@@ -153,9 +153,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 			return reconcile.Result{}, err
 		}
 		r.writes.forget(req.NamespacedName)
-		// NotFound may only mean the object left this shard: nothing of
-		// the binding to clean up here (the owner reference deletes the
-		// ConfigMap), but its domain may have lost its last binding here.
+		// NotFound may only mean the object left this shard: its
+		// ConfigMap follows it to its shard (a deleted binding's is
+		// deleted by its owner reference), and its domain may have lost
+		// its last binding here.
+		if err := r.handOverTargets(ctx, reader, req.Shard, req.NamespacedName); err != nil {
+			return reconcile.Result{}, err
+		}
 		return reconcile.Result{}, r.releaseUnusedDomains(ctx, reader, req.Shard)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
@@ -261,7 +265,10 @@ func (r *Reconciler) applyConfigMap(ctx context.Context, reader client.Reader, c
 	done()
 	if err != nil {
 		if fenced("configmaps", err) {
-			return nil, fmt.Errorf("applying ConfigMap %s: the shard's Lease has moved: %w", target.Name, err)
+			// This shard's Lease moved, or the ConfigMap is still in
+			// another shard until that shard's holder hands it over
+			// (handOverTargets): either way, a retry.
+			return nil, fmt.Errorf("applying ConfigMap %s: refused by the shard fence (this shard's Lease moved, or the ConfigMap is in another shard until its holder hands it over): %w", target.Name, err)
 		}
 		if c := refusedApply(target.Name, err); c != nil {
 			return c, nil
