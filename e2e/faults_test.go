@@ -4,14 +4,24 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/sharding"
 )
 
 // envFault is hack/cluster/fault.sh, through which the suite restarts the
@@ -56,16 +66,19 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 			// Longer than a lease: the others take its shards over, and
 			// what it sent meanwhile arrives after they did.
 			time.Sleep(leaseDuration + 2*retryPeriod)
-			taken := 0
+			var taken []int32
 			for _, n := range theirs {
 				if _, ok := rec.tenureAfter(n, cut, victim); ok {
-					taken++
+					taken = append(taken, n)
 				}
+			}
+			if len(taken) > 0 {
+				s.fenceRefuses(ctx, t, victim, taken[0])
 			}
 			fault(t, "veth", "up", id)
 			// The cut is real only if the others noticed it.
-			t.Logf("while %s was cut off, the others took %d of its %d shards", victim, taken, len(theirs))
-			if taken == 0 {
+			t.Logf("while %s was cut off, the others took %d of its %d shards", victim, len(taken), len(theirs))
+			if len(taken) == 0 {
 				t.Errorf("no shard of %s was taken over while its network was cut: the cut did not happen", victim)
 			}
 		})
@@ -129,6 +142,48 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 	if !r.OK() {
 		t.Errorf("informers relisted more than once:\n%s", r)
 	}
+}
+
+// fenceRefuses writes, as pod victim (a token bound to it, as its process
+// holds), to a ConfigMap of shard n after another replica took n over: what
+// the cut replica's writes are when they arrive late. The API server must
+// refuse it with the fence's message. A dry run: admission decides it as
+// it would the real write, and nothing is committed.
+func (s *suite) fenceRefuses(ctx context.Context, t *testing.T, victim string, n int32) {
+	t.Helper()
+	pod, err := s.cs.CoreV1().Pods(systemNamespace).Get(ctx, victim, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := s.cs.CoreV1().ServiceAccounts(systemNamespace).CreateToken(ctx, serviceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(s.cfg)
+	cfg.BearerToken = tr.Status.Token
+	as, err := client.New(cfg, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cms corev1.ConfigMapList
+	if err := s.c.List(ctx, &cms, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(n))}, client.Limit(1)); err != nil {
+		t.Fatal(err)
+	}
+	if len(cms.Items) == 0 {
+		t.Fatalf("no ConfigMap of shard %d", n)
+	}
+	cm := &cms.Items[0]
+	err = as.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"data":{"late":"write"}}`)), client.DryRunAll)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") {
+		t.Errorf("a write as %s to ConfigMap %s/%s of shard %d, after another replica took the shard: got %v, want the fence's refusal", victim, cm.Namespace, cm.Name, n, err)
+		return
+	}
+	t.Logf("a write as %s to shard %d after its takeover was refused: %s", victim, n, err)
 }
 
 // waitAPIServer waits until the API server answers /readyz again.

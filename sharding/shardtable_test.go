@@ -283,3 +283,50 @@ func TestFullShardTable(t *testing.T) {
 	}
 
 }
+
+// TestShardTableWrittenFromWhatItRead: the labeler writes the shard table
+// conditionally on the resourceVersion it read. Someone edits the table
+// after the labeler read it (a domain's shard set wrong); the labeler's next
+// write, for a new domain, conflicts, and it reads the table again before
+// writing: the new domain is added and the edited entry put right. A write
+// from the stale read (the merge patch without a precondition, before)
+// added the new domain and left the wrong entry in the table, where the
+// admission policy labels the domain's objects by it.
+func TestShardTableWrittenFromWhatItRead(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	const ring, table = "reread", "shard-table"
+	rc := ringConfig(ns, ring, "reread-0")
+	rc.shardTable = table
+	r := startReplica(t, rc)
+	controlplane.Eventually(t, time.Minute, "replica ready", r.rep.Ready)
+	shards := shardsOf(ring)
+	right := func(domain string) string { return strconv.Itoa(int(sharding.ShardOf(domain, shards))) }
+	tableHas := func(want map[string]string) func() error {
+		return func() error {
+			var cm corev1.ConfigMap
+			if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: table}, &cm); err != nil {
+				return err
+			}
+			for d, v := range want {
+				if cm.Data[d] != v {
+					return fmt.Errorf("table %v, want %s: %s", cm.Data, d, v)
+				}
+			}
+			return nil
+		}
+	}
+	createWatched(t, ns, "alpha-0", "alpha", nil)
+	controlplane.Eventually(t, time.Minute, "the table has alpha", tableHas(map[string]string{"alpha": right("alpha")}))
+
+	wrong := strconv.Itoa((int(sharding.ShardOf("alpha", shards)) + 1) % int(shards))
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: table}}
+	if err := c.Patch(context.Background(), cm, client.RawPatch("application/merge-patch+json", []byte(`{"data":{"alpha":"`+wrong+`"}}`))); err != nil {
+		t.Fatal(err)
+	}
+	createWatched(t, ns, "beta-0", "beta", nil)
+	controlplane.Eventually(t, time.Minute, "the table has beta, and alpha put right", tableHas(map[string]string{
+		"alpha": right("alpha"), "beta": right("beta"),
+	}))
+}
