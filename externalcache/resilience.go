@@ -42,7 +42,7 @@ func classify(stopping context.Context, err error) failureClass {
 		return classOK
 	case errors.Is(err, ErrNotFound):
 		return classNotFound
-	case errors.Is(err, ErrEntryTooLarge), errors.Is(err, ErrInvalidValue):
+	case errors.Is(err, ErrEntryTooLarge), errors.Is(err, ErrInvalidValue), errors.Is(err, ErrRejected):
 		return classPermanent
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests), errors.Is(err, ErrCircuitOpen):
 		return classCircuitOpen

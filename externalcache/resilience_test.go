@@ -50,6 +50,7 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 		{"our shutdown", stopped, context.Canceled, classCanceled},
 		// One key's unreadable answer fails that key; the breaker counts it as the service answering.
 		{"invalid value", live, fmt.Errorf("%w: garbage", ErrInvalidValue), classPermanent},
+		{"rejected by the service (any protocol)", live, fmt.Errorf("reading x: %w: wrong password", ErrRejected), classPermanent},
 		{"someone else's cancel", live, context.Canceled, classRetryable},
 	}
 	for _, tc := range cases {

@@ -103,6 +103,13 @@ var (
 	// something unreadable: that key fails (retried after FailureRetryInterval) but the service
 	// is not counted as failing, so one bad key cannot open the breaker for every key.
 	ErrInvalidValue = errors.New("invalid value")
+	// ErrRejected is wrapped by a Source's or Feed's error when the service understood the
+	// request and refused it as the caller's mistake, whatever its protocol (an HTTP 4xx, a
+	// gRPC InvalidArgument, PermissionDenied or Unauthenticated): the call is not retried
+	// soon, and the service is not counted as failing (a wrong password must not open the
+	// circuit breaker for every key). Any other error is a failure of the service, retried
+	// and counted: timeouts, unavailable, overloaded. StatusCoder says the same in HTTP's terms.
+	ErrRejected = errors.New("rejected by the service")
 	// ErrRetryAfterHold is carried by lookups of keys waiting while the source's Retry-After
 	// (capped at Options.MaxRetryAfter) holds every call: the wait is visible, not silent.
 	ErrRetryAfterHold = errors.New("the config center asked to wait (Retry-After)")

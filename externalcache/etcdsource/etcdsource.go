@@ -1,0 +1,197 @@
+// Package etcdsource puts an etcd v3 key space behind externalcache: the
+// config store many Kubernetes users already run, read as a Source and
+// followed as a Feed. A key of the cache is the etcd key
+// <prefix>/<domain>/<name>, its value the raw bytes, its revision the key's
+// ModRevision; a domain's change feed is etcd's watch on <prefix>/<domain>/,
+// and the Epoch of its answers the etcd cluster's ID, so a cache follows a
+// cluster that was replaced (a restore, a wiped member) by listing the domain
+// again. It is the model for a Source of another service: see
+// docs/external-data.md.
+package etcdsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kshard/kshard/externalcache"
+)
+
+// DefaultPrefix is the key prefix of kshard's domains, unless Options.Prefix
+// names another.
+const DefaultPrefix = "/kshard/config"
+
+// Options configure a Source.
+type Options struct {
+	// Client is the etcd client the Source reads through; its endpoints,
+	// TLS, credentials and message size limits are the caller's (NewClient
+	// builds one from files). Required.
+	Client *clientv3.Client
+	// Prefix is the key prefix under which each domain is a folder:
+	// <Prefix>/<domain>/<name>. Default DefaultPrefix.
+	Prefix string
+	// PollTimeout bounds a change-feed poll that sees no change: the Source
+	// then asks etcd for a progress notification and answers with the
+	// revision it names, so the cache knows its domain current up to it.
+	// Default 30s.
+	PollTimeout time.Duration
+}
+
+// Source reads keys from etcd (externalcache.Source) and follows a domain's
+// changes with etcd's watch (externalcache.Feed).
+type Source struct {
+	opts Options
+}
+
+var (
+	_ externalcache.Source = (*Source)(nil)
+	_ externalcache.Feed   = (*Source)(nil)
+)
+
+// New validates the options and applies their defaults.
+func New(opts Options) (*Source, error) {
+	if opts.Client == nil {
+		return nil, errors.New("configuring the etcd source: a Client is required")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	opts.Prefix = strings.TrimSuffix(opts.Prefix, "/")
+	if opts.PollTimeout <= 0 {
+		opts.PollTimeout = 30 * time.Second
+	}
+	return &Source{opts: opts}, nil
+}
+
+// domainPrefix is the folder of a domain's keys, with its trailing slash, so
+// that domain "a" never reads domain "ab"'s keys.
+func (s *Source) domainPrefix(domain string) string { return s.opts.Prefix + "/" + domain + "/" }
+
+// Fetch reads one key: its value and ModRevision, or an error wrapping
+// externalcache.ErrNotFound when it does not exist.
+func (s *Source) Fetch(ctx context.Context, key externalcache.Key) (externalcache.Value, error) {
+	resp, err := s.opts.Client.Get(ctx, s.domainPrefix(key.Domain)+key.Name)
+	if err != nil {
+		return externalcache.Value{}, classify(fmt.Sprintf("reading %s from etcd", key), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return externalcache.Value{}, fmt.Errorf("%s: %w", key, externalcache.ErrNotFound)
+	}
+	kv := resp.Kvs[0]
+	return externalcache.Value{Data: kv.Value, Revision: kv.ModRevision}, nil
+}
+
+// Changes answers a long poll of a domain's changes after revision since.
+// From revision 0 it lists every key of the domain (names and revisions, no
+// values) at one revision. After it, it watches the domain's folder from
+// since+1 and answers with the first events, or, after PollTimeout with none,
+// with the revision of an etcd progress notification. A since that etcd
+// compacted away is answered with revision 0, lower than asked, which tells
+// the cache it lost the history and must list the domain again: no change
+// made while a replica was away is lost, even one compacted since.
+func (s *Source) Changes(ctx context.Context, domain string, since int64) (externalcache.ChangeSet, error) {
+	if since <= 0 {
+		return s.list(ctx, domain)
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	w := s.opts.Client.Watch(wctx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithRev(since+1), clientv3.WithProgressNotify())
+	idle := time.NewTimer(s.opts.PollTimeout)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return externalcache.ChangeSet{}, ctx.Err()
+		case <-idle.C:
+			// Nothing changed: etcd says up to which revision, so that the
+			// next poll starts there and not from a compacted one.
+			if err := s.opts.Client.RequestProgress(wctx); err != nil {
+				return externalcache.ChangeSet{}, classify("asking etcd for the watch's progress", err)
+			}
+		case resp, ok := <-w:
+			if !ok {
+				if ctx.Err() != nil {
+					return externalcache.ChangeSet{}, ctx.Err()
+				}
+				return externalcache.ChangeSet{}, fmt.Errorf("watching domain %s in etcd: the watch closed: %w", domain, errUnavailable)
+			}
+			if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+				return externalcache.ChangeSet{Revision: 0, Epoch: epoch(resp.Header.ClusterId)}, nil
+			}
+			if err := resp.Err(); err != nil {
+				return externalcache.ChangeSet{}, classify("watching domain "+domain+" in etcd", err)
+			}
+			if resp.Created {
+				continue
+			}
+			if len(resp.Events) == 0 && !resp.IsProgressNotify() {
+				continue
+			}
+			cs := externalcache.ChangeSet{Revision: max(since, resp.Header.Revision), Epoch: epoch(resp.Header.ClusterId)}
+			for _, ev := range resp.Events {
+				cs.Changes = append(cs.Changes, externalcache.Change{
+					Name:     strings.TrimPrefix(string(ev.Kv.Key), s.domainPrefix(domain)),
+					Revision: ev.Kv.ModRevision,
+					Deleted:  ev.Type == mvccpb.DELETE,
+				})
+			}
+			if n := len(resp.Events); n > 0 {
+				// The events of one answer may end before the header's
+				// revision (a watch answer is cut by size): the next poll
+				// starts after the last event.
+				cs.Revision = resp.Events[n-1].Kv.ModRevision
+			}
+			return cs, nil
+		}
+	}
+}
+
+// list answers a poll from revision 0: every key of the domain, at the
+// revision etcd read them at.
+func (s *Source) list(ctx context.Context, domain string) (externalcache.ChangeSet, error) {
+	resp, err := s.opts.Client.Get(ctx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return externalcache.ChangeSet{}, classify("listing domain "+domain+" in etcd", err)
+	}
+	cs := externalcache.ChangeSet{Revision: resp.Header.Revision, Epoch: epoch(resp.Header.ClusterId)}
+	for _, kv := range resp.Kvs {
+		cs.Changes = append(cs.Changes, externalcache.Change{
+			Name:     strings.TrimPrefix(string(kv.Key), s.domainPrefix(domain)),
+			Revision: kv.ModRevision,
+		})
+	}
+	return cs, nil
+}
+
+// epoch names an etcd cluster's history: its ID.
+func epoch(clusterID uint64) string { return strconv.FormatUint(clusterID, 16) }
+
+// errUnavailable marks a failure worth retrying.
+var errUnavailable = errors.New("etcd unavailable")
+
+// classify wraps an etcd error with what failed, as the cache needs it: a
+// request etcd refused as the caller's mistake (invalid, unauthenticated,
+// not permitted, too large) wraps externalcache.ErrRejected, which the cache
+// neither retries soon nor counts against etcd's circuit breaker; anything
+// else (unavailable, timed out, overloaded, a transport error) is retried and
+// counted.
+func classify(what string, err error) error {
+	switch status.Code(rpctypes.Error(err)) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange:
+		return fmt.Errorf("%s: %w: %w", what, externalcache.ErrRejected, err)
+	}
+	if errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrInvalidAuthToken) ||
+		errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrRequestTooLarge) {
+		return fmt.Errorf("%s: %w: %w", what, externalcache.ErrRejected, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
