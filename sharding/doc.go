@@ -26,8 +26,8 @@
 // One replica at a time, the holder of the ring's labeler Lease, labels
 // objects whose shard label is missing or out of range (and, with a shard
 // table, records their domains, so that the API server labels later objects
-// of a known domain at CREATE); any replica corrects an in-range wrong label
-// it sees. No webhook sits on the write path.
+// of a known domain at CREATE); the holder of a shard removes an in-range
+// wrong label from its objects, for the labeler to label them again. No webhook sits on the write path.
 //
 // Usage, from a controller's main:
 //
