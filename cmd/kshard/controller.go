@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/sharding"
 )
@@ -98,8 +99,16 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&opts.RetryPeriod, "retry-period", sharding.DefaultRetryPeriod, "Lease renewal period: the ring writes shards/retry-period Leases per second")
 	f.Float32Var(&qps, "kube-api-qps", 0, "client-side limit of requests per second to the API server (default: the kubeconfig's, else none, -1 also none): the API server's priority and fairness is the limit that knows its load; a reconcile of a created object makes 2 writes and a replica's create storm ran at 396 writes/s, so a limit such as client-go's 5/s would hold it at a fiftieth (Lease renewals are never limited)")
 	f.IntVar(&burst, "kube-api-burst", 0, "requests above --kube-api-qps allowed in a burst (default: the kubeconfig's)")
-	f.StringVar(&opts.ConfigCenterURL, "configcenter-url", "http://127.0.0.1:8080", "base URL of the config center")
-	f.StringVar(&tokenFile, "configcenter-token-file", "", "file holding a bearer token for the config center")
+	f.StringVar(&opts.ConfigCenter, "config-center", replica.ConfigCenterHTTP, "the config center behind the cache: \"etcd\" (an etcd v3 key space, --etcd-*) or \"http\" (kshard's stand-in protocol, --configcenter-url)")
+	f.StringVar(&opts.ConfigCenterURL, "configcenter-url", "http://127.0.0.1:8080", "with --config-center=http: base URL of the config center")
+	f.StringVar(&tokenFile, "configcenter-token-file", "", "with --config-center=http: file holding a bearer token for the config center")
+	f.StringSliceVar(&opts.Etcd.Servers, "etcd-servers", nil, "with --config-center=etcd: the etcd members' client URLs, comma-separated")
+	f.StringVar(&opts.EtcdPrefix, "etcd-prefix", etcdsource.DefaultPrefix, "with --config-center=etcd: the key prefix under which a domain's keys are <prefix>/<domain>/<name>")
+	f.StringVar(&opts.Etcd.CAFile, "etcd-cafile", "", "with --config-center=etcd: CA file verifying the etcd servers' certificates")
+	f.StringVar(&opts.Etcd.CertFile, "etcd-certfile", "", "with --config-center=etcd: client certificate file")
+	f.StringVar(&opts.Etcd.KeyFile, "etcd-keyfile", "", "with --config-center=etcd: client key file")
+	f.StringVar(&opts.Etcd.Username, "etcd-username", "", "with --config-center=etcd: user of etcd's authentication")
+	f.StringVar(&opts.Etcd.PasswordFile, "etcd-password-file", "", "with --config-center=etcd: file holding the user's password (never a flag, never logged)")
 	f.StringVar(&opts.MetricsBindAddress, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
 	f.BoolVar(&opts.MetricsSecure, "metrics-secure", false, "serve metrics over HTTPS with Kubernetes authentication and authorization")
 	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "directory holding the secure metrics' tls.crt and tls.key, so Prometheus can verify them (default: a generated self-signed certificate)")

@@ -33,8 +33,8 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/audit"
-	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
@@ -79,8 +79,14 @@ type Options struct {
 	// scale-down decisions); empty outside one.
 	StatefulSet string
 
+	// ConfigCenter is the kind of config center behind the cache:
+	// ConfigCenterHTTP (kshard's stand-in protocol, at ConfigCenterURL) or
+	// ConfigCenterEtcd (an etcd v3 key space, Etcd and EtcdPrefix).
+	ConfigCenter      string
 	ConfigCenterURL   string
 	ConfigCenterToken string
+	Etcd              etcdsource.ClientOptions
+	EtcdPrefix        string
 
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
@@ -235,8 +241,16 @@ func (o *Options) setDefaults() error {
 	case o.WebhookPort != 0 && (o.ExternalMode != ExternalCache || !o.Sharding):
 		return errors.New("the admission webhook answers from the cache or the mirror of held shards: it needs external mode cache and sharding")
 	}
-	if o.ConfigCenterURL == "" {
+	if o.ConfigCenter == "" {
+		o.ConfigCenter = ConfigCenterHTTP
+	}
+	switch {
+	case o.ConfigCenter != ConfigCenterHTTP && o.ConfigCenter != ConfigCenterEtcd:
+		return fmt.Errorf("config center must be %q or %q, got %q", ConfigCenterEtcd, ConfigCenterHTTP, o.ConfigCenter)
+	case o.ConfigCenter == ConfigCenterHTTP && o.ConfigCenterURL == "":
 		return errors.New("the config center URL is required")
+	case o.ConfigCenter == ConfigCenterEtcd && len(o.Etcd.Servers) == 0:
+		return errors.New("the config center's etcd servers are required")
 	}
 	if o.Identity == "" {
 		return errors.New("the replica identity is required")
@@ -280,13 +294,14 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 		return err
 	}
 
-	cc, err := configcenter.NewClient(configcenter.ClientOptions{BaseURL: opts.ConfigCenterURL, Token: opts.ConfigCenterToken, Caller: opts.Identity})
+	center, closeCenter, err := newConfigCenter(opts)
 	if err != nil {
-		return fmt.Errorf("creating config center client: %w", err)
+		return err
 	}
+	defer closeCenter()
 	rec := &configbinding.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("kshard"),
 		RetryAfter: opts.RetryAfter}
-	src, err := newSource(opts, configcenter.NewCacheSource(cc), rec, log)
+	src, err := newSource(opts, center, rec, log)
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
-	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/reconcile/externaldomain"
 	"github.com/kshard/kshard/shardcache"
@@ -47,7 +46,7 @@ type externalSource interface {
 }
 
 // newSource creates the external source the options name.
-func newSource(opts Options, cc *configcenter.CacheSource, rec *configbinding.Reconciler, log logr.Logger) (externalSource, error) {
+func newSource(opts Options, cc configCenter, rec *configbinding.Reconciler, log logr.Logger) (externalSource, error) {
 	switch {
 	case opts.ExternalSource == SourceMirror:
 		// The mirror keeps the values; the cache holds none of them, and
@@ -108,7 +107,7 @@ func (s *cacheSource) released(shard int32)                      { s.cache.OnRel
 // written by the domain's shard holder and read through the shard caches.
 type mirrorSource struct {
 	opts      Options
-	cc        *configcenter.CacheSource
+	cc        configCenter
 	cache     *externalcache.Cache
 	rec       *configbinding.Reconciler
 	log       logr.Logger
@@ -183,7 +182,7 @@ func (s *mirrorSource) released(shard int32) { s.mirror.DropShard(shard) }
 
 // directSource calls the config center inside Reconcile: the synchronous
 // baseline the others are measured against. It keeps nothing per shard.
-type directSource struct{ cc *configcenter.CacheSource }
+type directSource struct{ cc configCenter }
 
 func (directSource) owns() []sharding.Kind { return nil }
 

@@ -1,0 +1,98 @@
+package etcdsource
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// ClientOptions say how to reach an etcd and who to be there; credentials
+// come from files (a mounted Secret), so that they are neither in flags nor
+// in logs. The flags of `kshard controller` name them as kube-apiserver's
+// do (--etcd-servers, --etcd-cafile, …).
+type ClientOptions struct {
+	// Servers are the client URLs of the etcd members. Required.
+	Servers []string
+	// CAFile verifies the servers' certificates (https:// servers). Empty:
+	// the system's roots.
+	CAFile string
+	// CertFile and KeyFile are the client certificate, for etcd's
+	// --client-cert-auth. Both or neither.
+	CertFile, KeyFile string
+	// Username and PasswordFile log in with etcd's own authentication; the
+	// file holds the password (trailing newline ignored). Both or neither.
+	Username, PasswordFile string
+	// MaxMessageBytes bounds a message in either direction: a Get of a value
+	// larger than this fails, it does not exhaust the replica's memory.
+	// Default 2 MiB (etcd's own default request limit is 1.5 MiB).
+	MaxMessageBytes int
+	// DialTimeout bounds the first connection. Default 5s.
+	DialTimeout time.Duration
+}
+
+// NewClient builds an etcd client from the options. The client is the
+// caller's to close.
+func NewClient(o ClientOptions) (*clientv3.Client, error) {
+	if len(o.Servers) == 0 {
+		return nil, errors.New("etcd client: no servers")
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("etcd client: a client certificate needs both a certificate and a key file")
+	}
+	if (o.Username == "") != (o.PasswordFile == "") {
+		return nil, errors.New("etcd client: a user needs both a name and a password file")
+	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = 2 << 20
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	cfg := clientv3.Config{
+		Endpoints: o.Servers, DialTimeout: o.DialTimeout,
+		MaxCallRecvMsgSize: o.MaxMessageBytes, MaxCallSendMsgSize: o.MaxMessageBytes,
+		// Its own logs would go to stderr in another format than the
+		// replica's; its errors reach the caller.
+		Logger: zap.NewNop(),
+	}
+	if o.CAFile != "" || o.CertFile != "" {
+		t := &tls.Config{MinVersion: tls.VersionTLS12}
+		if o.CAFile != "" {
+			pem, err := os.ReadFile(o.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("etcd client: reading the CA file: %w", err)
+			}
+			t.RootCAs = x509.NewCertPool()
+			if !t.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("etcd client: no certificate in CA file %s", o.CAFile)
+			}
+		}
+		if o.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("etcd client: reading the client certificate: %w", err)
+			}
+			t.Certificates = []tls.Certificate{cert}
+		}
+		cfg.TLS = t
+	}
+	if o.Username != "" {
+		b, err := os.ReadFile(o.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("etcd client: reading the password file: %w", err)
+		}
+		cfg.Username, cfg.Password = o.Username, strings.TrimRight(string(b), "\r\n")
+	}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, classify(fmt.Sprintf("etcd client for %s", strings.Join(o.Servers, ",")), err)
+	}
+	return c, nil
+}
