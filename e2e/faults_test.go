@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -166,19 +167,22 @@ func (s *suite) fenceRefuses(ctx context.Context, t *testing.T, victim string, n
 	}
 	cfg := rest.AnonymousClientConfig(s.cfg)
 	cfg.BearerToken = tr.Status.Token
-	as, err := client.New(cfg, client.Options{Scheme: replica.Scheme()})
+	as, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No limit: a limited list with a label selector may answer a page
+	// with no item.
 	var cms corev1.ConfigMapList
-	if err := s.c.List(ctx, &cms, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(n))}, client.Limit(1)); err != nil {
+	if err := s.c.List(ctx, &cms, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(n))}); err != nil {
 		t.Fatal(err)
 	}
 	if len(cms.Items) == 0 {
 		t.Fatalf("no ConfigMap of shard %d", n)
 	}
 	cm := &cms.Items[0]
-	err = as.Patch(ctx, cm, client.RawPatch(types.MergePatchType, []byte(`{"data":{"late":"write"}}`)), client.DryRunAll)
+	_, err = as.CoreV1().ConfigMaps(cm.Namespace).Patch(ctx, cm.Name, types.MergePatchType, []byte(`{"data":{"late":"write"}}`),
+		metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") {
 		t.Errorf("a write as %s to ConfigMap %s/%s of shard %d, after another replica took the shard: got %v, want the fence's refusal", victim, cm.Namespace, cm.Name, n, err)
 		return
