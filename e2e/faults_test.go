@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -74,7 +75,7 @@ func testFaults(t *testing.T, s *suite, rec *recorder) {
 				}
 			}
 			if len(taken) > 0 {
-				s.fenceRefuses(ctx, t, victim, taken[0])
+				s.fenceRefuses(ctx, t, victim, taken)
 			}
 			fault(t, "veth", "up", id)
 			// The cut is real only if the others noticed it.
@@ -146,15 +147,27 @@ func (s *suite) underFault(ctx context.Context, t *testing.T, auditPath string, 
 }
 
 // fenceRefuses writes, as pod victim (a token bound to it, as its process
-// holds), to a ConfigMap of shard n after another replica took n over: what
+// holds), to a ConfigMap of one of the shards another replica took from it: what
 // the cut replica's writes are when they arrive late. The API server must
 // refuse it with the fence's message. A dry run: admission decides it as
-// it would the real write, and nothing is committed.
-func (s *suite) fenceRefuses(ctx context.Context, t *testing.T, victim string, n int32) {
+// it would the real write, and nothing is committed. It reports with
+// t.Errorf, never t.Fatal: the caller brings the victim's network back.
+func (s *suite) fenceRefuses(ctx context.Context, t *testing.T, victim string, taken []int32) {
 	t.Helper()
+	cm, err := s.lateWrite(ctx, victim, taken)
+	if err != nil {
+		t.Errorf("a write as %s to a shard another replica took from it: %v", victim, err)
+		return
+	}
+	t.Logf("a write as %s to ConfigMap %s/%s of shard %s after its takeover was refused by the fence", victim, cm.Namespace, cm.Name, cm.Labels[sharding.LabelShard])
+}
+
+// lateWrite is fenceRefuses' write, to a ConfigMap of the first of taken
+// that has one (some shards hold no object): nil when the fence refused it.
+func (s *suite) lateWrite(ctx context.Context, victim string, taken []int32) (*corev1.ConfigMap, error) {
 	pod, err := s.cs.CoreV1().Pods(systemNamespace).Get(ctx, victim, metav1.GetOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	tr, err := s.cs.CoreV1().ServiceAccounts(systemNamespace).CreateToken(ctx, serviceAccount, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
@@ -163,31 +176,33 @@ func (s *suite) fenceRefuses(ctx context.Context, t *testing.T, victim string, n
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	cfg := rest.AnonymousClientConfig(s.cfg)
 	cfg.BearerToken = tr.Status.Token
 	as, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	// No limit: a limited list with a label selector may answer a page
-	// with no item.
-	var cms corev1.ConfigMapList
-	if err := s.c.List(ctx, &cms, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(n))}); err != nil {
-		t.Fatal(err)
+	for _, n := range taken {
+		// No limit: a limited list with a label selector may answer a
+		// page with no item.
+		var cms corev1.ConfigMapList
+		if err := s.c.List(ctx, &cms, client.MatchingLabels{sharding.LabelShard: strconv.Itoa(int(n))}); err != nil {
+			return nil, err
+		}
+		if len(cms.Items) == 0 {
+			continue
+		}
+		cm := &cms.Items[0]
+		_, err = as.CoreV1().ConfigMaps(cm.Namespace).Patch(ctx, cm.Name, types.MergePatchType, []byte(`{"data":{"late":"write"}}`),
+			metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") {
+			return cm, fmt.Errorf("ConfigMap %s/%s of shard %d: got %v, want the fence's refusal", cm.Namespace, cm.Name, n, err)
+		}
+		return cm, nil
 	}
-	if len(cms.Items) == 0 {
-		t.Fatalf("no ConfigMap of shard %d", n)
-	}
-	cm := &cms.Items[0]
-	_, err = as.CoreV1().ConfigMaps(cm.Namespace).Patch(ctx, cm.Name, types.MergePatchType, []byte(`{"data":{"late":"write"}}`),
-		metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
-	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") {
-		t.Errorf("a write as %s to ConfigMap %s/%s of shard %d, after another replica took the shard: got %v, want the fence's refusal", victim, cm.Namespace, cm.Name, n, err)
-		return
-	}
-	t.Logf("a write as %s to shard %d after its takeover was refused: %s", victim, n, err)
+	return nil, fmt.Errorf("no ConfigMap in the shards taken from it, %v", taken)
 }
 
 // waitAPIServer waits until the API server answers /readyz again.
