@@ -57,9 +57,10 @@ const fieldOwner = "kshard-loadtest"
 // baseRing is the ring deploy/base's fencing bindings name the Leases of.
 const baseRing = "kshard"
 
-// fencingKinds are the kinds of deploy/base the fencing needs (of the
-// validating admission policies, only audit.FencingPolicy's), and the
-// shard-label policy's.
+// fencingKinds are the kinds of deploy/base the fencing needs (of its
+// validating admission policies, only audit.FencingPolicy's; the label
+// policy comes from internal/shardwrites with the run's shard count), and
+// the shard-label policy's.
 var fencingKinds = map[string]bool{
 	"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true,
 	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
@@ -187,8 +188,10 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 			policy, _, _ = unstructured.NestedString(o.Object, "spec", "policyName")
 		}
 		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && policy != audit.FencingPolicy {
-			// The ConfigMap policy limits what a replica may write, not
-			// when: not what the load tester measures.
+			// The ConfigMap, binding and Lease policies limit what a
+			// replica may write, not when: not what the load tester
+			// measures. Nor is the labeler's policy bound: its stamps are
+			// checked against the labeler Lease by the audit log only.
 			continue
 		}
 		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {

@@ -75,6 +75,29 @@ func start(t *testing.T, name, bin string, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// newEnv returns an admin client of the control plane, a kubeconfig file of
+// it for the replicas, and two new namespaces: the objects' and the Leases'.
+func newEnv(ctx context.Context, t *testing.T, prefix string) (c client.Client, kubeconfig, ns, leaseNS string) {
+	t.Helper()
+	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var namespaces []string
+	for _, p := range []string{prefix, prefix + "-leases"} {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: p + "-"}}
+		if err := c.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		namespaces = append(namespaces, n.Name)
+	}
+	return c, kubeconfig, namespaces[0], namespaces[1]
+}
+
 // e2eShards is the replicas' shard count. Every held shard Lease is renewed
 // once per --retry-period, so the count sets how busy the API server and the
 // replicas are while the test waits; what it checks (every binding Ready, in
@@ -132,23 +155,7 @@ func TestEndToEnd(t *testing.T) {
 	controlplane.Require(t, cp)
 	ctx := context.Background()
 	kshardBin, ccBin := buildBinaries(t)
-	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var namespaces []string
-	for _, prefix := range []string{"e2e", "e2e-leases"} {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
-		if err := c.Create(ctx, ns); err != nil {
-			t.Fatal(err)
-		}
-		namespaces = append(namespaces, ns.Name)
-	}
-	ns, leaseNS := namespaces[0], namespaces[1]
+	c, kubeconfig, ns, leaseNS := newEnv(ctx, t, "e2e")
 
 	ccAddr := controlplane.FreeAddr(t)
 	start(t, "configcenter", ccBin, "--listen", ccAddr, "--seed-domains", "50", "--keys-per-domain", "4", "--value-bytes", "32")

@@ -17,7 +17,6 @@ import (
 	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
 )
 
@@ -56,23 +55,7 @@ func TestControllerReadsEtcd(t *testing.T) {
 	put("limit", "100")
 	put("currency", "EUR")
 
-	c, err := client.New(cp.Config, client.Options{Scheme: replica.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var namespaces []string
-	for _, prefix := range []string{"etcd", "etcd-leases"} {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
-		if err := c.Create(ctx, ns); err != nil {
-			t.Fatal(err)
-		}
-		namespaces = append(namespaces, ns.Name)
-	}
-	ns, leaseNS := namespaces[0], namespaces[1]
+	c, kubeconfig, ns, leaseNS := newEnv(ctx, t, "etcd")
 	start(t, "kshard-0", kshardBin, "controller",
 		"--kubeconfig", kubeconfig, "--replica-id", "kshard-0", "--ring", "etcd", "--lease-namespace", leaseNS,
 		"--config-center", "etcd", "--etcd-servers", etcd.Endpoint(),
