@@ -19,7 +19,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/reconcile/externaldomain"
@@ -165,16 +164,12 @@ func TestMirrorRBACSufficient(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c, "mirror")
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: 1, KeysPerDomain: 2, ValueBytes: 16})
 	domain := configcenter.SeedDomain(0)
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), &configv1alpha1.ExternalDomain{ObjectMeta: metav1.ObjectMeta{Name: domain}})
 	})
-	kshard, _ := runReplica(ctx, t, ns, cc.URL(), "--external-source=mirror")
+	kshard, _ := runReplica(ctx, t, ns, cc.Endpoint(), "--external-source=mirror")
 
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)

@@ -22,7 +22,6 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/netfault"
 	"github.com/kshard/kshard/internal/promtext"
@@ -60,11 +59,7 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: fenceShards, KeysPerDomain: 3, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: fenceShards, KeysPerDomain: 3, ValueBytes: 16})
 	apiURL, err := url.Parse(cp.Config.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -76,8 +71,8 @@ func TestAdmissionFencesDelayedWrites(t *testing.T) {
 	t.Cleanup(func() { _ = proxy.Close() })
 	timing := []string{"--shards", strconv.Itoa(fenceShards), "--lease-duration", fenceLease.String(),
 		"--renew-deadline", fenceRenew.String(), "--retry-period", fenceRetry.String(), "--requeue-max-delay", "2s"}
-	runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, cc.URL(), timing...)
-	runReplicaAs(ctx, t, ns, "kshard-1", proxy.Addr(), cc.URL(), timing...)
+	runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, cc.Endpoint(), timing...)
+	runReplicaAs(ctx, t, ns, "kshard-1", proxy.Addr(), cc.Endpoint(), timing...)
 
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)

@@ -16,7 +16,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
 )
@@ -44,13 +43,9 @@ func TestMeasureFootprint(t *testing.T) {
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
 	const domains = 100
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: domains, KeysPerDomain: 4, ValueBytes: 64}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: domains, KeysPerDomain: 4, ValueBytes: 64})
 	pprofAddr := controlplane.FreeAddr(t)
-	kshard, metrics := runReplica(ctx, t, ns, cc.URL(), "--pprof-bind-address", pprofAddr)
+	kshard, metrics := runReplica(ctx, t, ns, cc.Endpoint(), "--pprof-bind-address", pprofAddr)
 	scraper := bindMetricsReader(ctx, t, c, ns)
 
 	sample := func() map[string]float64 {

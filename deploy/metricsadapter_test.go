@@ -34,7 +34,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/promtext"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -68,12 +67,8 @@ func TestMetricsAdapterServesTheHPA(t *testing.T) {
 	t.Cleanup(func() { remove(context.Background(), t, c, rbac) })
 
 	// A replica holding one ConfigBinding.
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	_, metrics := runReplica(ctx, t, ns, cc.URL())
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: 1, KeysPerDomain: 1, ValueBytes: 16})
+	_, metrics := runReplica(ctx, t, ns, cc.Endpoint())
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)
 	cb := &configv1alpha1.ConfigBinding{

@@ -36,9 +36,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -301,19 +302,39 @@ func metricsCert(t *testing.T) (string, *tls.Config) {
 	return dir, &tls.Config{RootCAs: roots, ServerName: serverName, MinVersion: tls.VersionTLS12}
 }
 
+// startConfigCenter starts an etcd of the test's own as the config center,
+// seeded with seed.
+func startConfigCenter(ctx context.Context, t *testing.T, seed configcenter.SeedOptions) *configetcd.Server {
+	t.Helper()
+	cc, err := configetcd.Start(ctx, configetcd.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	ec, err := cc.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	if _, err := configetcd.Seed(ctx, ec, etcdsource.DefaultPrefix, seed); err != nil {
+		t.Fatal(err)
+	}
+	return cc
+}
+
 // runReplica starts the real kshard binary as replica kshard-0 of the
 // StatefulSet in ns, authenticated only with a token of the base's
 // ServiceAccount bound to its pod (podToken), serving secure metrics, and
 // waits until /readyz says it runs its shards. It returns the process and
 // the metrics address.
-func runReplica(ctx context.Context, t *testing.T, ns, configCenterURL string, extraArgs ...string) (*process, metricsEndpoint) {
+func runReplica(ctx context.Context, t *testing.T, ns, etcdServers string, extraArgs ...string) (*process, metricsEndpoint) {
 	t.Helper()
-	return runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, configCenterURL, extraArgs...)
+	return runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, etcdServers, extraArgs...)
 }
 
 // runReplicaAs is runReplica for replica id, reaching the API server at
 // server (a proxy's address, say).
-func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, configCenterURL string, extraArgs ...string) (*process, metricsEndpoint) {
+func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, etcdServers string, extraArgs ...string) (*process, metricsEndpoint) {
 	t.Helper()
 	token := podToken(ctx, t, ns, id)
 	// RBAC reaches the authorizer through informers: wait until it is in force.
@@ -325,7 +346,7 @@ func runReplicaAs(ctx context.Context, t *testing.T, ns, id, server, configCente
 	args := append([]string{"controller",
 		"--kubeconfig", writeKubeconfigFor(t, server, token),
 		"--replica-id", id, "--statefulset", "kshard", "--lease-namespace", ns,
-		"--configcenter-url", configCenterURL,
+		"--etcd-servers", etcdServers,
 		"--metrics-secure", "--metrics-cert-dir", certDir, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr}, extraArgs...)
 	p := startProcess(t, buildCommand(t, "kshard"), args...)
 	controlplane.Eventually(t, 2*time.Minute, "replica "+id+" ready", func() error {
@@ -410,12 +431,8 @@ func TestRBACSufficient(t *testing.T) {
 	ctx := context.Background()
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 2, KeysPerDomain: 2, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	kshard, metrics := runReplica(ctx, t, ns, cc.URL())
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: 2, KeysPerDomain: 2, ValueBytes: 16})
+	kshard, metrics := runReplica(ctx, t, ns, cc.Endpoint())
 
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)
@@ -445,17 +462,9 @@ func TestRBACSufficient(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Namespace: app, Name: "checkout-config"}, &cm); err != nil {
 		t.Fatal(err)
 	}
-	ccClient, err := configcenter.NewClient(configcenter.ClientOptions{BaseURL: cc.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, key := range []string{"key-0", "key-1"} {
-		v, err := ccClient.Get(ctx, "domain-1", key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cm.Data[key] != v.Value {
-			t.Errorf("ConfigMap %s = %q, config center has %q", key, cm.Data[key], v.Value)
+		if want := configcenter.SeedValue("domain-1", key, 16); cm.Data[key] != want {
+			t.Errorf("ConfigMap %s = %q, config center has %q", key, cm.Data[key], want)
 		}
 	}
 

@@ -15,7 +15,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
@@ -37,14 +36,10 @@ func TestWrongLabelsAreHandedOver(t *testing.T) {
 	c := adminClient(t)
 	ns := installBase(ctx, t, c)
 	const shards = 8
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: shards, KeysPerDomain: 3, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := startConfigCenter(ctx, t, configcenter.SeedOptions{Domains: shards, KeysPerDomain: 3, ValueBytes: 16})
 	timing := []string{"--shards", strconv.Itoa(shards), "--lease-duration", "8s", "--renew-deadline", "6s", "--retry-period", "1s", "--requeue-max-delay", "2s"}
-	runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, cc.URL(), timing...)
-	runReplicaAs(ctx, t, ns, "kshard-1", cp.Config.Host, cc.URL(), timing...)
+	runReplicaAs(ctx, t, ns, "kshard-0", cp.Config.Host, cc.Endpoint(), timing...)
+	runReplicaAs(ctx, t, ns, "kshard-1", cp.Config.Host, cc.Endpoint(), timing...)
 
 	app := uniqueName("app")
 	createNamespace(ctx, t, c, app, targets)

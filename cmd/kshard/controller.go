@@ -99,7 +99,7 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&opts.RetryPeriod, "retry-period", sharding.DefaultRetryPeriod, "Lease renewal period: the ring writes shards/retry-period Leases per second")
 	f.Float32Var(&qps, "kube-api-qps", 0, "client-side limit of requests per second to the API server (default: the kubeconfig's, else none, -1 also none): the API server's priority and fairness is the limit that knows its load; a reconcile of a created object makes 2 writes and a replica's create storm ran at 396 writes/s, so a limit such as client-go's 5/s would hold it at a fiftieth (Lease renewals are never limited)")
 	f.IntVar(&burst, "kube-api-burst", 0, "requests above --kube-api-qps allowed in a burst (default: the kubeconfig's)")
-	f.StringVar(&opts.ConfigCenter, "config-center", replica.ConfigCenterHTTP, "the config center behind the cache: \"etcd\" (an etcd v3 key space, --etcd-*) or \"http\" (kshard's stand-in protocol, --configcenter-url)")
+	f.StringVar(&opts.ConfigCenter, "config-center", replica.ConfigCenterEtcd, "the config center behind the cache: \"etcd\" (an etcd v3 key space, --etcd-*) or \"http\" (kshard's stand-in protocol, --configcenter-url)")
 	f.StringVar(&opts.ConfigCenterURL, "configcenter-url", "http://127.0.0.1:8080", "with --config-center=http: base URL of the config center")
 	f.StringVar(&tokenFile, "configcenter-token-file", "", "with --config-center=http: file holding a bearer token for the config center")
 	f.StringSliceVar(&opts.Etcd.Servers, "etcd-servers", nil, "with --config-center=etcd: the etcd members' client URLs, comma-separated")

@@ -3,7 +3,6 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +18,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -31,19 +33,19 @@ var cp *controlplane.ControlPlane
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunTests(m, &cp)) }
 
-// buildBinaries builds kshard and configcenter from this checkout, into
+// buildKshard builds kshard from this checkout, into
 // bin/test/children/kshard (childproc.Build says why a folder that stays).
-func buildBinaries(t *testing.T) (kshard, configcenter string) {
+func buildKshard(t *testing.T) string {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bins, err := childproc.Build(context.Background(), root, filepath.Join(root, "bin", "test", "children", "kshard"), "kshard", "configcenter")
+	bins, err := childproc.Build(context.Background(), root, filepath.Join(root, "bin", "test", "children", "kshard"), "kshard")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bins[0], bins[1]
+	return bins[0]
 }
 
 // start runs a child process that the test kills at the end, and shows its
@@ -146,7 +148,7 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 	return nil
 }
 
-// TestEndToEnd runs the real binaries: a config center and three kshard
+// TestEndToEnd runs the real binaries: an etcd as the config center and three kshard
 // controller processes reconcile 200 ConfigBindings over 50 domains; after
 // one replica is killed with SIGKILL and every object is updated, all are
 // Ready again at their new generation, each reconciled by the current
@@ -154,26 +156,25 @@ func allReady(ctx context.Context, c client.Client, ns, leaseNS string) error {
 func TestEndToEnd(t *testing.T) {
 	controlplane.Require(t, cp)
 	ctx := context.Background()
-	kshardBin, ccBin := buildBinaries(t)
+	kshardBin := buildKshard(t)
 	c, kubeconfig, ns, leaseNS := newEnv(ctx, t, "e2e")
 
-	ccAddr := controlplane.FreeAddr(t)
-	start(t, "configcenter", ccBin, "--listen", ccAddr, "--seed-domains", "50", "--keys-per-domain", "4", "--value-bytes", "32")
-	controlplane.Eventually(t, time.Minute, "config center up", func() error {
-		resp, err := http.Get("http://" + ccAddr + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	})
+	etcd := startConfigCenter(ctx, t)
+	ec, err := etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	if _, err := configetcd.Seed(ctx, ec, etcdsource.DefaultPrefix, configcenter.SeedOptions{Domains: 50, KeysPerDomain: 4, ValueBytes: 32}); err != nil {
+		t.Fatal(err)
+	}
 
 	replicas := map[string]*exec.Cmd{}
 	for i := range 3 {
 		id := fmt.Sprintf("kshard-%d", i)
 		replicas[id] = start(t, id, kshardBin, "controller",
 			"--kubeconfig", kubeconfig, "--replica-id", id, "--ring", "e2e", "--lease-namespace", leaseNS,
-			"--configcenter-url", "http://"+ccAddr, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+			"--etcd-servers", etcd.Endpoint(), "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 			"--lease-duration", "6s", "--renew-deadline", "4s", "--retry-period", "1s", "--zap-log-level", "info",
 			"--shards", fmt.Sprint(e2eShards))
 	}

@@ -3,8 +3,6 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,20 +25,8 @@ import (
 func TestControllerReadsEtcd(t *testing.T) {
 	controlplane.Require(t, cp)
 	ctx := context.Background()
-	kshardBin, _ := buildBinaries(t)
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		assets = filepath.Join(root, "bin", "k8s")
-	}
-	etcd, err := configetcd.Start(ctx, configetcd.Options{Binary: filepath.Join(assets, "etcd"), Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = etcd.Close() })
+	kshardBin := buildKshard(t)
+	etcd := startConfigCenter(ctx, t)
 	ec, err := etcd.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -101,4 +87,15 @@ func TestControllerReadsEtcd(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// startConfigCenter starts an etcd of the test's own as the config center.
+func startConfigCenter(ctx context.Context, t *testing.T) *configetcd.Server {
+	t.Helper()
+	etcd, err := configetcd.Start(ctx, configetcd.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = etcd.Close() })
+	return etcd
 }

@@ -2,6 +2,8 @@
 # Builds the local control plane (etcd and kube-apiserver) from the upstream
 # module versions pinned in this folder's go.mod files, into the folder given
 # as $1 (default bin/k8s): the layout envtest reads through KUBEBUILDER_ASSETS.
+# etcdctl, from etcd's pinned module, comes with it: the config center of the
+# sandbox is an etcd, and etcdctl is how a user changes its values.
 #
 # Idempotent: a binary that already reports the pinned version is kept.
 set -euo pipefail
@@ -40,6 +42,13 @@ if [[ -x $out/etcd ]] && [[ $'\n'$(etcd_reports)$'\n' == *$'\n'"etcd Version: ${
 	echo "etcd ${etcd_version} present in $out"
 else
 	build etcd "$here/etcd" . "-s -w"
+fi
+
+etcdctl_reports() { "$out/etcdctl" version 2>/dev/null || true; }
+if [[ -x $out/etcdctl ]] && [[ $'\n'$(etcdctl_reports)$'\n' == *$'\n'"etcdctl version: ${etcd_version#v}"$'\n'* ]]; then
+	echo "etcdctl ${etcd_version} present in $out"
+else
+	build etcdctl "$here/etcd" go.etcd.io/etcd/etcdctl/v3 "-s -w"
 fi
 
 if [[ -x $out/kube-apiserver ]] && [[ $("$out/kube-apiserver" --version 2>/dev/null) == "Kubernetes $k8s_version" ]]; then

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Limits of one seeding, so that a bad request cannot make the server allocate without bound.
@@ -49,3 +50,13 @@ func SeedDomain(i int) string { return "domain-" + strconv.Itoa(i) }
 
 // SeedKey names the j-th seeded key of every seeded domain.
 func SeedKey(j int) string { return "key-" + strconv.Itoa(j) }
+
+// SeedValue is what a seeding writes to key of domain: n bytes, the same
+// on every run, so that a test can predict what a seeded key holds.
+func SeedValue(domain, key string, n int) string {
+	prefix := domain + "/" + key + ":"
+	if n <= len(prefix) {
+		return prefix[:n]
+	}
+	return prefix + strings.Repeat("x", n-len(prefix))
+}

@@ -22,12 +22,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/controlplane"
 )
 
 // Options configure a Server.
 type Options struct {
-	// Binary is the etcd executable: the one make controlplane builds
-	// (bin/k8s/etcd), or the user's KUBEBUILDER_ASSETS's. Required.
+	// Binary is the etcd executable. Defaults to the control plane's:
+	// $KUBEBUILDER_ASSETS/etcd, else the bin/k8s/etcd make controlplane
+	// builds.
 	Binary string
 	// Dir holds the data directory and the log. Required.
 	Dir string
@@ -44,8 +46,15 @@ type Server struct {
 
 // Start starts etcd and waits until it answers.
 func Start(ctx context.Context, opts Options) (*Server, error) {
-	if opts.Dir == "" || opts.Binary == "" {
-		return nil, errors.New("starting the config center's etcd: a Binary and a Dir are required")
+	if opts.Dir == "" {
+		return nil, errors.New("starting the config center's etcd: a Dir is required")
+	}
+	if opts.Binary == "" {
+		dir, err := controlplane.Assets()
+		if err != nil {
+			return nil, fmt.Errorf("finding the config center's etcd binary: %w", err)
+		}
+		opts.Binary = filepath.Join(dir, "etcd")
 	}
 	ports, err := childproc.FreePorts(2)
 	if err != nil {

@@ -86,10 +86,7 @@ func (o *Options) setDefaults() error {
 			return err
 		}
 		if o.AssetsDir == "" {
-			o.AssetsDir = os.Getenv(AssetsEnv)
-		}
-		if o.AssetsDir == "" {
-			o.AssetsDir = filepath.Join(root, "bin", "k8s")
+			o.AssetsDir = assets(root)
 		}
 		if len(o.CRDDirs) == 0 {
 			o.CRDDirs = []string{filepath.Join(root, "deploy", "crd")}
@@ -256,6 +253,27 @@ func existing(flag *bool) bool {
 		return *flag
 	}
 	return strings.EqualFold(os.Getenv("USE_EXISTING_CLUSTER"), "true")
+}
+
+// Assets is the folder that holds the etcd and kube-apiserver binaries:
+// $KUBEBUILDER_ASSETS, else the repository's bin/k8s. Whatever runs an etcd
+// of its own (the config center) takes it from where the control plane does.
+func Assets() (string, error) {
+	if dir := os.Getenv(AssetsEnv); dir != "" {
+		return dir, nil
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return assets(root), nil
+}
+
+func assets(root string) string {
+	if dir := os.Getenv(AssetsEnv); dir != "" {
+		return dir
+	}
+	return filepath.Join(root, "bin", "k8s")
 }
 
 // checkAssets fails early, with the command that fixes it, when the binaries

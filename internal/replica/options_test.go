@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kshard/kshard/externalcache/etcdsource"
 )
 
 // TestOptionsRefuseUnusableLeaseTiming: the replica refuses, before it
@@ -21,13 +23,13 @@ func TestOptionsRefuseUnusableLeaseTiming(t *testing.T) {
 		{15 * time.Second, 6 * time.Second, 5 * time.Second, true, "--renew-deadline 6s must exceed 1.2 × --retry-period 5s"},
 		{15 * time.Second, 6 * time.Second, 5 * time.Second, false, "--renew-deadline 6s must exceed 1.2 × --retry-period 5s"},
 	} {
-		o := Options{ConfigCenterURL: "http://127.0.0.1:1", Identity: "kshard-0", Sharding: tc.sharding,
+		o := Options{Etcd: etcdsource.ClientOptions{Servers: []string{"http://127.0.0.1:1"}}, Identity: "kshard-0", Sharding: tc.sharding,
 			LeaseDuration: tc.lease, RenewDeadline: tc.renew, RetryPeriod: tc.retry}
 		if err := o.setDefaults(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s/%s/%s (sharding %v): error %v, want one containing %q", tc.lease, tc.renew, tc.retry, tc.sharding, err, tc.want)
 		}
 	}
-	o := Options{ConfigCenterURL: "http://127.0.0.1:1", Identity: "kshard-0", Sharding: true}
+	o := Options{Etcd: etcdsource.ClientOptions{Servers: []string{"http://127.0.0.1:1"}}, Identity: "kshard-0", Sharding: true}
 	if err := o.setDefaults(); err != nil {
 		t.Errorf("the default timing refused: %v", err)
 	}

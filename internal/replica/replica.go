@@ -80,8 +80,9 @@ type Options struct {
 	StatefulSet string
 
 	// ConfigCenter is the kind of config center behind the cache:
-	// ConfigCenterHTTP (kshard's stand-in protocol, at ConfigCenterURL) or
-	// ConfigCenterEtcd (an etcd v3 key space, Etcd and EtcdPrefix).
+	// ConfigCenterEtcd (an etcd v3 key space, Etcd and EtcdPrefix), the
+	// default, or ConfigCenterHTTP (kshard's stand-in protocol, at
+	// ConfigCenterURL).
 	ConfigCenter      string
 	ConfigCenterURL   string
 	ConfigCenterToken string
@@ -242,7 +243,7 @@ func (o *Options) setDefaults() error {
 		return errors.New("the admission webhook answers from the cache or the mirror of held shards: it needs external mode cache and sharding")
 	}
 	if o.ConfigCenter == "" {
-		o.ConfigCenter = ConfigCenterHTTP
+		o.ConfigCenter = ConfigCenterEtcd
 	}
 	switch {
 	case o.ConfigCenter != ConfigCenterHTTP && o.ConfigCenter != ConfigCenterEtcd:

@@ -18,7 +18,8 @@ type supervisorOptions struct {
 	Executable string
 	// Dir receives one log file per replica.
 	Dir string
-	// Kubeconfig and ConfigCenter are what every replica connects to.
+	// Kubeconfig and ConfigCenter (the config center's etcd client URL) are
+	// what every replica connects to.
 	Kubeconfig   string
 	ConfigCenter string
 	// Replicas is how many replicas there are: kshard-0..Replicas-1.
@@ -90,7 +91,7 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 			"--replica-id", r.id,
 			"--ring", Ring,
 			"--lease-namespace", LeaseNamespace,
-			"--configcenter-url", opts.ConfigCenter,
+			"--config-center", "etcd", "--etcd-servers", opts.ConfigCenter,
 			"--metrics-bind-address", r.metricsAddr,
 			"--health-probe-bind-address", r.healthAddr,
 			"--lease-duration", opts.LeaseDuration.String(),

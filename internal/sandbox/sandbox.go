@@ -1,6 +1,6 @@
 // Package sandbox is the local kshard playground behind `make run`
 // (`cmd/kshard-dev`): a real control plane on loopback with kshard's CRDs,
-// the config center in process, sample ConfigBindings, and three controller
+// an etcd of its own as the config center, sample ConfigBindings, and three controller
 // replicas as child processes, with a live view and a scripted tour of
 // handover (graceful leave, join, crash).
 //
@@ -26,9 +26,10 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/configcenter/standin"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/internal/controlplane"
 )
 
@@ -81,10 +82,6 @@ type Options struct {
 	// 8; each ConfigBinding binds 2 or 3 of its domain's keys, so bindings
 	// share keys and the external cache has hits to show.
 	KeysPerDomain int
-	// Latency is added by the config center to every data request, so that
-	// the cache visibly matters. Defaults to 20ms.
-	Latency time.Duration
-
 	// StepTimeout bounds every wait of the script (readiness, each handover).
 	// Defaults to 3 minutes: generous, because a busy two-core machine is slow
 	// and a slow step is not a failure, a stuck one is.
@@ -124,9 +121,6 @@ func (o *Options) setDefaults() error {
 	}
 	if o.KeysPerDomain == 0 {
 		o.KeysPerDomain = 8
-	}
-	if o.Latency == 0 {
-		o.Latency = 20 * time.Millisecond
 	}
 	if o.StepTimeout == 0 {
 		o.StepTimeout = 3 * time.Minute
@@ -237,26 +231,17 @@ func (s *sandbox) run(parent context.Context) error {
 	// make the measurements measure the rate limiter.
 	cfg.QPS, cfg.Burst = 200, 400
 
-	// The config center outlives the replicas: they poll its change feed
-	// until they stop, so it stops after them (defers run in reverse).
-	center, err := standin.Start(context.WithoutCancel(ctx), standin.Options{
-		Addr:   "127.0.0.1:0",
-		Seed:   configcenter.SeedOptions{Domains: s.opts.Domains, KeysPerDomain: s.opts.KeysPerDomain, ValueBytes: 64},
-		Faults: configcenter.Faults{Latency: configcenter.Duration{Duration: s.opts.Latency}},
-		// V(2): what it would log at V(0), the sandbox already prints, and
-		// stray lines on stderr would break the live view on a terminal.
-		Log: s.log.WithName("configcenter").V(2),
-	})
+	// The config center outlives the replicas: they watch it until they
+	// stop, so it stops after them (defers run in reverse).
+	center, err := s.startConfigCenter(ctx)
 	if err != nil {
-		return fmt.Errorf("starting the config center: %w", err)
+		return err
 	}
 	defer func() {
 		if err := center.Close(); err != nil {
 			s.log.Error(err, "Stopping the config center")
 		}
 	}()
-	s.out.printf("config center at %s: %d domains × %d keys, %s latency per call",
-		center.URL(), s.opts.Domains, s.opts.KeysPerDomain, s.opts.Latency)
 
 	c, err := newClient(cfg)
 	if err != nil {
@@ -279,7 +264,7 @@ func (s *sandbox) run(parent context.Context) error {
 		Executable:    s.opts.Executable,
 		Dir:           s.opts.Dir,
 		Kubeconfig:    s.kubeconfig,
-		ConfigCenter:  center.URL(),
+		ConfigCenter:  center.Endpoint(),
 		Replicas:      s.opts.Replicas,
 		StopTimeout:   s.opts.StopTimeout,
 		OnStarted:     s.opts.OnReplicaStarted,
@@ -306,7 +291,7 @@ func (s *sandbox) run(parent context.Context) error {
 	stopView := childproc.GoSafe(ctx, cancel, "live view", v.run)
 	defer stopView()
 
-	if err := (&script{s: s, c: c, scraper: newScraper()}).run(ctx); err != nil {
+	if err := (&script{s: s, c: c, scraper: newScraper(), center: center}).run(ctx); err != nil {
 		return err
 	}
 
@@ -314,9 +299,9 @@ func (s *sandbox) run(parent context.Context) error {
 		"  export KUBECONFIG=%s; kubectl get configbindings -A -o wide\n"+
 		"  go run ./cmd/kshard status --kubeconfig %s\n"+
 		"  tail -f %s\n"+
-		"  curl -s %s/v1/domains/%s/keys/%s",
+		"  %s",
 		shown(s.kubeconfig), shown(s.kubeconfig), shown(filepath.Join(s.opts.Dir, "kshard-*.log")),
-		center.URL(), configcenter.SeedDomain(0), configcenter.SeedKey(0))
+		s.etcdctl(center, "put", etcdsource.DefaultPrefix+"/"+configcenter.SeedDomain(0)+"/"+configcenter.SeedKey(0), "hello"))
 	var timeout <-chan time.Time
 	if s.opts.Duration > 0 {
 		s.out.printf("running for another %s (Ctrl-C stops earlier)", s.opts.Duration)
@@ -333,6 +318,45 @@ func (s *sandbox) run(parent context.Context) error {
 		s.out.printf("%s passed: stopping", s.opts.Duration)
 		return nil
 	}
+}
+
+// startConfigCenter starts the config center, an etcd of its own (never the
+// API server's) on a fresh data directory, and seeds its domains.
+func (s *sandbox) startConfigCenter(ctx context.Context) (*configetcd.Server, error) {
+	dir := filepath.Join(s.opts.Dir, "config-center")
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("clearing the config center's folder: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the config center's folder: %w", err)
+	}
+	center, err := configetcd.Start(ctx, configetcd.Options{Dir: dir})
+	if err != nil {
+		return nil, err
+	}
+	ec, err := center.Client()
+	if err == nil {
+		_, err = configetcd.Seed(ctx, ec, etcdsource.DefaultPrefix, configcenter.SeedOptions{
+			Domains: s.opts.Domains, KeysPerDomain: s.opts.KeysPerDomain, ValueBytes: 64})
+		_ = ec.Close()
+	}
+	if err != nil {
+		_ = center.Close()
+		return nil, err
+	}
+	s.out.printf("config center: etcd at %s (its own, not the API server's), %d domains × %d keys under %s/",
+		center.Endpoint(), s.opts.Domains, s.opts.KeysPerDomain, etcdsource.DefaultPrefix)
+	return center, nil
+}
+
+// etcdctl is the etcdctl command line a person types to run args against
+// the config center: the etcdctl make controlplane builds beside etcd.
+func (s *sandbox) etcdctl(center *configetcd.Server, args ...string) string {
+	bin := "etcdctl"
+	if dir, err := controlplane.Assets(); err == nil {
+		bin = shown(filepath.Join(dir, "etcdctl"))
+	}
+	return strings.Join(append([]string{bin, "--endpoints", center.Endpoint()}, args...), " ")
 }
 
 // stopReplicas hands every running replica's shards over and stops it

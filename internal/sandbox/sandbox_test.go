@@ -22,9 +22,10 @@ import (
 )
 
 // TestSandboxScript runs what `make run` runs, end to end, with the real
-// kshard binary as the replicas: control plane, config center, objects, three
-// replica processes, the handover tour (leave, join, crash, join), a few
-// seconds of live view, and the cleanup. It checks that the run succeeds,
+// kshard binary as the replicas: control plane, config center (an etcd),
+// objects, a value changed in etcd, three replica processes, the handover
+// tour (leave, join, crash, join), a few seconds of live view, and the
+// cleanup. It checks that the run succeeds,
 // that every handover was reported, and that no replica process (or process
 // group) outlived the sandbox.
 func TestSandboxScript(t *testing.T) {
@@ -90,6 +91,7 @@ func TestSandboxScript(t *testing.T) {
 	text := out.String()
 	for _, want := range []string{
 		`all 3 replicas ready and all 120 ConfigBindings Ready after `,
+		`the new value of /kshard/config/domain-0/key-0 in all \d+ ConfigMaps that bind it after \d`,
 		`graceful leave of kshard-2: every shard held by its desired owner after \d`,
 		`graceful leave of kshard-2: every new holder running its shards and every ConfigBinding Ready after \d`,
 		`join of kshard-2: every shard held by its desired owner after \d`,

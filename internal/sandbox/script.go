@@ -3,14 +3,19 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/ring"
 )
@@ -37,6 +42,7 @@ type script struct {
 	s       *sandbox
 	c       client.Client
 	scraper *scraper
+	center  *configetcd.Server
 	results []handover
 	// shown is the last shard map printed, so an unchanged one is not
 	// printed twice in a row.
@@ -73,6 +79,10 @@ func (sc *script) run(ctx context.Context) error {
 	sc.shown = shardMap(st)
 	out.printf("%s", sc.shown)
 
+	if err := sc.change(ctx); err != nil {
+		return err
+	}
+
 	n := len(sc.s.replicas.all())
 	if n < 2 {
 		out.printf("one replica: no handover to show (run with --replicas 2 or more)")
@@ -92,6 +102,53 @@ func (sc *script) run(ctx context.Context) error {
 		}
 	}
 	sc.summary()
+	return nil
+}
+
+// change is what the config center is for: a value changed in etcd (as a
+// person would with etcdctl) reaches every ConfigMap that binds it through
+// the replicas' watch, with no object written by anyone but kshard.
+func (sc *script) change(ctx context.Context) error {
+	domain, key := configcenter.SeedDomain(0), configcenter.SeedKey(0)
+	var targets []string
+	for _, cb := range sampleBindings(sc.s.opts) {
+		if cb.Spec.Domain == domain && slices.Contains(cb.Spec.Keys, configv1alpha1.ConfigKey(key)) {
+			targets = append(targets, cb.Spec.Target.ConfigMapName)
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	value := "changed-" + time.Now().UTC().Format("150405")
+	etcdKey := etcdsource.DefaultPrefix + "/" + domain + "/" + key
+	sc.s.out.printf("\n== a value changed in the config center: %s ==", sc.s.etcdctl(sc.center, "put", etcdKey, value))
+	ec, err := sc.center.Client()
+	if err != nil {
+		return err
+	}
+	defer ec.Close()
+	t0 := time.Now()
+	if _, err := ec.Put(ctx, etcdKey, value); err != nil {
+		return fmt.Errorf("changing %s in the config center: %w", etcdKey, err)
+	}
+	took, err := sc.waitFor(ctx, fmt.Sprintf("%s in the %d ConfigMaps that bind it", etcdKey, len(targets)), t0, pollInterval,
+		func(ctx context.Context) (bool, string, error) {
+			for _, name := range targets {
+				var cm corev1.ConfigMap
+				if err := sc.c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, &cm); err != nil {
+					return false, "", err
+				}
+				if got := cm.Data[key]; got != value {
+					return false, fmt.Sprintf("ConfigMap %s has %s=%q", name, key, got), nil
+				}
+			}
+			return true, "", nil
+		})
+	if err != nil {
+		return err
+	}
+	sc.s.out.printf("the new value of %s in all %d ConfigMaps that bind it after %s (the replicas watch etcd)",
+		etcdKey, len(targets), round(took))
 	return nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/reconcile/configbinding"
@@ -21,7 +20,7 @@ import (
 // list's events.
 func TestColdStartReconcilesOnce(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnv(t, "coldstart", externalcache.Options{})
+	e := startEnvWith(t, "coldstart", withStandin)
 	const bindings = 16 // the config center's 4 domains × 4 keys, one each
 	name := func(i int) string { return fmt.Sprintf("app-%d", i) }
 	for i := range bindings {
@@ -31,10 +30,10 @@ func TestColdStartReconcilesOnce(t *testing.T) {
 		e.waitReason(t, name(i), configbinding.ReasonSynced)
 	}
 	e.stopFirst()
-	if err := e.cc.SetFaults(configcenter.Faults{Latency: configcenter.Duration{Duration: 500 * time.Millisecond}}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{Latency: configcenter.Duration{Duration: 500 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
-	gets := e.cc.Stats().Count("", "", configcenter.RouteGetKey, 0)
+	gets := e.standin.Stats().Count("", "", configcenter.RouteGetKey, 0)
 	since := time.Now()
 	next := e.opts
 	next.Identity = "coldstart-1"
@@ -48,7 +47,7 @@ func TestColdStartReconcilesOnce(t *testing.T) {
 				return fmt.Errorf("%s not reconciled since the restart", name(i))
 			}
 		}
-		if n := e.cc.Stats().Count("", "", configcenter.RouteGetKey, 0) - gets; n < bindings {
+		if n := e.standin.Stats().Count("", "", configcenter.RouteGetKey, 0) - gets; n < bindings {
 			return fmt.Errorf("%d of %d keys fetched", n, bindings)
 		}
 		return nil

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -24,15 +25,22 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/configcenter/standin"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/reconcile/configbinding"
 	"github.com/kshard/kshard/sharding"
 )
 
-var cp *controlplane.ControlPlane
+var (
+	cp *controlplane.ControlPlane
+	// configCenter is the etcd the envs read, each under a prefix of its
+	// own: never the API server's.
+	configCenter *configetcd.Server
+)
 
 // TestMain shares one control plane. Tests that count the API server's
 // requests (writes_test.go) or register a cluster-wide webhook
@@ -41,7 +49,28 @@ var cp *controlplane.ControlPlane
 // after them.
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
-	os.Exit(controlplane.RunTests(m, &cp))
+	os.Exit(runTests(m))
+}
+
+// runTests starts the config center the envs share, an etcd of its own,
+// around the control plane's tests.
+func runTests(m *testing.M) int {
+	flag.Parse()
+	if !testing.Short() {
+		dir, err := os.MkdirTemp("", "kshard-config-center-")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "config center: %v\n", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		configCenter, err = configetcd.Start(context.Background(), configetcd.Options{Dir: dir})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "config center: %v\n", err)
+			return 1
+		}
+		defer configCenter.Close()
+	}
+	return controlplane.RunTests(m, &cp)
 }
 
 func newClient(t testing.TB) client.Client {
@@ -104,15 +133,23 @@ func (a *auditBuffer) starts(namespace, name string, since time.Time) int {
 type env struct {
 	c     client.Client
 	ns    string
-	cc    *standin.Server
-	audit *auditBuffer
+	cc    center
+	// standin is the stand-in config center behind cc, for an env started
+	// withStandin; nil otherwise.
+	standin *standin.Server
+	audit   *auditBuffer
 	opts  replica.Options // of the first replica; more replicas join its ring
 	// stopFirst stops the first replica gracefully.
 	stopFirst func()
 }
 
 func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
-	return startEnvWith(t, name, func(o *replica.Options) { o.Cache = cache })
+	return startEnvWith(t, name, withCache(cache))
+}
+
+// withCache sets an env's cache options.
+func withCache(cache externalcache.Options) func(*replica.Options) {
+	return func(o *replica.Options) { o.Cache = cache }
 }
 
 // envShards is the shard count of an env's ring. Every held shard Lease is
@@ -122,32 +159,52 @@ func startEnv(t *testing.T, name string, cache externalcache.Options) *env {
 // TestMirrorMovesWithShard over both replicas (8 would not).
 const envShards = 16
 
-// startEnvWith starts an env whose replica options the caller adjusts.
-func startEnvWith(t *testing.T, name string, adjust func(*replica.Options)) *env {
+// startEnvWith starts an env whose replica options the caller adjusts, in
+// order. Its
+// config center is the package's etcd, under a prefix of the env's own,
+// seeded with domain-0..3 × key-0..3; an adjust that sets
+// replica.ConfigCenterHTTP gets a stand-in of its own instead (withStandin).
+func startEnvWith(t *testing.T, name string, adjust ...func(*replica.Options)) *env {
 	t.Helper()
 	c := newClient(t)
 	e := &env{c: c, ns: newNamespace(t, c, name), audit: &auditBuffer{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	cc, err := standin.Start(ctx, standin.Options{Seed: configcenter.SeedOptions{Domains: 4, KeysPerDomain: 4, ValueBytes: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cc = cc
-	t.Cleanup(func() {
-		cancel()
-		cc.Close()
-	})
 	leaseNS := newNamespace(t, c, name+"-leases")
 	e.opts = replica.Options{
 		Ring: name, Identity: name + "-0", LeaseNamespace: leaseNS, Shards: envShards,
 		LeaseDuration: 6 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: time.Second,
-		ConfigCenterURL: cc.URL(), MetricsBindAddress: "0", HealthProbeBindAddress: "0",
+		MetricsBindAddress: "0", HealthProbeBindAddress: "0",
 		Sharding: true, AuditLog: e.audit, Namespaces: []string{e.ns},
 	}
-	adjust(&e.opts)
+	for _, a := range adjust {
+		a(&e.opts)
+	}
+	seed := configcenter.SeedOptions{Domains: 4, KeysPerDomain: 4, ValueBytes: 16}
+	if e.opts.ConfigCenter == replica.ConfigCenterHTTP {
+		ctx, cancel := context.WithCancel(context.Background())
+		cc, err := standin.Start(ctx, standin.Options{Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cancel()
+			cc.Close()
+		})
+		e.standin, e.cc = cc, standinCenter{cc}
+		e.opts.ConfigCenterURL = cc.URL()
+	} else {
+		e.cc = newEtcdCenter(t, etcdsource.DefaultPrefix+"/"+e.ns, seed)
+		e.opts.Etcd.Servers = []string{configCenter.Endpoint()}
+		e.opts.EtcdPrefix = etcdsource.DefaultPrefix + "/" + e.ns
+	}
 	e.stopFirst = e.startReplica(t, e.opts)
 	return e
 }
+
+// withStandin gives an env the stand-in config center, for the faults only
+// its protocol makes (standin.Server.SetFaults: latency, an outage answered
+// 503 with a Retry-After, failing or short polls) and the requests it
+// counts by route.
+func withStandin(o *replica.Options) { o.ConfigCenter = replica.ConfigCenterHTTP }
 
 // startReplica runs a replica until the test ends; the returned stop ends
 // it earlier (gracefully: it drains and releases its shards).
@@ -306,15 +363,15 @@ func TestMissingKeyNoHotLoop(t *testing.T) {
 // ConfigMap keeps the last values, and it recovers by itself afterwards.
 func TestOutageKeepsDataAndRecovers(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnv(t, "outage", externalcache.Options{
+	e := startEnvWith(t, "outage", withStandin, withCache(externalcache.Options{
 		SoftTTL: time.Second, TTLJitter: 0.01, HardTTL: time.Hour,
 		Breaker: externalcache.BreakerOptions{ConsecutiveFailures: 2, Timeout: 2 * time.Second},
 		Retry:   externalcache.RetryOptions{MaxAttempts: 2, BaseDelay: 50 * time.Millisecond, MaxElapsed: time.Second, FailureRetryInterval: time.Second},
-	})
+	}))
 	e.create(t, "app", "domain-3", "key-2")
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 	before := e.configMap(t, "app-config").Data
-	if err := e.cc.SetFaults(configcenter.Faults{Outage: true}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{Outage: true}); err != nil {
 		t.Fatal(err)
 	}
 	var cb configv1alpha1.ConfigBinding
@@ -332,7 +389,7 @@ func TestOutageKeepsDataAndRecovers(t *testing.T) {
 	if data := e.configMap(t, "app-config").Data; len(data) != len(before) || data["key-2"] != before["key-2"] {
 		t.Fatalf("ConfigMap changed during the outage: %v, was %v", data, before)
 	}
-	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitReason(t, "app", configbinding.ReasonSynced)

@@ -36,7 +36,7 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel() // own namespaces, ring, Lease namespace and config center
-			e := startEnvWith(t, "churn-"+mode.name, mode.adjust)
+			e := startEnvWith(t, "churn-"+mode.name, withStandin, mode.adjust)
 			const n = 20
 			domains := make([]string, n)
 			for i := range domains {
@@ -53,7 +53,7 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 				e.waitReason(t, fmt.Sprintf("b%02d", i), configbinding.ReasonSynced)
 			}
 			controlplane.Eventually(t, 2*time.Minute, "a long poll per domain", func() error {
-				if got := e.cc.WaitingPolls(); got != n {
+				if got := e.standin.WaitingPolls(); got != n {
 					return fmt.Errorf("%d long polls wait, want %d", got, n)
 				}
 				return nil
@@ -74,7 +74,7 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 			// The config center's own count of waiting polls: every one
 			// in this env's config center is the replica's.
 			controlplane.Eventually(t, 2*time.Minute, "no long poll of a deleted domain", func() error {
-				if got := e.cc.WaitingPolls(); got != 0 {
+				if got := e.standin.WaitingPolls(); got != 0 {
 					return fmt.Errorf("%d long polls still wait", got)
 				}
 				return nil
@@ -93,14 +93,14 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 			calls := func() int64 {
 				var sum int64
 				for _, d := range domains {
-					sum += e.cc.Stats().Count("", d, "", 0)
+					sum += e.standin.Stats().Count("", d, "", 0)
 				}
 				return sum
 			}
 			before := calls()
 			time.Sleep(3 * time.Second)
-			if got := calls(); got != before || e.cc.WaitingPolls() != 0 {
-				t.Fatalf("the deleted domains were called %d times more (%d polls wait) after they were released", got-before, e.cc.WaitingPolls())
+			if got := calls(); got != before || e.standin.WaitingPolls() != 0 {
+				t.Fatalf("the deleted domains were called %d times more (%d polls wait) after they were released", got-before, e.standin.WaitingPolls())
 			}
 
 			// A binding created again is a fresh one.
@@ -114,7 +114,7 @@ func TestDeletedDomainsLeaveNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.waitData(t, "again-config", map[string]string{"k": "changed"})
-			if got := e.cc.Stats().Count("", domains[0], configcenter.RouteChanges, 0); got == 0 {
+			if got := e.standin.Stats().Count("", domains[0], configcenter.RouteChanges, 0); got == 0 {
 				t.Fatalf("no change-feed poll of %s", domains[0])
 			}
 		})

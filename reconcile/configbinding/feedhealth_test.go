@@ -41,7 +41,7 @@ func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 	} {
 		t.Run(tc.source+"/"+tc.name, func(t *testing.T) {
 			t.Parallel() // own namespaces, ring, Lease namespace and config center
-			e := startEnvWith(t, "feed-"+tc.source+"-"+tc.name, func(o *replica.Options) {
+			e := startEnvWith(t, "feed-"+tc.source+"-"+tc.name, withStandin, func(o *replica.Options) {
 				o.ExternalSource = tc.source
 				o.Cache.SoftTTL, o.Cache.HardTTL = time.Second, time.Hour
 				o.Cache.FeedHealth.EpochStableFor = 2 * time.Second
@@ -59,11 +59,11 @@ func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 			// answered polls under the fault: a poll held open from before would
 			// bring the change. Changes of another key end such polls.
 			faulted := time.Now()
-			if err := e.cc.SetFaults(tc.fault); err != nil {
+			if err := e.standin.SetFaults(tc.fault); err != nil {
 				t.Fatal(err)
 			}
 			controlplane.Eventually(t, 2*time.Minute, "two polls under the fault", func() error {
-				polls := e.cc.Requests(func(r configcenter.RequestRecord) bool {
+				polls := e.standin.Requests(func(r configcenter.RequestRecord) bool {
 					return r.Route == configcenter.RouteChanges && r.Domain == domain && r.Arrived.After(faulted)
 				})
 				if len(polls) < 2 {
@@ -100,7 +100,7 @@ func TestBrokenChangeFeedFallsBackToTTL(t *testing.T) {
 				e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonFeedUnhealthy))
 			}
 
-			if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+			if err := e.standin.SetFaults(configcenter.Faults{}); err != nil {
 				t.Fatal(err)
 			}
 			e.waitReason(t, "app", configbinding.ReasonSynced)

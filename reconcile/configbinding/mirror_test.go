@@ -80,9 +80,9 @@ func mirrored(key, value string) func(*configv1alpha1.ExternalDomain) error {
 // startMirroredApp starts a mirror-mode env named after domain, with key a
 // = v1 in the config center and one binding "app" of it Synced, and returns
 // the domain's mirror.
-func startMirroredApp(t *testing.T, domain string) (*env, *configv1alpha1.ExternalDomain) {
+func startMirroredApp(t *testing.T, domain string, adjust ...func(*replica.Options)) (*env, *configv1alpha1.ExternalDomain) {
 	t.Helper()
-	e := startEnvWith(t, domain, mirrorMode)
+	e := startEnvWith(t, domain, append([]func(*replica.Options){mirrorMode}, adjust...)...)
 	e.deleteMirrors(t, domain)
 	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
 		t.Fatal(err)
@@ -284,7 +284,7 @@ func TestMirrorMovesWithShard(t *testing.T) {
 // up within the cap (--cache-max-retry-after), not an hour later.
 func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "mirror-ra", func(o *replica.Options) { mirrorMode(o); o.Cache.MaxRetryAfter = 2 * time.Second })
+	e := startEnvWith(t, "mirror-ra", withStandin, func(o *replica.Options) { mirrorMode(o); o.Cache.MaxRetryAfter = 2 * time.Second })
 	const domain = "mirror-ra"
 	e.deleteMirrors(t, domain)
 	if _, err := e.cc.Put(domain, "a", "v1"); err != nil {
@@ -294,7 +294,7 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 	e.mirrorOf(t, domain, mirrored("a", "v1"))
 
-	if err := e.cc.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	// The change wakes the mirror's poll; its fetch (or the next poll) is
@@ -303,7 +303,7 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonUnavailable))
-	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	// Within two minutes (mirrorOf's bound), not the hour asked for.
@@ -318,9 +318,9 @@ func TestMirrorLongRetryAfterIsCapped(t *testing.T) {
 func TestMirrorRecoversWithoutAChange(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
 	const domain = "mirror-recover"
-	e, _ := startMirroredApp(t, domain)
+	e, _ := startMirroredApp(t, domain, withStandin)
 
-	if err := e.cc.SetFaults(configcenter.Faults{FailPolls: true}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{FailPolls: true}); err != nil {
 		t.Fatal(err)
 	}
 	// A change of another domain ends the poll held open, and the next
@@ -329,7 +329,7 @@ func TestMirrorRecoversWithoutAChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.mirrorOf(t, domain, syncedReason(externaldomain.ReasonUnavailable))
-	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.mirrorOf(t, domain, mirrored("a", "v1"))
@@ -497,7 +497,7 @@ func TestRefusedMirrorWriteIsRetried(t *testing.T) {
 // good. No write on the way says Synced without the domain's keys.
 func TestMirrorResumesTheEpoch(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "mirror-epoch", mirrorMode)
+	e := startEnvWith(t, "mirror-epoch", withStandin, mirrorMode)
 	const domain = "mirror-epoch"
 	e.deleteMirrors(t, domain)
 	for k, v := range map[string]string{"a": "old", "b": "gone"} {
@@ -513,8 +513,8 @@ func TestMirrorResumesTheEpoch(t *testing.T) {
 	// with a new history, in which a changes and b is gone, and which then
 	// passes the mirror's revision with changes of other domains.
 	e.stopFirst()
-	addr := e.cc.Addr()
-	if err := e.cc.Close(); err != nil {
+	addr := e.standin.Addr()
+	if err := e.standin.Close(); err != nil {
 		t.Fatal(err)
 	}
 	cc, err := standin.Start(context.Background(), standin.Options{Addr: addr})
@@ -522,7 +522,7 @@ func TestMirrorResumesTheEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	e.cc = cc
+	e.standin, e.cc = cc, standinCenter{cc}
 	if _, err := cc.Put(domain, "a", "new"); err != nil {
 		t.Fatal(err)
 	}

@@ -31,12 +31,12 @@ import (
 // scale scenario saw thousands of Ready bindings say so.)
 func TestFullFetchQueueIsNoOutage(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnvWith(t, "queuefull", func(o *replica.Options) {
+	e := startEnvWith(t, "queuefull", withStandin, func(o *replica.Options) {
 		o.Cache = externalcache.Options{QueueSize: 1, Workers: 1}
 		// A binding turned away looks again after this.
 		o.RetryAfter = 2 * time.Second
 	})
-	if err := e.cc.SetFaults(configcenter.Faults{Latency: configcenter.Duration{Duration: 300 * time.Millisecond}}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{Latency: configcenter.Duration{Duration: 300 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -18,9 +18,9 @@ import (
 // (--cache-max-retry-after), not an hour later.
 func TestLongRetryAfterIsCapped(t *testing.T) {
 	t.Parallel() // own namespaces, ring, Lease namespace and config center
-	e := startEnv(t, "retryafter", externalcache.Options{MaxRetryAfter: 2 * time.Second,
-		Retry: externalcache.RetryOptions{FailureRetryInterval: 2 * time.Second}})
-	if err := e.cc.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
+	e := startEnvWith(t, "retryafter", withStandin, withCache(externalcache.Options{MaxRetryAfter: 2 * time.Second,
+		Retry: externalcache.RetryOptions{FailureRetryInterval: 2 * time.Second}}))
+	if err := e.standin.SetFaults(configcenter.Faults{Outage: true, RetryAfter: configcenter.Duration{Duration: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	e.create(t, "app", "domain-1", "key-0")
@@ -28,7 +28,7 @@ func TestLongRetryAfterIsCapped(t *testing.T) {
 	if c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady); !strings.Contains(c.Message, "503") && !strings.Contains(c.Message, "Retry-After") {
 		t.Errorf("the condition does not say why: %q", c.Message)
 	}
-	if err := e.cc.SetFaults(configcenter.Faults{}); err != nil {
+	if err := e.standin.SetFaults(configcenter.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	// Within two minutes (waitReason's bound), not the hour asked for.

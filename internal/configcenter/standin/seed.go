@@ -2,7 +2,6 @@ package standin
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/kshard/kshard/internal/configcenter"
 )
@@ -16,18 +15,9 @@ func (s *store) seed(o configcenter.SeedOptions) (configcenter.SeedResult, error
 		d := configcenter.SeedDomain(i)
 		for j := 0; j < o.KeysPerDomain; j++ {
 			k := configcenter.SeedKey(j)
-			res.Revision = s.put(d, k, seedValue(d, k, o.ValueBytes)).Revision
+			res.Revision = s.put(d, k, configcenter.SeedValue(d, k, o.ValueBytes)).Revision
 			res.Keys++
 		}
 	}
 	return res, nil
-}
-
-// seedValue is deterministic, so that a test can predict what a seeded key holds.
-func seedValue(domain, key string, n int) string {
-	prefix := domain + "/" + key + ":"
-	if n <= len(prefix) {
-		return prefix[:n]
-	}
-	return prefix + strings.Repeat("x", n-len(prefix))
 }

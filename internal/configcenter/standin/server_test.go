@@ -137,7 +137,7 @@ func TestBadRequestsAnswer4xxWithJSONErrors(t *testing.T) {
 	}
 	// Nothing above changed the data or broke the server.
 	v, err := newClient(t, srv, nil).Get(context.Background(), "domain-0", "key-0")
-	if err != nil || v.Value != seedValue("domain-0", "key-0", 8) || v.Revision != 1 {
+	if err != nil || v.Value != configcenter.SeedValue("domain-0", "key-0", 8) || v.Revision != 1 {
 		t.Errorf("after bad requests: Get = %+v, %v; want the seeded value at revision 1", v, err)
 	}
 }
@@ -513,7 +513,7 @@ func TestSeedWritesPredictableData(t *testing.T) {
 		t.Errorf("Seed = %+v, want 15 keys up to revision 17", res)
 	}
 	v, err := c.Get(ctx, configcenter.SeedDomain(2), configcenter.SeedKey(4))
-	if err != nil || v.Value != seedValue("domain-2", "key-4", 40) || len(v.Value) != 40 {
+	if err != nil || v.Value != configcenter.SeedValue("domain-2", "key-4", 40) || len(v.Value) != 40 {
 		t.Errorf("seeded value = %+v, %v", v, err)
 	}
 	if _, err := c.Seed(ctx, configcenter.SeedOptions{ValueBytes: 1<<20 + 1}); err == nil {
