@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // ClientOptions say how to reach an etcd and who to be there; credentials
@@ -24,7 +25,8 @@ type ClientOptions struct {
 	// the system's roots.
 	CAFile string
 	// CertFile and KeyFile are the client certificate, for etcd's
-	// --client-cert-auth. Both or neither.
+	// --client-cert-auth, read again at every connection (a renewed
+	// Secret takes effect without a restart). Both or neither.
 	CertFile, KeyFile string
 	// Username and PasswordFile log in with etcd's own authentication; the
 	// file holds the password (trailing newline ignored). Both or neither.
@@ -61,6 +63,10 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 		// Its own logs would go to stderr in another format than the
 		// replica's; its errors reach the caller.
 		Logger: zap.NewNop(),
+		// etcd's client waits for a connection until the call's deadline
+		// and then says only "context deadline exceeded"; recordAttempts
+		// keeps why the connection broke for the error of the call.
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(recordAttempts)},
 	}
 	if o.CAFile != "" || o.CertFile != "" {
 		t := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -75,11 +81,27 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 			}
 		}
 		if o.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-			if err != nil {
+			if _, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile); err != nil {
 				return nil, fmt.Errorf("etcd client: reading the client certificate: %w", err)
 			}
-			t.Certificates = []tls.Certificate{cert}
+			// Read at every handshake, not once: a mounted Secret's
+			// certificate is renewed in place, and a replica with an
+			// expired one reconnects with the new one, without a restart.
+			certFile, keyFile := o.CertFile, o.KeyFile
+			t.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+				if err != nil {
+					return nil, fmt.Errorf("etcd client: reading the client certificate: %w", err)
+				}
+				// etcd would refuse an expired one with an alert the
+				// client may never read (it sees a broken pipe): say it
+				// here, where the handshake's error names it.
+				if now := time.Now(); now.After(cert.Leaf.NotAfter) || now.Before(cert.Leaf.NotBefore) {
+					return nil, fmt.Errorf("etcd client: the client certificate %s is valid from %s to %s, not now",
+						certFile, cert.Leaf.NotBefore.UTC().Format(time.RFC3339), cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+				}
+				return &cert, nil
+			}
 		}
 		cfg.TLS = t
 	}

@@ -79,9 +79,10 @@ func (s *Source) domainPrefix(domain string) string { return s.opts.Prefix + "/"
 // Fetch reads one key: its value and ModRevision, or an error wrapping
 // externalcache.ErrNotFound when it does not exist.
 func (s *Source) Fetch(ctx context.Context, key externalcache.Key) (externalcache.Value, error) {
-	resp, err := s.opts.Client.Get(ctx, s.domainPrefix(key.Domain)+key.Name)
+	actx, tried := withAttempts(ctx)
+	resp, err := s.opts.Client.Get(actx, s.domainPrefix(key.Domain)+key.Name)
 	if err != nil {
-		return externalcache.Value{}, classify(fmt.Sprintf("reading %s from etcd", key), err)
+		return externalcache.Value{}, classify(fmt.Sprintf("reading %s from etcd", key), tried.explain(err))
 	}
 	if len(resp.Kvs) == 0 {
 		return externalcache.Value{}, fmt.Errorf("%s: %w", key, externalcache.ErrNotFound)
@@ -158,9 +159,10 @@ func (s *Source) Changes(ctx context.Context, domain string, since int64) (exter
 // list answers a poll from revision 0: every key of the domain, at the
 // revision etcd read them at.
 func (s *Source) list(ctx context.Context, domain string) (externalcache.ChangeSet, error) {
-	resp, err := s.opts.Client.Get(ctx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	actx, tried := withAttempts(ctx)
+	resp, err := s.opts.Client.Get(actx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return externalcache.ChangeSet{}, classify("listing domain "+domain+" in etcd", err)
+		return externalcache.ChangeSet{}, classify("listing domain "+domain+" in etcd", tried.explain(err))
 	}
 	cs := externalcache.ChangeSet{Revision: resp.Header.Revision, Epoch: epoch(resp.Header.ClusterId)}
 	for _, kv := range resp.Kvs {

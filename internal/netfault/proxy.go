@@ -1,6 +1,7 @@
 // Package netfault puts a fault on the wire between one client and its
-// server: a TCP proxy on loopback that can delay what the client sends, or
-// cut both ways for a while (a partition) and then heal.
+// server: a TCP proxy on loopback that can delay what the client sends,
+// hold both ways for a while (a partition) and then heal, or cut the
+// connections open now.
 //
 // It exists for the fault that a process-local fence cannot stop: a request
 // already sent when the network stalls, delivered after the sender's Lease
@@ -76,6 +77,22 @@ func (p *Proxy) Partition(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.healAt = time.Now().Add(d)
+}
+
+// Cut closes every connection open now, both ways, as a middlebox that
+// drops its flows would (a load balancer's idle timeout, a restarted
+// proxy): the client sees its stream end mid-way. The proxy keeps
+// accepting, so the client can connect again. It returns how many
+// connections it cut.
+func (p *Proxy) Cut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.conns) / 2 // a client's and its server's side
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+	return n
 }
 
 // Delayed returns how many chunks were held back so far, either way.

@@ -159,3 +159,65 @@ func TestPartitionHoldsBothWays(t *testing.T) {
 		t.Errorf("%d chunks counted as held, want both ways", p.Delayed())
 	}
 }
+
+// TestCutEndsOpenConnections: a cut ends the connection open through the
+// proxy on the client's side, and a new one works.
+func TestCutEndsOpenConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					_, _ = c.Write([]byte(sc.Text() + "\n")) // echo
+				}
+			}()
+		}
+	}()
+	p, err := Listen(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	echo := func(c net.Conn, s string) error {
+		if _, err := c.Write([]byte(s + "\n")); err != nil {
+			return err
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && got != s+"\n" {
+			t.Fatalf("echo %q, want %q", got, s)
+		}
+		return err
+	}
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echo(c, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Cut(); n != 1 {
+		t.Errorf("Cut() = %d connections, want 1", n)
+	}
+	if err := echo(c, "after"); err == nil {
+		t.Error("the cut connection still answers")
+	}
+	again, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if err := echo(again, "again"); err != nil {
+		t.Errorf("a connection after the cut: %v", err)
+	}
+}
