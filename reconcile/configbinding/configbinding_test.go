@@ -131,14 +131,14 @@ func (a *auditBuffer) starts(namespace, name string, since time.Time) int {
 // env is one test's world: a config center and a replica on the shared
 // control plane, in a namespace of their own.
 type env struct {
-	c     client.Client
-	ns    string
-	cc    center
+	c  client.Client
+	ns string
+	cc center
 	// standin is the stand-in config center behind cc, for an env started
 	// withStandin; nil otherwise.
 	standin *standin.Server
 	audit   *auditBuffer
-	opts  replica.Options // of the first replica; more replicas join its ring
+	opts    replica.Options // of the first replica; more replicas join its ring
 	// stopFirst stops the first replica gracefully.
 	stopFirst func()
 }
