@@ -74,7 +74,8 @@ type ConfigBindingStatus struct {
 
 	// Conditions say whether the ConfigMap holds the current values (Ready)
 	// and, when it does not, why. The Ready reasons: Synced; KeyNotFound,
-	// ExternalUnavailable, DomainTooLarge and ValuesDoNotFit (the values);
+	// ExternalUnavailable, ExternalRefused, ValueTooLarge, DomainTooLarge
+	// and ValuesDoNotFit (the values);
 	// TargetConflict (the ConfigMap is someone else's); TargetForbidden,
 	// TargetTooLarge, TargetImmutable, TargetKeyConflict and TargetInvalid
 	// (the API server refuses the ConfigMap, or would: its message is

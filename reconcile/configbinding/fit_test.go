@@ -36,3 +36,32 @@ func TestValuesThatDoNotFitAreNamed(t *testing.T) {
 		t.Errorf("message does not name the value and the cache's size: %q", c.Message)
 	}
 }
+
+// TestValueTooLargeIsNamed: a value in etcd larger than the replica's
+// cache holds makes its binding say ValueTooLarge, naming the key and the
+// limit, not that the config center is unavailable; the ConfigMap keeps
+// its last values, and a smaller value heals it.
+func TestValueTooLargeIsNamed(t *testing.T) {
+	t.Parallel() // own namespaces, ring, Lease namespace and config center prefix
+	e := startEnv(t, "toolarge", externalcache.Options{MaxEntryBytes: 16 << 10})
+	if _, err := e.cc.Put("toolarge", "k", "small"); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, "app", "toolarge", "k")
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+	if _, err := e.cc.Put("toolarge", "k", strings.Repeat("v", 100<<10)); err != nil {
+		t.Fatal(err)
+	}
+	cb := e.waitReason(t, "app", configbinding.ReasonValueTooLarge)
+	c := meta.FindStatusCondition(cb.Status.Conditions, configbinding.ConditionReady)
+	if !strings.Contains(c.Message, "toolarge/k") || !strings.Contains(c.Message, "16384") {
+		t.Errorf("message does not name the key and the limit: %q", c.Message)
+	}
+	if got := e.configMap(t, "app-config").Data["k"]; got != "small" {
+		t.Errorf("the ConfigMap holds %.20q, want its last value", got)
+	}
+	if _, err := e.cc.Put("toolarge", "k", "fits again"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitReason(t, "app", configbinding.ReasonSynced)
+}

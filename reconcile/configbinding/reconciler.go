@@ -37,6 +37,16 @@ const (
 	// ReasonExternalUnavailable: the config center fails; the ConfigMap keeps
 	// the last values, and recovers by itself.
 	ReasonExternalUnavailable = "ExternalUnavailable"
+	// ReasonValueTooLarge: a bound key's value is larger than the replica's
+	// external cache holds (kshard controller --cache-max-entry-bytes); the
+	// ConfigMap keeps its last values. Store a smaller value (split it over
+	// keys) or raise the limit; a change of the key heals it.
+	ReasonValueTooLarge = "ValueTooLarge"
+	// ReasonExternalRefused: the config center refused the replica's read
+	// as not permitted or invalid (the replica's credentials or grants, the
+	// key's name); the ConfigMap keeps its last values. Fix the replica's
+	// access; the binding looks again every RetryAfter.
+	ReasonExternalRefused = "ExternalRefused"
 	// ReasonTargetConflict: a ConfigMap of the target's name exists and is
 	// not this binding's (someone else's, or another binding's: one binding
 	// owns a target); it is left untouched. Delete it or pick another name;
@@ -465,6 +475,12 @@ func (res resolution) condition() metav1.Condition {
 	case errors.Is(res.unavailable, externalcache.ErrEvicted):
 		c.Reason = ReasonValuesDoNotFit
 		c.Message = fmt.Sprintf("%v; the ConfigMap keeps its last values", res.unavailable)
+	case errors.Is(res.unavailable, externalcache.ErrEntryTooLarge):
+		c.Reason = ReasonValueTooLarge
+		c.Message = fmt.Sprintf("%v; the ConfigMap keeps its last values", res.unavailable)
+	case errors.Is(res.unavailable, externalcache.ErrRejected):
+		c.Reason = ReasonExternalRefused
+		c.Message = fmt.Sprintf("the config center refused the read (%v); the ConfigMap keeps its last values", res.unavailable)
 	case len(res.missing) > 0:
 		c.Reason = ReasonKeyNotFound
 		c.Message = fmt.Sprintf("keys not found in the config center: %s; the ConfigMap keeps its last values", strings.Join(res.missing, ", "))
