@@ -104,6 +104,7 @@ func newControllerCommand() *cobra.Command {
 	f.StringVar(&tokenFile, "configcenter-token-file", "", "with --config-center=http: file holding a bearer token for the config center")
 	f.StringSliceVar(&opts.Etcd.Servers, "etcd-servers", nil, "with --config-center=etcd: the etcd members' client URLs, comma-separated")
 	f.StringVar(&opts.EtcdPrefix, "etcd-prefix", etcdsource.DefaultPrefix, "with --config-center=etcd: the key prefix under which a domain's keys are <prefix>/<domain>/<name>")
+	f.BoolVar(&opts.EtcdWatchPerPoll, "etcd-watch-per-poll", false, "with --config-center=etcd: follow each domain with a watch per poll of its folder instead of one watch of the prefix shared by all (fewer bytes with many replicas and large values; more etcd watchers and a watch created per change)")
 	f.StringVar(&opts.Etcd.CAFile, "etcd-cafile", "", "with --config-center=etcd: CA file verifying the etcd servers' certificates")
 	f.StringVar(&opts.Etcd.CertFile, "etcd-certfile", "", "with --config-center=etcd: client certificate file")
 	f.StringVar(&opts.Etcd.KeyFile, "etcd-keyfile", "", "with --config-center=etcd: client key file")

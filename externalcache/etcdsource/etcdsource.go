@@ -44,12 +44,30 @@ type Options struct {
 	// revision it names, so the cache knows its domain current up to it.
 	// Default 30s.
 	PollTimeout time.Duration
+	// WatchPerPoll makes each poll a watch of its own, of the domain's
+	// folder from the revision after the poll's. By default one watch of
+	// the whole prefix, shared by every domain's polls, answers them all
+	// from a log of its events' names and revisions (SharedLogEvents):
+	// etcd then holds one watcher per replica instead of one per followed
+	// domain and creates none per change, and a change reaches the cache
+	// sooner (at 1,000 changes/s over 1,000 domains on four replicas: no
+	// watch requests against two per change, p99 11 ms against 31 ms;
+	// docs/external-data.md). The shared watch brings every domain's
+	// events, values included, to every replica, which drops those of
+	// domains it does not follow: with many replicas and large values a
+	// watch per poll moves fewer bytes.
+	WatchPerPoll bool
+	// SharedLogEvents bounds the shared watch's log; a poll from before
+	// its oldest event makes a watch of its own. Default 100,000 (a few
+	// MiB).
+	SharedLogEvents int
 }
 
 // Source reads keys from etcd (externalcache.Source) and follows a domain's
 // changes with etcd's watch (externalcache.Feed).
 type Source struct {
-	opts Options
+	opts   Options
+	shared *shared // unless WatchPerPoll
 }
 
 var (
@@ -69,7 +87,14 @@ func New(opts Options) (*Source, error) {
 	if opts.PollTimeout <= 0 {
 		opts.PollTimeout = 30 * time.Second
 	}
-	return &Source{opts: opts}, nil
+	if opts.SharedLogEvents <= 0 {
+		opts.SharedLogEvents = 100_000
+	}
+	s := &Source{opts: opts}
+	if !opts.WatchPerPoll {
+		s.shared = newShared(s)
+	}
+	return s, nil
 }
 
 // domainPrefix is the folder of a domain's keys, with its trailing slash, so
@@ -103,6 +128,15 @@ func (s *Source) Changes(ctx context.Context, domain string, since int64) (exter
 	if since <= 0 {
 		return s.list(ctx, domain)
 	}
+	if s.shared != nil {
+		return s.shared.changes(ctx, domain, since)
+	}
+	return s.watchDomain(ctx, domain, since)
+}
+
+// watchDomain answers a poll after since with a watch of the domain's
+// folder of its own.
+func (s *Source) watchDomain(ctx context.Context, domain string, since int64) (externalcache.ChangeSet, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	w := s.opts.Client.Watch(wctx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithRev(since+1), clientv3.WithProgressNotify())
@@ -163,6 +197,11 @@ func (s *Source) list(ctx context.Context, domain string) (externalcache.ChangeS
 	resp, err := s.opts.Client.Get(actx, s.domainPrefix(domain), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return externalcache.ChangeSet{}, classify("listing domain "+domain+" in etcd", tried.explain(err))
+	}
+	if s.shared != nil {
+		// The shared watch starts after the first list: every later
+		// list, and so every poll after one, is at or past it.
+		s.shared.startAfter(resp.Header.Revision)
 	}
 	cs := externalcache.ChangeSet{Revision: resp.Header.Revision, Epoch: epoch(resp.Header.ClusterId)}
 	for _, kv := range resp.Kvs {

@@ -54,6 +54,23 @@ func newSource(t *testing.T, c *clientv3.Client, poll time.Duration) *etcdsource
 	return s
 }
 
+// newWatchSource is newSource with a watch per poll, or one shared watch.
+func newWatchSource(t *testing.T, c *clientv3.Client, poll time.Duration, shared bool) *etcdsource.Source {
+	t.Helper()
+	s, err := etcdsource.New(etcdsource.Options{Client: c, PollTimeout: poll, WatchPerPoll: !shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// forEachWatch runs a test of the feed with a watch per poll and with one
+// shared watch.
+func forEachWatch(t *testing.T, test func(t *testing.T, shared bool)) {
+	t.Run("watch-per-poll", func(t *testing.T) { test(t, false) })
+	t.Run("shared-watch", func(t *testing.T) { test(t, true) })
+}
+
 func put(t *testing.T, c *clientv3.Client, key, value string) int64 {
 	t.Helper()
 	resp, err := c.Put(context.Background(), etcdsource.DefaultPrefix+"/"+key, value)
@@ -93,9 +110,11 @@ func TestFetch(t *testing.T) {
 // TestChanges: the first poll lists the domain, and no other; a later poll
 // returns the changes after it, a delete among them; an idle poll answers
 // after PollTimeout with the revision etcd's progress notification names.
-func TestChanges(t *testing.T) {
+func TestChanges(t *testing.T) { forEachWatch(t, testChanges) }
+
+func testChanges(t *testing.T, shared bool) {
 	_, c := startEtcd(t)
-	s := newSource(t, c, 500*time.Millisecond)
+	s := newWatchSource(t, c, 500*time.Millisecond, shared)
 	ctx := context.Background()
 	put(t, c, "payments/a", "1")
 	put(t, c, "payments/b", "2")
@@ -143,9 +162,11 @@ func TestChanges(t *testing.T) {
 // stopped; the key changed, and etcd compacted the history past the change.
 // The poll from r answers with revision 0, lower than asked: the cache lists
 // the domain again, and finds the change.
-func TestCompactedWhileAway(t *testing.T) {
+func TestCompactedWhileAway(t *testing.T) { forEachWatch(t, testCompactedWhileAway) }
+
+func testCompactedWhileAway(t *testing.T, shared bool) {
 	_, c := startEtcd(t)
-	s := newSource(t, c, time.Second)
+	s := newWatchSource(t, c, time.Second, shared)
 	ctx := context.Background()
 	put(t, c, "payments/limit", "100")
 	first, err := s.Changes(ctx, "payments", 0)
@@ -157,6 +178,8 @@ func TestCompactedWhileAway(t *testing.T) {
 	if _, err := c.Compact(ctx, rev+1); err != nil {
 		t.Fatal(err)
 	}
+	// The replica starts again: a Source of its own, from what it had.
+	s = newWatchSource(t, c, time.Second, shared)
 	cs, err := s.Changes(ctx, "payments", first.Revision)
 	if err != nil {
 		t.Fatal(err)
@@ -175,9 +198,11 @@ func TestCompactedWhileAway(t *testing.T) {
 
 // TestEtcdRestarted: a poll while etcd is down fails as retryable (not
 // rejected), and the same history is followed once it is back.
-func TestEtcdRestarted(t *testing.T) {
+func TestEtcdRestarted(t *testing.T) { forEachWatch(t, testEtcdRestarted) }
+
+func testEtcdRestarted(t *testing.T, shared bool) {
 	srv, c := startEtcd(t)
-	s := newSource(t, c, time.Second)
+	s := newWatchSource(t, c, time.Second, shared)
 	ctx := context.Background()
 	put(t, c, "payments/limit", "100")
 	first, err := s.Changes(ctx, "payments", 0)

@@ -32,7 +32,7 @@ func newConfigCenter(opts Options) (center configCenter, closeFn func(), err err
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting to the config center's etcd: %w", err)
 		}
-		s, err := etcdsource.New(etcdsource.Options{Client: c, Prefix: opts.EtcdPrefix})
+		s, err := etcdsource.New(etcdsource.Options{Client: c, Prefix: opts.EtcdPrefix, WatchPerPoll: opts.EtcdWatchPerPoll})
 		if err != nil {
 			_ = c.Close()
 			return nil, nil, err

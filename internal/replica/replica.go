@@ -88,6 +88,9 @@ type Options struct {
 	ConfigCenterToken string
 	Etcd              etcdsource.ClientOptions
 	EtcdPrefix        string
+	// EtcdWatchPerPoll follows each domain with a watch per poll instead
+	// of one shared watch (etcdsource.Options.WatchPerPoll).
+	EtcdWatchPerPoll bool
 
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
