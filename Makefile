@@ -13,6 +13,9 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # them from here.
 export PROMTOOL := $(BIN)/promtool
 export PROMQL_SELECTORS := $(BIN)/promql-selectors
+# SpiceDB, the authorization system of the tests and the sandbox, built from
+# the module hack/spicedb pins.
+export SPICEDB := $(BIN)/spicedb/spicedb
 # Prometheus's own build tags for leaving out every service discovery but
 # Kubernetes's (the cloud SDKs): on an empty build cache promtool,
 # promql-selectors and the node's Prometheus compile in 3 min 32 s with them
@@ -80,7 +83,7 @@ run: controlplane ## Start the local sandbox (control plane, config center, thre
 	$(BIN)/kshard-dev $(RUN_ARGS)
 
 .PHONY: test
-test: controlplane-if-needed prometheus-tools ## Run every test with the race detector against a real control plane.
+test: controlplane-if-needed prometheus-tools spicedb ## Run every test with the race detector against a real control plane.
 	go vet $(PACKAGES)
 	$(call go_test)
 
@@ -130,6 +133,12 @@ $(PROMTOOL): hack/prometheus/go.mod
 
 $(PROMQL_SELECTORS): hack/prometheus/go.mod $(wildcard hack/prometheus/cmd/promql-selectors/*.go)
 	cd hack/prometheus && GOWORK=off go build -tags $(PROMETHEUS_TAGS) -o $@ ./cmd/promql-selectors
+
+.PHONY: spicedb
+spicedb: $(SPICEDB) ## Build SpiceDB from the pinned module (hack/spicedb) into bin/spicedb.
+
+$(SPICEDB): hack/spicedb/go.mod
+	cd hack/spicedb && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o $@ github.com/authzed/spicedb/cmd/spicedb
 
 $(CONTROLLER_GEN): hack/tools/go.mod
 	cd hack/tools && GOWORK=off go build -o $(CONTROLLER_GEN) sigs.k8s.io/controller-tools/cmd/controller-gen

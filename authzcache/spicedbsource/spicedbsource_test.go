@@ -1,0 +1,248 @@
+package spicedbsource_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
+	authzed "github.com/authzed/authzed-go/v1"
+
+	"github.com/kshard/kshard/authzcache"
+	"github.com/kshard/kshard/authzcache/spicedbsource"
+	"github.com/kshard/kshard/internal/netfault"
+	"github.com/kshard/kshard/internal/spicedbserver"
+)
+
+// startSpiceDB runs a SpiceDB of the test's own, with kshard's schema.
+func startSpiceDB(t *testing.T) (*spicedbserver.Server, *authzed.Client) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs a SpiceDB process")
+	}
+	srv, err := spicedbserver.Start(context.Background(), spicedbserver.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c := client(t, srv, srv.Endpoint())
+	writeSchema(t, c)
+	return srv, c
+}
+
+func client(t *testing.T, srv *spicedbserver.Server, endpoint string) *authzed.Client {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(srv.Token()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := spicedbsource.NewClient(spicedbsource.ClientOptions{Endpoint: endpoint, TokenFile: tokenFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func writeSchema(t *testing.T, c *authzed.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		_, err := c.WriteSchema(ctx, &v1.WriteSchemaRequest{Schema: spicedbsource.Schema})
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("writing the schema: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// rel is a relationship in SpiceDB's notation: "type:id#relation@type:id[#relation]".
+func rel(s string) *v1.Relationship {
+	res, sub, _ := strings.Cut(s, "@")
+	obj, relation, _ := strings.Cut(res, "#")
+	ot, oid, _ := strings.Cut(obj, ":")
+	subj, subRel, _ := strings.Cut(sub, "#")
+	st, sid, _ := strings.Cut(subj, ":")
+	return &v1.Relationship{
+		Resource: &v1.ObjectReference{ObjectType: ot, ObjectId: oid}, Relation: relation,
+		Subject: &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: st, ObjectId: sid}, OptionalRelation: subRel},
+	}
+}
+
+func write(t *testing.T, c *authzed.Client, op v1.RelationshipUpdate_Operation, rels ...string) {
+	t.Helper()
+	req := &v1.WriteRelationshipsRequest{}
+	for _, r := range rels {
+		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel(r)})
+	}
+	if _, err := c.WriteRelationships(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	direct   = "configdomain:payments#reader@kubernetes/namespace:team-a"
+	teamRead = "configdomain:payments#reader@team:checkout#member"
+	member   = "team:checkout#member@kubernetes/namespace:team-b"
+)
+
+var (
+	teamA = authzcache.Question{Namespace: "team-a", Domain: "payments"}
+	teamB = authzcache.Question{Namespace: "team-b", Domain: "payments"}
+	teamC = authzcache.Question{Namespace: "team-c", Domain: "payments"}
+)
+
+// TestCheck: a direct grant and a grant through a team allow; a namespace
+// with neither is denied, and the answer names the grant that is missing.
+func TestCheck(t *testing.T) {
+	_, c := startSpiceDB(t)
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	s, err := spicedbsource.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := s.Check(context.Background(), []authzcache.Question{teamA, teamB, teamC}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ds[0].Allowed || !ds[1].Allowed || ds[2].Allowed {
+		t.Fatalf("decisions %+v, want team-a and team-b allowed, team-c denied", ds)
+	}
+	if want := "configdomain:payments#reader@kubernetes/namespace:team-c"; !strings.Contains(ds[2].Missing, want) {
+		t.Errorf("the denial says %q, want it to name %s", ds[2].Missing, want)
+	}
+	if ds[0].Revision == "" {
+		t.Error("no revision (ZedToken) with the answers")
+	}
+}
+
+// cacheOn starts an authzcache.Cache over SpiceDB at endpoint and returns
+// it with the questions whose answers changed.
+func cacheOn(t *testing.T, c *authzed.Client) (*authzcache.Cache, chan authzcache.Question) {
+	t.Helper()
+	s, err := spicedbsource.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := make(chan authzcache.Question, 100)
+	cache, err := authzcache.New(authzcache.Options{Checker: s, Watcher: s, RetryBaseDelay: 50 * time.Millisecond, RetryMaxDelay: time.Second,
+		OnChange: func(q authzcache.Question) { changed <- q }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = cache.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return cache, changed
+}
+
+// decided waits until q's decision is Fresh with allowed.
+func decided(t *testing.T, cache *authzcache.Cache, q authzcache.Question, allowed bool) authzcache.Decision {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		d, st := cache.Decide(q)
+		if st == authzcache.Fresh && d.Allowed == allowed {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v: %+v %v, want allowed=%v and Fresh", q, d, st, allowed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRevokedThroughTheTeam: the invalidation is sound. Removing team-b
+// from the team changes no relationship of the domain, yet team-b's
+// decision turns to denied; removing the direct grant denies team-a.
+func TestRevokedThroughTheTeam(t *testing.T) {
+	_, c := startSpiceDB(t)
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	cache, changed := cacheOn(t, c)
+	decided(t, cache, teamA, true)
+	decided(t, cache, teamB, true)
+	decided(t, cache, teamC, false)
+
+	write(t, c, v1.RelationshipUpdate_OPERATION_DELETE, member)
+	decided(t, cache, teamB, false)
+	decided(t, cache, teamA, true)
+	write(t, c, v1.RelationshipUpdate_OPERATION_DELETE, direct)
+	decided(t, cache, teamA, false)
+	// A grant given later allows without a restart.
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, "configdomain:payments#reader@kubernetes/namespace:team-c")
+	decided(t, cache, teamC, true)
+	told := map[authzcache.Question]int{}
+	for len(changed) > 0 {
+		told[<-changed]++
+	}
+	for _, q := range []authzcache.Question{teamA, teamB, teamC} {
+		if told[q] < 2 {
+			t.Errorf("%v told %d times, want its first answer and its change", q, told[q])
+		}
+	}
+}
+
+// TestSpiceDBRestarted: an in-memory SpiceDB restarted has lost every
+// relationship; the cache does not keep serving its old grants as fresh:
+// they turn to denied once it answers again.
+func TestSpiceDBRestarted(t *testing.T) {
+	srv, c := startSpiceDB(t)
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	cache, _ := cacheOn(t, c)
+	decided(t, cache, teamA, true)
+	srv.Stop(5 * time.Second)
+	if err := srv.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	writeSchema(t, c)
+	decided(t, cache, teamA, false)
+}
+
+// TestUnreachableAtStart: with SpiceDB not up yet a question stays
+// Unknown (never allowed by default); once it answers, the decision
+// arrives.
+func TestUnreachableAtStart(t *testing.T) {
+	srv, c := startSpiceDB(t)
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	srv.Stop(5 * time.Second)
+	cache, _ := cacheOn(t, c)
+	for range 10 {
+		if d, st := cache.Decide(teamA); st != authzcache.Unknown {
+			t.Fatalf("with SpiceDB down: %+v %v, want Unknown", d, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := srv.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	writeSchema(t, c)
+	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	decided(t, cache, teamA, true)
+}
+
+// TestWatchCut: the connection under the Watch is cut mid-stream; a grant
+// removed meanwhile is still seen.
+func TestWatchCut(t *testing.T) {
+	srv, admin := startSpiceDB(t)
+	write(t, admin, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	proxy, err := netfault.Listen(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	cache, _ := cacheOn(t, client(t, srv, proxy.Addr()))
+	decided(t, cache, teamB, true)
+	if n := proxy.Cut(); n == 0 {
+		t.Fatal("no connection to cut")
+	}
+	write(t, admin, v1.RelationshipUpdate_OPERATION_DELETE, member)
+	decided(t, cache, teamB, false)
+}

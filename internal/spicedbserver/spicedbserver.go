@@ -1,0 +1,173 @@
+// Package spicedbserver runs a SpiceDB of its own as kshard's authorization
+// system: a process of the SpiceDB make spicedb builds from its pinned
+// module, serving gRPC on loopback with a preshared key, on its in-memory
+// datastore, with its telemetry and release check off (nothing leaves the
+// machine). Tests and the sandbox put it behind authzcache/spicedbsource,
+// what users point at their own SpiceDB. Stopped and started again it has
+// lost every relationship and revision, as an in-memory SpiceDB does: the
+// fault a cache of its decisions must survive.
+package spicedbserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+// BinaryEnv names a SpiceDB binary to run instead of the repository's
+// bin/spicedb/spicedb (make test exports it).
+const BinaryEnv = "SPICEDB"
+
+// Options configure a Server.
+type Options struct {
+	// Binary is the SpiceDB executable. Defaults to $SPICEDB, else
+	// <repository>/bin/spicedb/spicedb.
+	Binary string
+	// Dir holds the log. Required.
+	Dir string
+	// Token is the preshared key clients present. Default "kshard-test".
+	Token string
+}
+
+// Server is one running SpiceDB, until Close.
+type Server struct {
+	opts    Options
+	grpc    string // host:port, kept across restarts
+	metrics string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// Start starts SpiceDB and waits until it serves gRPC.
+func Start(ctx context.Context, opts Options) (*Server, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("starting SpiceDB: a Dir is required")
+	}
+	if opts.Binary == "" {
+		opts.Binary = os.Getenv(BinaryEnv)
+	}
+	if opts.Binary == "" {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			return nil, fmt.Errorf("finding the SpiceDB binary: %w", err)
+		}
+		opts.Binary = filepath.Join(root, "bin", "spicedb", "spicedb")
+	}
+	if _, err := os.Stat(opts.Binary); err != nil {
+		return nil, fmt.Errorf("SpiceDB binary: %w (run `make spicedb`, or set %s)", err, BinaryEnv)
+	}
+	if opts.Token == "" {
+		opts.Token = "kshard-test"
+	}
+	ports, err := childproc.FreePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, grpc: "127.0.0.1:" + strconv.Itoa(ports[0]), metrics: "127.0.0.1:" + strconv.Itoa(ports[1])}
+	if err := s.Restart(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Endpoint is the gRPC address, host:port (plaintext).
+func (s *Server) Endpoint() string { return s.grpc }
+
+// MetricsURL is SpiceDB's Prometheus endpoint.
+func (s *Server) MetricsURL() string { return "http://" + s.metrics + "/metrics" }
+
+// Token is the preshared key.
+func (s *Server) Token() string { return s.opts.Token }
+
+// Restart starts SpiceDB, empty, if it is not running, and waits until it
+// accepts connections.
+func (s *Server) Restart(ctx context.Context) error {
+	s.mu.Lock()
+	if s.cmd != nil {
+		s.mu.Unlock()
+		return nil
+	}
+	logPath := filepath.Join(s.opts.Dir, "spicedb.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("starting SpiceDB: %w", err)
+	}
+	cmd := exec.Command(s.opts.Binary, "serve",
+		"--grpc-preshared-key", s.opts.Token,
+		"--grpc-addr", s.grpc,
+		"--datastore-engine", "memory",
+		"--http-enabled=false",
+		"--metrics-addr", s.metrics,
+		"--dispatch-cluster-enabled=false",
+		"--telemetry-endpoint=",
+		"--skip-release-check",
+		"--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = childproc.SysProcAttr()
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		_ = logFile.Close()
+		return fmt.Errorf("starting SpiceDB %s: %w", s.opts.Binary, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := net.DialTimeout("tcp", s.grpc, time.Second)
+		if err == nil {
+			_ = conn.Close()
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("SpiceDB exited at start: %s", childproc.Tail(logPath, 2000))
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("SpiceDB did not listen within a minute: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop stops SpiceDB (SIGTERM, then SIGKILL after grace); its in-memory
+// data is gone.
+func (s *Server) Stop(grace time.Duration) {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}
+}
+
+// Close stops SpiceDB for good.
+func (s *Server) Close() error {
+	s.Stop(5 * time.Second)
+	return nil
+}
