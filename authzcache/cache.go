@@ -167,6 +167,9 @@ type Cache struct {
 	// consistent).
 	atLeast string
 	wake    chan struct{}
+	// answered is closed, and replaced, whenever answers are stored: it
+	// wakes Await.
+	answered chan struct{}
 	// checks counts the Checks asked and questions the questions in them,
 	// for a caller's metrics and tests.
 	checks, questions int64
@@ -184,6 +187,8 @@ func New(opts Options) (*Cache, error) {
 		entries: map[Question]*entry{},
 		queue:   map[Question]struct{}{},
 		wake:    make(chan struct{}, 1),
+
+		answered: make(chan struct{}),
 	}
 	c.breaker = gobreaker.NewCircuitBreaker[[]Decision](gobreaker.Settings{
 		Name:    "authorization",
@@ -224,6 +229,26 @@ func (c *Cache) Decide(q Question) (Decision, State) {
 		return e.d, Stale
 	}
 	return e.d, Fresh
+}
+
+// Await is Decide for a caller that may wait (an admission check, not a
+// reconcile): an Unknown question waits for its first answer until ctx
+// ends, and is then returned as it stands.
+func (c *Cache) Await(ctx context.Context, q Question) (Decision, State) {
+	for {
+		d, st := c.Decide(q)
+		if st != Unknown {
+			return d, st
+		}
+		c.mu.Lock()
+		answered := c.answered
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return c.Decide(q)
+		case <-answered:
+		}
+	}
 }
 
 // Forget drops a question nobody asks any more (its last binding went),
@@ -399,6 +424,8 @@ func (c *Cache) requeue(qs []Question) {
 func (c *Cache) store(qs []Question, ds []Decision, asked time.Time, atLeast string) []Question {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	close(c.answered)
+	c.answered = make(chan struct{})
 	var changed []Question
 	for i, q := range qs {
 		e, ok := c.entries[q]

@@ -184,3 +184,17 @@ func TestOneCheckPerBatch(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 checks of 120 questions", st)
 	}
 }
+
+// TestAwait: a caller that may wait gets the first answer of a question
+// asked for the first time.
+func TestAwait(t *testing.T) {
+	g := newGrants()
+	q := Question{Namespace: "team-a", Domain: "payments"}
+	g.set(q, true)
+	c := start(t, g, make(chan Question, 10))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if d, st := c.Await(ctx, q); st != Fresh || !d.Allowed {
+		t.Fatalf("Await: %+v %v, want allowed and Fresh", d, st)
+	}
+}

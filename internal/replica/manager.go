@@ -59,10 +59,10 @@ func tlsOpts(http2 bool) []func(*tls.Config) {
 
 // registerWebhook serves the ConfigBinding pre-check, answered from what
 // the replica knows locally; the replica is ready once it serves.
-func registerWebhook(mgr manager.Manager, keys configbinding.KeyKnowledge) error {
+func registerWebhook(mgr manager.Manager, adm *configbinding.Admission) error {
 	srv := mgr.GetWebhookServer()
 	srv.Register(configbinding.WebhookPath,
-		admission.WithValidator[*configv1alpha1.ConfigBinding](mgr.GetScheme(), &configbinding.Admission{Keys: keys}))
+		admission.WithValidator[*configv1alpha1.ConfigBinding](mgr.GetScheme(), adm))
 	return mgr.AddReadyzCheck("webhook", srv.StartedChecker())
 }
 

@@ -32,6 +32,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/authzcache"
+	"github.com/kshard/kshard/authzcache/spicedbsource"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/audit"
@@ -91,6 +93,17 @@ type Options struct {
 	// EtcdWatchPerPoll follows each domain with a watch per poll instead
 	// of one shared watch (etcdsource.Options.WatchPerPoll).
 	EtcdWatchPerPoll bool
+
+	// Authorization decides which namespace may read which domain:
+	// AuthorizationNone (the default: every namespace reads every domain)
+	// or AuthorizationSpiceDB, the SpiceDB at SpiceDB.
+	Authorization string
+	SpiceDB       spicedbsource.ClientOptions
+	// AuthorizationFailOpen admits a binding the authorization system has
+	// not decided on in time (a cold cache, SpiceDB unreachable); by
+	// default the admission pre-check refuses it. The reconciler never
+	// writes a binding's values before a decision allows it.
+	AuthorizationFailOpen bool
 
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
@@ -248,6 +261,15 @@ func (o *Options) setDefaults() error {
 	if o.ConfigCenter == "" {
 		o.ConfigCenter = ConfigCenterEtcd
 	}
+	if o.Authorization == "" {
+		o.Authorization = AuthorizationNone
+	}
+	switch {
+	case o.Authorization != AuthorizationNone && o.Authorization != AuthorizationSpiceDB:
+		return fmt.Errorf("authorization must be %q or %q, got %q", AuthorizationNone, AuthorizationSpiceDB, o.Authorization)
+	case o.Authorization == AuthorizationSpiceDB && (o.SpiceDB.Endpoint == "" || o.SpiceDB.TokenFile == ""):
+		return errors.New("authorization by SpiceDB needs its endpoint and a token file")
+	}
 	switch {
 	case o.ConfigCenter != ConfigCenterHTTP && o.ConfigCenter != ConfigCenterEtcd:
 		return fmt.Errorf("config center must be %q or %q, got %q", ConfigCenterEtcd, ConfigCenterHTTP, o.ConfigCenter)
@@ -309,7 +331,18 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	leave, err := wire(mgr, opts, incarnation, rec, src)
+	authz, closeAuthz, err := newAuthorization(opts, rec, log)
+	if err != nil {
+		return err
+	}
+	defer closeAuthz()
+	if authz != nil {
+		rec.Authorizer = authz
+		if err := mgr.Add(authz); err != nil {
+			return err
+		}
+	}
+	leave, err := wire(mgr, opts, incarnation, rec, src, authz)
 	if err != nil {
 		return err
 	}
@@ -375,7 +408,7 @@ type shardRuntime interface {
 // controller runs the held shards' requests. It returns what to do when
 // the replica is told to stop, before its manager stops: a ring's warm
 // leave.
-func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource) (leave func(context.Context), err error) {
+func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource, authz *authzcache.Cache) (leave func(context.Context), err error) {
 	// shardOf is the runtime's: a ring reads the shard label, a single
 	// replica an object's domain (with sharding off nothing labels objects).
 	var shardOf func(client.Object) (int32, bool)
@@ -442,7 +475,11 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 	}
 	rec.Shards, rec.Values, rec.Domains = shards, src.values(), src.domains()
 	if opts.WebhookPort != 0 {
-		if err := registerWebhook(mgr, src.knowledge()); err != nil {
+		adm := &configbinding.Admission{Keys: src.knowledge(), AuthorizationFailOpen: opts.AuthorizationFailOpen}
+		if authz != nil {
+			adm.Authorization = authz
+		}
+		if err := registerWebhook(mgr, adm); err != nil {
 			return nil, err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/authzcache"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/reconcile/externaldomain"
 	"github.com/kshard/kshard/sharding"
@@ -38,6 +39,21 @@ type KeyKnowledge interface {
 // replica that is down never blocks writes.
 type Admission struct {
 	Keys KeyKnowledge
+	// Authorization, when set, refuses a binding whose namespace may not
+	// read its domain, naming the grant that is missing. A decision the
+	// replica's cache does not have yet is waited for, up to
+	// AuthorizationWait (default 2s); with none by then (a cold cache, an
+	// unreachable authorization system) the binding is refused, unless
+	// AuthorizationFailOpen.
+	Authorization         AuthorizationKnowledge
+	AuthorizationWait     time.Duration
+	AuthorizationFailOpen bool
+}
+
+// AuthorizationKnowledge is the replica's cache of authorization decisions
+// (*authzcache.Cache): Await waits for a first answer until ctx ends.
+type AuthorizationKnowledge interface {
+	Await(ctx context.Context, q authzcache.Question) (authzcache.Decision, authzcache.State)
 }
 
 var _ admission.Validator[*configv1alpha1.ConfigBinding] = (*Admission)(nil)
@@ -59,6 +75,9 @@ func (a *Admission) ValidateDelete(context.Context, *configv1alpha1.ConfigBindin
 }
 
 func (a *Admission) check(ctx context.Context, cb *configv1alpha1.ConfigBinding, had []configv1alpha1.ConfigKey) (admission.Warnings, error) {
+	if err := a.authorize(ctx, cb); err != nil {
+		return nil, err
+	}
 	var errs field.ErrorList
 	var unknown []string
 	for i, k := range cb.Spec.Keys {
@@ -83,6 +102,31 @@ func (a *Admission) check(ctx context.Context, cb *configv1alpha1.ConfigBinding,
 		return warnings, apierrors.NewInvalid(configv1alpha1.GroupVersion.WithKind("ConfigBinding").GroupKind(), cb.Name, errs)
 	}
 	return warnings, nil
+}
+
+// authorize refuses a binding its namespace may not read, and, unless
+// AuthorizationFailOpen, one the authorization system has not decided.
+func (a *Admission) authorize(ctx context.Context, cb *configv1alpha1.ConfigBinding) error {
+	if a.Authorization == nil {
+		return nil
+	}
+	wait := a.AuthorizationWait
+	if wait <= 0 {
+		wait = 2 * time.Second
+	}
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	d, st := a.Authorization.Await(actx, authzcache.Question{Namespace: cb.Namespace, Domain: cb.Spec.Domain})
+	gk := configv1alpha1.GroupVersion.WithKind("ConfigBinding").GroupKind()
+	switch {
+	case st == authzcache.Unknown && !a.AuthorizationFailOpen:
+		return apierrors.NewInvalid(gk, cb.Name, field.ErrorList{field.Forbidden(field.NewPath("spec", "domain"),
+			fmt.Sprintf("the authorization system has not decided within %s whether namespace %s may read domain %q (it is unreachable or slow); try again", wait, cb.Namespace, cb.Spec.Domain))})
+	case st != authzcache.Unknown && !d.Allowed:
+		return apierrors.NewInvalid(gk, cb.Name, field.ErrorList{field.Forbidden(field.NewPath("spec", "domain"),
+			fmt.Sprintf("namespace %s may not read domain %q: the authorization system has no %s", cb.Namespace, cb.Spec.Domain, d.Missing))})
+	}
+	return nil
 }
 
 // CacheKnowledge answers from the external cache's change feeds: a domain

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/authzcache"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/sharding"
 )
@@ -95,6 +96,27 @@ func (r *Reconciler) DomainChanged(ctx context.Context, q Enqueuer, shard int32,
 	}
 	for _, k := range keys {
 		q.Enqueue(sharding.Request{Shard: shard, NamespacedName: k})
+	}
+	return nil
+}
+
+// AuthorizationChanged requeues the ConfigBindings of a namespace that
+// bind a domain, in the shard of the domain if this replica holds it: the
+// authorization system's decision for them arrived or changed.
+func (r *Reconciler) AuthorizationChanged(ctx context.Context, q Enqueuer, question authzcache.Question) error {
+	shard := sharding.ShardOf(question.Domain, r.Shards.Count())
+	reader, ok := r.Shards.Reader(shard)
+	if !ok {
+		return nil
+	}
+	keys, err := bindings(ctx, reader, client.MatchingFields{DomainIndex: question.Domain}, "domain "+question.Domain)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k.Namespace == question.Namespace {
+			q.Enqueue(sharding.Request{Shard: shard, NamespacedName: k})
+		}
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/authzcache"
 	"github.com/kshard/kshard/externalcache"
 	"github.com/kshard/kshard/sharding"
 )
@@ -37,6 +38,11 @@ const (
 	// ReasonExternalUnavailable: the config center fails; the ConfigMap keeps
 	// the last values, and recovers by itself.
 	ReasonExternalUnavailable = "ExternalUnavailable"
+	// ReasonForbidden: the authorization system does not let the binding's
+	// namespace read its domain (the message names the missing grant). The
+	// ConfigMap holds none of the domain's values: they were removed, and
+	// an event says so. A grant given later makes the binding Ready again.
+	ReasonForbidden = "Forbidden"
 	// ReasonValueTooLarge: a bound key's value is larger than the replica's
 	// external cache holds (kshard controller --cache-max-entry-bytes); the
 	// ConfigMap keeps its last values. Store a smaller value (split it over
@@ -122,6 +128,12 @@ type Shards interface {
 	Enqueuer
 }
 
+// Authorizer answers from a cache of the authorization system's decisions
+// (*authzcache.Cache), never with a call on the reconcile path.
+type Authorizer interface {
+	Decide(authzcache.Question) (authzcache.Decision, authzcache.State)
+}
+
 // Reconciler reconciles one ConfigBinding per request.
 type Reconciler struct {
 	// Client writes (ConfigMaps by apply, status by patch).
@@ -138,6 +150,9 @@ type Reconciler struct {
 	// Events records changes of the Ready condition's reason, and a first
 	// condition that is not Ready; nil records none.
 	Events events.EventRecorder
+	// Authorizer decides whether a binding's namespace may read its
+	// domain; nil lets every binding read every domain.
+	Authorizer Authorizer
 	// RetryAfter is the safety requeue of objects waiting on external data;
 	// the cache's notification normally requeues them much sooner.
 	// Defaults to one minute.
@@ -176,6 +191,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		return reconcile.Result{}, nil
 	}
 	log := logf.FromContext(ctx).WithValues("shard", req.Shard, "domain", cb.Spec.Domain)
+
+	if r.Authorizer != nil {
+		d, st := r.Authorizer.Decide(authzcache.Question{Namespace: cb.Namespace, Domain: cb.Spec.Domain})
+		switch {
+		case st == authzcache.Unknown:
+			// Nothing is read or written before the decision; its arrival
+			// requeues the binding.
+			return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+		case !d.Allowed:
+			// Stale or fresh, a denial is obeyed at once.
+			return reconcile.Result{}, r.forbid(ctx, reader, &cb, req.Shard, d)
+		}
+	}
 
 	res := r.resolve(ctx, req.Shard, &cb)
 	if res.waiting() {
@@ -220,6 +248,28 @@ func (r *Reconciler) Reconcile(ctx context.Context, req sharding.Request) (recon
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.retryAfter()}, nil
+}
+
+// forbid takes the domain's values out of the binding's ConfigMap, if it
+// has one, and says Forbidden, naming the missing grant.
+func (r *Reconciler) forbid(ctx context.Context, reader client.Reader, cb *configv1alpha1.ConfigBinding, shard int32, d authzcache.Decision) error {
+	var current corev1.ConfigMap
+	target := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Spec.Target.ConfigMapName}
+	if err := reader.Get(ctx, target, &current); err == nil && controllerUID(&current) == cb.UID {
+		if _, err := r.applyConfigMap(ctx, reader, cb, shard, resolution{data: map[string]string{}}); err != nil {
+			return err
+		}
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("reading ConfigMap %s: %w", target.Name, err)
+	}
+	cond := metav1.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonForbidden,
+		Message: fmt.Sprintf("namespace %s may not read domain %s: the authorization system has no %s; the ConfigMap holds none of the domain's values",
+			cb.Namespace, cb.Spec.Domain, d.Missing)}
+	err := r.patchStatus(ctx, cb, shard, 0, cond)
+	if errors.Is(err, errStale) {
+		return nil // the binding's next event looks again
+	}
+	return err
 }
 
 // applyConfigMap makes the target ConfigMap hold the binding's values, with
