@@ -78,7 +78,7 @@ all: build
 ##@ Development
 
 .PHONY: run
-run: controlplane ## Start the local sandbox (control plane, config center, three replicas).
+run: controlplane spicedb ## Start the local sandbox (control plane, etcd as config center, SpiceDB, three replicas).
 	go build -o $(BIN)/ ./cmd/kshard ./cmd/kshard-dev
 	$(BIN)/kshard-dev $(RUN_ARGS)
 

@@ -22,6 +22,9 @@ type supervisorOptions struct {
 	// what every replica connects to.
 	Kubeconfig   string
 	ConfigCenter string
+	// SpiceDB and SpiceDBToken are the authorization system's address and
+	// the file of its key.
+	SpiceDB, SpiceDBToken string
 	// Replicas is how many replicas there are: kshard-0..Replicas-1.
 	Replicas int
 	// StopTimeout bounds a graceful stop before SIGKILL.
@@ -92,6 +95,7 @@ func newSupervisor(opts supervisorOptions) (*supervisor, error) {
 			"--ring", Ring,
 			"--lease-namespace", LeaseNamespace,
 			"--config-center", "etcd", "--etcd-servers", opts.ConfigCenter,
+			"--authorization", "spicedb", "--spicedb-endpoint", opts.SpiceDB, "--spicedb-token-file", opts.SpiceDBToken,
 			"--metrics-bind-address", r.metricsAddr,
 			"--health-probe-bind-address", r.healthAddr,
 			"--lease-duration", opts.LeaseDuration.String(),

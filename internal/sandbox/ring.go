@@ -15,7 +15,10 @@ import (
 )
 
 // conditionReady is the ConfigBinding condition the controller keeps.
-const conditionReady = "Ready"
+const (
+	conditionReady  = "Ready"
+	reasonForbidden = "Forbidden"
+)
 
 // readRing reads the ring as the cluster shows it, the same way `kshard
 // status` does: the sandbox judges the replicas only by what they wrote.
@@ -42,8 +45,14 @@ func isReady(cb *configv1alpha1.ConfigBinding) bool {
 	return meta.IsStatusConditionTrue(cb.Status.Conditions, conditionReady)
 }
 
+// forbidden reports whether the binding says Forbidden for its generation.
+func forbidden(cb *configv1alpha1.ConfigBinding) bool {
+	c := meta.FindStatusCondition(cb.Status.Conditions, conditionReady)
+	return c != nil && c.Reason == reasonForbidden && cb.Status.ObservedGeneration == cb.Generation
+}
+
 // settled reports whether every ConfigBinding is labeled and Ready for its
-// current generation. A binding names no replica (a handover rewrites no
+// current generation (Forbidden, in namespace Ungranted). A binding names no replica (a handover rewrites no
 // object), so the new holders' side of a handover is their readiness: see
 // script.settled. detail says what is missing.
 func settled(bindings []configv1alpha1.ConfigBinding) (ok bool, detail string) {
@@ -54,6 +63,8 @@ func settled(bindings []configv1alpha1.ConfigBinding) (ok bool, detail string) {
 		switch {
 		case cb.Labels[sharding.LabelShard] == "":
 			why = "no shard label yet"
+		case cb.Namespace == Ungranted && forbidden(cb):
+			// As it should be: SpiceDB grants it nothing.
 		case !isReady(cb) || cb.Status.ObservedGeneration != cb.Generation:
 			why = "not Ready"
 			if c := meta.FindStatusCondition(cb.Status.Conditions, conditionReady); c != nil {

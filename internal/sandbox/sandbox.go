@@ -1,6 +1,7 @@
 // Package sandbox is the local kshard playground behind `make run`
 // (`cmd/kshard-dev`): a real control plane on loopback with kshard's CRDs,
-// an etcd of its own as the config center, sample ConfigBindings, and three controller
+// an etcd of its own as the config center, a SpiceDB deciding which
+// namespace reads which domain, sample ConfigBindings, and three controller
 // replicas as child processes, with a live view and a scripted tour of
 // handover (graceful leave, join, crash).
 //
@@ -40,8 +41,14 @@ const (
 	LeaseNamespace = "kshard-system"
 	// Ring names the replicas' ring.
 	Ring = "kshard"
-	// Namespace holds the sample ConfigBindings and their ConfigMaps.
+	// Namespace holds the sample ConfigBindings and their ConfigMaps; SpiceDB
+	// grants it every domain through team Team.
 	Namespace = "demo"
+	// Ungranted holds one binding of a domain it has no grant for: it says
+	// Forbidden.
+	Ungranted = "intruder"
+	// Team is the SpiceDB team whose member Namespace is.
+	Team = "demo"
 )
 
 // Lease timing of the replicas: shorter than the production defaults (15 s /
@@ -243,18 +250,28 @@ func (s *sandbox) run(parent context.Context) error {
 		}
 	}()
 
+	authz, err := s.startAuthorization(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := authz.Close(); err != nil {
+			s.log.Error(err, "Stopping SpiceDB")
+		}
+	}()
+
 	c, err := newClient(cfg)
 	if err != nil {
 		return err
 	}
 	start = time.Now()
-	if err := createNamespaces(ctx, c, LeaseNamespace, Namespace); err != nil {
+	if err := createNamespaces(ctx, c, LeaseNamespace, Namespace, Ungranted); err != nil {
 		return err
 	}
 	if err := installShardLabelPolicy(ctx, c); err != nil {
 		return err
 	}
-	if err := createBindings(ctx, c, sampleBindings(s.opts)); err != nil {
+	if err := createBindings(ctx, c, append(sampleBindings(s.opts), ungrantedBinding())); err != nil {
 		return err
 	}
 	s.out.printf("created %d ConfigBindings in namespace %s over %d domains in %s (unlabeled: the labeler labels them and records their domains, so the API server labels later ones at create)",
@@ -265,6 +282,8 @@ func (s *sandbox) run(parent context.Context) error {
 		Dir:           s.opts.Dir,
 		Kubeconfig:    s.kubeconfig,
 		ConfigCenter:  center.Endpoint(),
+		SpiceDB:       authz.server.Endpoint(),
+		SpiceDBToken:  authz.tokenFile,
 		Replicas:      s.opts.Replicas,
 		StopTimeout:   s.opts.StopTimeout,
 		OnStarted:     s.opts.OnReplicaStarted,
@@ -291,7 +310,7 @@ func (s *sandbox) run(parent context.Context) error {
 	stopView := childproc.GoSafe(ctx, cancel, "live view", v.run)
 	defer stopView()
 
-	if err := (&script{s: s, c: c, scraper: newScraper(), center: center}).run(ctx); err != nil {
+	if err := (&script{s: s, c: c, scraper: newScraper(), center: center, authz: authz}).run(ctx); err != nil {
 		return err
 	}
 

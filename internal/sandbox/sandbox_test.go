@@ -23,7 +23,8 @@ import (
 
 // TestSandboxScript runs what `make run` runs, end to end, with the real
 // kshard binary as the replicas: control plane, config center (an etcd),
-// objects, a value changed in etcd, three replica processes, the handover
+// SpiceDB, objects, a value changed in etcd, a binding SpiceDB forbids and
+// a grant revoked and given back, three replica processes, the handover
 // tour (leave, join, crash, join), a few seconds of live view, and the
 // cleanup. It checks that the run succeeds,
 // that every handover was reported, and that no replica process (or process
@@ -92,6 +93,9 @@ func TestSandboxScript(t *testing.T) {
 	for _, want := range []string{
 		`all 3 replicas ready and all 120 ConfigBindings Ready after `,
 		`the new value of /kshard/config/domain-0/key-0 in all \d+ ConfigMaps that bind it after \d`,
+		`intruder/copied, a binding of domain-0 in a namespace SpiceDB grants nothing: Forbidden: namespace intruder may not read domain domain-0`,
+		`all \d+ bindings of domain-1 say Forbidden and their ConfigMaps hold none of its values after \d`,
+		`the grant given back: all \d+ Ready with their values again after \d`,
 		`graceful leave of kshard-2: every shard held by its desired owner after \d`,
 		`graceful leave of kshard-2: every new holder running its shards and every ConfigBinding Ready after \d`,
 		`join of kshard-2: every shard held by its desired owner after \d`,

@@ -8,7 +8,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -43,6 +45,7 @@ type script struct {
 	c       client.Client
 	scraper *scraper
 	center  *configetcd.Server
+	authz   *authorization
 	results []handover
 	// shown is the last shard map printed, so an unchanged one is not
 	// printed twice in a row.
@@ -80,6 +83,9 @@ func (sc *script) run(ctx context.Context) error {
 	out.printf("%s", sc.shown)
 
 	if err := sc.change(ctx); err != nil {
+		return err
+	}
+	if err := sc.revoke(ctx); err != nil {
 		return err
 	}
 
@@ -150,6 +156,76 @@ func (sc *script) change(ctx context.Context) error {
 	sc.s.out.printf("the new value of %s in all %d ConfigMaps that bind it after %s (the replicas watch etcd)",
 		etcdKey, len(targets), round(took))
 	return nil
+}
+
+// revoke shows the authorization system deciding: the binding of
+// namespace Ungranted says Forbidden; then a domain's grant to the team is
+// revoked live, and its bindings' ConfigMaps lose their values, until the
+// grant is given back.
+func (sc *script) revoke(ctx context.Context) error {
+	out := sc.s.out
+	var copied configv1alpha1.ConfigBinding
+	if err := sc.c.Get(ctx, client.ObjectKeyFromObject(ungrantedBinding()), &copied); err != nil {
+		return err
+	}
+	if c := meta.FindStatusCondition(copied.Status.Conditions, conditionReady); c != nil {
+		out.printf("\n%s/%s, a binding of %s in a namespace SpiceDB grants nothing: %s: %s", Ungranted, copied.Name, copied.Spec.Domain, c.Reason, c.Message)
+	}
+	domain := configcenter.SeedDomain(1 % sc.s.opts.Domains)
+	var targets []string
+	for _, cb := range sampleBindings(sc.s.opts) {
+		if cb.Spec.Domain == domain {
+			targets = append(targets, cb.Name)
+		}
+	}
+	grant := teamReads(domain)
+	out.printf("\n== a grant revoked live: SpiceDB deletes %s ==", grant)
+	t0 := time.Now()
+	if err := sc.authz.relate(ctx, v1.RelationshipUpdate_OPERATION_DELETE, grant); err != nil {
+		return err
+	}
+	took, err := sc.waitFor(ctx, fmt.Sprintf("the %d bindings of %s Forbidden, their ConfigMaps empty", len(targets), domain), t0, pollInterval,
+		sc.bindingsAre(targets, func(cb *configv1alpha1.ConfigBinding, cm *corev1.ConfigMap) bool {
+			return forbidden(cb) && len(cm.Data) == 0
+		}))
+	if err != nil {
+		return err
+	}
+	out.printf("all %d bindings of %s say Forbidden and their ConfigMaps hold none of its values after %s", len(targets), domain, round(took))
+	t0 = time.Now()
+	if err := sc.authz.relate(ctx, v1.RelationshipUpdate_OPERATION_TOUCH, grant); err != nil {
+		return err
+	}
+	took, err = sc.waitFor(ctx, fmt.Sprintf("the %d bindings of %s Ready again", len(targets), domain), t0, pollInterval,
+		sc.bindingsAre(targets, func(cb *configv1alpha1.ConfigBinding, cm *corev1.ConfigMap) bool {
+			return isReady(cb) && len(cm.Data) > 0
+		}))
+	if err != nil {
+		return err
+	}
+	out.printf("the grant given back: all %d Ready with their values again after %s (no restart)", len(targets), round(took))
+	return nil
+}
+
+// bindingsAre is a wait condition: every named binding of Namespace, with
+// its ConfigMap, passes ok.
+func (sc *script) bindingsAre(names []string, ok func(*configv1alpha1.ConfigBinding, *corev1.ConfigMap) bool) func(context.Context) (bool, string, error) {
+	return func(ctx context.Context) (bool, string, error) {
+		for _, name := range names {
+			var cb configv1alpha1.ConfigBinding
+			if err := sc.c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: name}, &cb); err != nil {
+				return false, "", err
+			}
+			var cm corev1.ConfigMap
+			if err := sc.c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: cb.Spec.Target.ConfigMapName}, &cm); err != nil {
+				return false, "", err
+			}
+			if !ok(&cb, &cm) {
+				return false, fmt.Sprintf("%s: %v, %d values", name, cb.Status.Conditions, len(cm.Data)), nil
+			}
+		}
+		return true, "", nil
+	}
 }
 
 // leave is a scale-down: SIGTERM makes the replica leave the ring, drain
