@@ -160,6 +160,12 @@ func TestFenceHasNoSideDoor(t *testing.T) {
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") {
 			return fmt.Errorf("an annotation on a shard-5 ConfigMap: %v", err)
 		}
+		// The labels policy is loaded apart from the writes policy: a
+		// relabel out of the ring's shards must be refused by it too.
+		err = sa.Patch(ctx, cm7.DeepCopy(), merge(`{"metadata":{"labels":{"kshard.dev/shard":"64"}}}`), client.DryRunAll)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "shards (label") {
+			return fmt.Errorf("a shard-7 ConfigMap relabelled 64: %v", err)
+		}
 		return sa.Patch(ctx, cm7.DeepCopy(), merge(`{"metadata":{"annotations":{"probe":"x"}}}`), client.DryRunAll)
 	})
 

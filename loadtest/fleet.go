@@ -528,6 +528,9 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 	}
 	args := append([]string{"controller"}, common...)
 	args = append(args,
+		// The load tester's config center is still kshard's stand-in; the
+		// replicas' default is etcd.
+		"--config-center", "http",
 		"--ring", Ring,
 		"--shards", strconv.Itoa(int(c.shards)),
 		"--statefulset", StatefulSet,
