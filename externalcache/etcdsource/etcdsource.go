@@ -148,10 +148,13 @@ func (s *Source) watchDomain(ctx context.Context, domain string, since int64) (e
 			return externalcache.ChangeSet{}, ctx.Err()
 		case <-idle.C:
 			// Nothing changed: etcd says up to which revision, so that the
-			// next poll starts there and not from a compacted one.
+			// next poll starts there and not from a compacted one. (It
+			// says nothing while its revision is below the watch's start:
+			// ask again every PollTimeout.)
 			if err := s.opts.Client.RequestProgress(wctx); err != nil {
 				return externalcache.ChangeSet{}, classify("asking etcd for the watch's progress", err)
 			}
+			idle.Reset(s.opts.PollTimeout)
 		case resp, ok := <-w:
 			if !ok {
 				if ctx.Err() != nil {
@@ -201,7 +204,7 @@ func (s *Source) list(ctx context.Context, domain string) (externalcache.ChangeS
 	if s.shared != nil {
 		// The shared watch starts after the first list: every later
 		// list, and so every poll after one, is at or past it.
-		s.shared.startAfter(resp.Header.Revision)
+		s.shared.startAfter(resp.Header.Revision, epoch(resp.Header.ClusterId))
 	}
 	cs := externalcache.ChangeSet{Revision: resp.Header.Revision, Epoch: epoch(resp.Header.ClusterId)}
 	for _, kv := range resp.Kvs {

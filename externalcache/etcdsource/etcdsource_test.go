@@ -158,6 +158,30 @@ func testChanges(t *testing.T, shared bool) {
 	}
 }
 
+// TestIdleAnswerNamesTheHistory: with the shared watch, in an etcd where
+// nothing changes after the list, a poll answers after PollTimeout in the
+// list's history: the same epoch, a revision no lower. (An answer without
+// the epoch would have the cache list the domain again; a watch per poll
+// waits instead, since etcd sends no progress notification to a watch
+// that starts after its current revision.)
+func TestIdleAnswerNamesTheHistory(t *testing.T) {
+	_, c := startEtcd(t)
+	s := newWatchSource(t, c, 300*time.Millisecond, true)
+	ctx := context.Background()
+	put(t, c, "payments/a", "1")
+	all, err := s.Changes(ctx, "payments", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := s.Changes(ctx, "payments", all.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idle.Epoch != all.Epoch || idle.Revision < all.Revision || len(idle.Changes) != 0 {
+		t.Fatalf("an idle poll after the list %+v: %+v, want the same epoch, no change, a revision of at least %d", all, idle, all.Revision)
+	}
+}
+
 // TestCompactedWhileAway: a replica followed the domain to revision r and
 // stopped; the key changed, and etcd compacted the history past the change.
 // The poll from r answers with revision 0, lower than asked: the cache lists

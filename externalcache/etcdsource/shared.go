@@ -15,10 +15,10 @@ import (
 )
 
 // shared is the one etcd watch a Source follows its domains with (unless
-// Options.WatchPerPoll): it follows the whole
-// prefix from the revision after the first poll's, keeps the last events
-// of every domain (names and revisions, not values) in a bounded log, and
-// answers each domain's polls from it, as kube-apiserver's watch cache
+// Options.WatchPerPoll): it follows the whole prefix from the revision
+// after the first list's, keeps the last events of every domain (names and
+// revisions, not values) in a bounded log, and answers each domain's polls
+// from it, as kube-apiserver's watch cache
 // answers its watchers from one watch of etcd. A poll never makes a watch
 // of its own unless it asks for a revision the log no longer holds; etcd
 // then keeps one watcher per replica however many domains it follows, and
@@ -33,10 +33,11 @@ type shared struct {
 	err     error
 	// asked is when a poll last asked etcd for the watch's progress.
 	asked time.Time
-	// from is where the log starts: every event of the prefix after
-	// from-1 up to rev is in it, but those at or below trimmed.
-	from, rev, trimmed int64
-	epoch              string
+	// Every event of the prefix after trimmed up to rev is in the log.
+	rev, trimmed int64
+	// epoch is the cluster's ID, from the first list on, so that an idle
+	// poll answered before the watch's first answer names the history.
+	epoch string
 	// byDomain are the log's events per domain, in revision order; revs
 	// every event's revision in order, to find where to trim.
 	byDomain map[string][]externalcache.Change
@@ -120,10 +121,14 @@ func (h *shared) askProgress() bool {
 	return false
 }
 
-// startAfter starts the watch from the revision after rev, unless it runs.
-func (h *shared) startAfter(rev int64) {
+// startAfter starts the watch from the revision after rev, a list's of
+// the cluster named epoch, unless it runs.
+func (h *shared) startAfter(rev int64, epoch string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.epoch == "" {
+		h.epoch = epoch
+	}
 	if !h.running && h.err == nil {
 		h.start(rev)
 	}
@@ -133,7 +138,7 @@ func (h *shared) startAfter(rev int64) {
 // held.
 func (h *shared) start(since int64) {
 	h.running, h.err = true, nil
-	h.from, h.rev, h.trimmed = since+1, since, since
+	h.rev, h.trimmed = since, since
 	h.byDomain, h.revs = map[string][]externalcache.Change{}, nil
 	// The watch outlives any one poll: it ends when the client closes.
 	ctx := clientv3.WithRequireLeader(context.Background())
