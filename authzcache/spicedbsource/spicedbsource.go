@@ -45,6 +45,24 @@ const (
 	SubjectType  = "kubernetes/namespace"
 )
 
+// ParseRelationship reads a relationship in SpiceDB's notation,
+// "type:id#relation@type:id[#relation]" (as zed prints them), for whoever
+// writes the grants kshard reads: the sandbox, a test, an operator's tool.
+func ParseRelationship(s string) (*v1.Relationship, error) {
+	res, sub, ok1 := strings.Cut(s, "@")
+	obj, relation, ok2 := strings.Cut(res, "#")
+	ot, oid, ok3 := strings.Cut(obj, ":")
+	subj, subRel, _ := strings.Cut(sub, "#")
+	st, sid, ok4 := strings.Cut(subj, ":")
+	if !ok1 || !ok2 || !ok3 || !ok4 || relation == "" || oid == "" || sid == "" {
+		return nil, fmt.Errorf("relationship %q: want type:id#relation@type:id[#relation]", s)
+	}
+	return &v1.Relationship{
+		Resource: &v1.ObjectReference{ObjectType: ot, ObjectId: oid}, Relation: relation,
+		Subject: &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: st, ObjectId: sid}, OptionalRelation: subRel},
+	}, nil
+}
+
 // ClientOptions say how to reach SpiceDB and who to be there; the token
 // comes from a file (a mounted Secret), never a flag, never a log.
 type ClientOptions struct {

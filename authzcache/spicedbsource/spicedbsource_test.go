@@ -63,24 +63,15 @@ func writeSchema(t *testing.T, c *authzed.Client) {
 	}
 }
 
-// rel is a relationship in SpiceDB's notation: "type:id#relation@type:id[#relation]".
-func rel(s string) *v1.Relationship {
-	res, sub, _ := strings.Cut(s, "@")
-	obj, relation, _ := strings.Cut(res, "#")
-	ot, oid, _ := strings.Cut(obj, ":")
-	subj, subRel, _ := strings.Cut(sub, "#")
-	st, sid, _ := strings.Cut(subj, ":")
-	return &v1.Relationship{
-		Resource: &v1.ObjectReference{ObjectType: ot, ObjectId: oid}, Relation: relation,
-		Subject: &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: st, ObjectId: sid}, OptionalRelation: subRel},
-	}
-}
-
 func write(t *testing.T, c *authzed.Client, op v1.RelationshipUpdate_Operation, rels ...string) {
 	t.Helper()
 	req := &v1.WriteRelationshipsRequest{}
 	for _, r := range rels {
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel(r)})
+		rel, err := spicedbsource.ParseRelationship(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
 	}
 	if _, err := c.WriteRelationships(context.Background(), req); err != nil {
 		t.Fatal(err)
@@ -245,4 +236,17 @@ func TestWatchCut(t *testing.T) {
 	}
 	write(t, admin, v1.RelationshipUpdate_OPERATION_DELETE, member)
 	decided(t, cache, teamB, false)
+}
+
+// TestParseRelationship: the notation with and without a subject relation,
+// and a malformed one refused.
+func TestParseRelationship(t *testing.T) {
+	r, err := spicedbsource.ParseRelationship("configdomain:payments#reader@team:checkout#member")
+	if err != nil || r.GetResource().GetObjectId() != "payments" || r.GetRelation() != "reader" ||
+		r.GetSubject().GetObject().GetObjectType() != "team" || r.GetSubject().GetOptionalRelation() != "member" {
+		t.Fatalf("parsed %v, %v", r, err)
+	}
+	if _, err := spicedbsource.ParseRelationship("configdomain:payments@team:checkout"); err == nil {
+		t.Error("a relationship without a relation was parsed")
+	}
 }

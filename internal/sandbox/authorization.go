@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
@@ -88,15 +87,11 @@ func (a *authorization) writeSchema(ctx context.Context) error {
 func (a *authorization) relate(ctx context.Context, op v1.RelationshipUpdate_Operation, rels ...string) error {
 	req := &v1.WriteRelationshipsRequest{}
 	for _, r := range rels {
-		res, sub, _ := strings.Cut(r, "@")
-		obj, relation, _ := strings.Cut(res, "#")
-		ot, oid, _ := strings.Cut(obj, ":")
-		subj, subRel, _ := strings.Cut(sub, "#")
-		st, sid, _ := strings.Cut(subj, ":")
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: &v1.Relationship{
-			Resource: &v1.ObjectReference{ObjectType: ot, ObjectId: oid}, Relation: relation,
-			Subject: &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: st, ObjectId: sid}, OptionalRelation: subRel},
-		}})
+		rel, err := spicedbsource.ParseRelationship(r)
+		if err != nil {
+			return err
+		}
+		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
 	}
 	if _, err := a.client.WriteRelationships(ctx, req); err != nil {
 		return fmt.Errorf("writing relationships to SpiceDB: %w", err)

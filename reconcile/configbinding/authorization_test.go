@@ -60,15 +60,11 @@ func relate(t *testing.T, c *authzed.Client, op v1.RelationshipUpdate_Operation,
 	t.Helper()
 	req := &v1.WriteRelationshipsRequest{}
 	for _, r := range rels {
-		res, sub, _ := strings.Cut(r, "@")
-		obj, relation, _ := strings.Cut(res, "#")
-		ot, oid, _ := strings.Cut(obj, ":")
-		subj, subRel, _ := strings.Cut(sub, "#")
-		st, sid, _ := strings.Cut(subj, ":")
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: &v1.Relationship{
-			Resource: &v1.ObjectReference{ObjectType: ot, ObjectId: oid}, Relation: relation,
-			Subject: &v1.SubjectReference{Object: &v1.ObjectReference{ObjectType: st, ObjectId: sid}, OptionalRelation: subRel},
-		}})
+		rel, err := spicedbsource.ParseRelationship(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
 	}
 	if _, err := c.WriteRelationships(context.Background(), req); err != nil {
 		t.Fatal(err)
