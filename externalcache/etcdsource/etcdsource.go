@@ -50,9 +50,9 @@ type Options struct {
 	// from a log of its events' names and revisions (SharedLogEvents):
 	// etcd then holds one watcher per replica instead of one per followed
 	// domain and creates none per change, and a change reaches the cache
-	// sooner (at 1,000 changes/s over 1,000 domains on four replicas: no
-	// watch requests against two per change, p99 16 ms against 31 ms;
-	// docs/external-data.md). The shared watch brings every domain's
+	// sooner at high rates (at 1,000 changes/s over 1,000 domains on four
+	// replicas: no watch requests against two per change, p99 35 ms against
+	// 90 ms; docs/external-data.md). The shared watch brings every domain's
 	// events, values included, to every replica, which drops those of
 	// domains it does not follow: with many replicas and large values a
 	// watch per poll moves fewer bytes.
