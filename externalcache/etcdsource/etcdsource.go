@@ -204,7 +204,7 @@ func (s *Source) list(ctx context.Context, domain string) (externalcache.ChangeS
 	if s.shared != nil {
 		// The shared watch starts after the first list: every later
 		// list, and so every poll after one, is at or past it.
-		s.shared.startAfter(resp.Header.Revision, "")
+		s.shared.startAfter(resp.Header.Revision, epoch(resp.Header.ClusterId))
 	}
 	cs := externalcache.ChangeSet{Revision: resp.Header.Revision, Epoch: epoch(resp.Header.ClusterId)}
 	for _, kv := range resp.Kvs {
