@@ -30,6 +30,7 @@ import (
 // write relationships with.
 func withSpiceDB(t *testing.T) (func(*replica.Options), *authzed.Client) {
 	t.Helper()
+	controlplane.Require(t, cp) // the envs need it; the unit lane runs no SpiceDB either
 	srv, err := spicedbserver.Start(context.Background(), spicedbserver.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
