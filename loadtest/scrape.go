@@ -374,10 +374,14 @@ func apiSampleOf(f families) (apiServerSample, error) {
 	}
 	res := map[string]string{"resource": resourceBindings}
 	list := map[string]string{"verb": "LIST", "resource": resourceBindings}
-	listed := map[string]string{"verb": "LIST", "resource": resourceBindings, "code": "200"}
+	// Syncs are the replicas' informers': cluster-scoped, as
+	// serverSyncsOf counts them. A namespaced LIST is a point read (a
+	// replica reading a binding by name before it hands its ConfigMap
+	// over), not a sync.
+	listed := map[string]string{"verb": "LIST", "resource": resourceBindings, "scope": "cluster", "code": "200"}
 	var s apiServerSample
 	s.Started = f.sum(metricProcessStart, nil)
-	watchLists, _ := f.histogramSum(metricAPIWatchLists, res)
+	watchLists, _ := f.histogramSum(metricAPIWatchLists, map[string]string{"resource": resourceBindings, "scope": "cluster"})
 	s.Syncs = f.sum(metricAPIRequests, listed) + watchLists
 	s.Fetched = f.sum(metricAPIListFetched, res)
 	s.Scanned = s.Fetched + f.sum(metricAPIInitEvents, res)

@@ -32,7 +32,7 @@ func TestControllerWritesPerUpdate(t *testing.T) {
 apiserver_request_total{code="200",resource="configbindings",subresource="",verb="PATCH"} 10
 apiserver_request_total{code="200",resource="configbindings",subresource="status",verb="PATCH"} 100
 apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} 100
-apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 3
+apiserver_request_total{code="200",resource="configbindings",scope="cluster",subresource="",verb="LIST"} 3
 apiserver_request_total{code="200",resource="configbindings",subresource="",verb="WATCH"} 3
 apiserver_request_total{code="200",resource="leases",subresource="",verb="PUT"} 500
 apiserver_request_total{code="201",resource="events",subresource="",verb="POST"} 40
@@ -47,7 +47,7 @@ apiserver_request_total{code="200",resource="configbindings",subresource="status
 apiserver_request_total{code="409",resource="configbindings",subresource="status",verb="PATCH"} 5
 apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} 150
 apiserver_request_total{code="200",resource="configmaps",subresource="",verb="DELETE"} 1
-apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 5
+apiserver_request_total{code="200",resource="configbindings",scope="cluster",subresource="",verb="LIST"} 5
 apiserver_request_total{code="200",resource="configbindings",subresource="",verb="WATCH"} 9
 apiserver_request_total{code="200",resource="leases",subresource="",verb="PUT"} 600
 apiserver_request_total{code="201",resource="events",subresource="",verb="POST"} 47
@@ -95,7 +95,7 @@ func TestCountsAcrossAnAPIServerRestart(t *testing.T) {
 	t0 := time.Now()
 	const started = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %d\n"
 	scrape := func(at time.Time, start, lists, puts int) apiServerSample {
-		text := requestsHelp + fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} %d
+		text := requestsHelp + fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",scope="cluster",subresource="",verb="LIST"} %d
 apiserver_request_total{code="200",resource="configmaps",subresource="",verb="APPLY"} %d
 `, lists, puts)
 		if start > 0 {
@@ -229,7 +229,7 @@ func TestRenderWriteRows(t *testing.T) {
 // before the first scrape takes no more than was fetched after it.
 func TestScannedLeavesOutConsistencyChecks(t *testing.T) {
 	scrape := func(at time.Time, initEvents, cacheFetched, etcdFetched, checks int) apiServerSample {
-		return apiScrape(t, at, requestsHelp+fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",subresource="",verb="LIST"} 2
+		return apiScrape(t, at, requestsHelp+fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",scope="cluster",subresource="",verb="LIST"} 2
 apiserver_init_events_total{group="config.kshard.dev",resource="configbindings"} %d
 apiserver_storage_list_fetched_objects_total{group="config.kshard.dev",index="",resource="configbindings",storage="watchcache"} %d
 apiserver_storage_list_fetched_objects_total{group="config.kshard.dev",index="",resource="configbindings",storage="etcd"} %d
