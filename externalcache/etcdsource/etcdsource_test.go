@@ -3,8 +3,6 @@ package etcdsource_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,22 +15,14 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 )
 
-// startEtcd runs a config-center etcd for one test: the user's
-// KUBEBUILDER_ASSETS, or what make controlplane builds.
+// startEtcd runs a config-center etcd for one test, of the control plane's
+// binary (the user's KUBEBUILDER_ASSETS, or what make controlplane builds).
 func startEtcd(t *testing.T) (*configetcd.Server, *clientv3.Client) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs an etcd process")
 	}
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
-	if assets == "" {
-		root, err := controlplane.RepoRoot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		assets = filepath.Join(root, "bin", "k8s")
-	}
-	srv, err := configetcd.Start(context.Background(), configetcd.Options{Binary: filepath.Join(assets, "etcd"), Dir: t.TempDir()})
+	srv, err := configetcd.Start(context.Background(), configetcd.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

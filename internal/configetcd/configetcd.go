@@ -16,12 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -64,6 +62,9 @@ type TLS struct {
 type Server struct {
 	opts    Options
 	members []*member
+	// procs runs the members: each in its own group, killed with the
+	// caller.
+	procs *childproc.Supervisor
 }
 
 // member is one etcd process slot, kept across restarts.
@@ -71,9 +72,8 @@ type member struct {
 	name, client, peer string // name and loopback URLs
 	dir                string
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd // nil while stopped
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *childproc.Process // nil while stopped
 }
 
 // Start starts etcd's members and waits until the cluster answers.
@@ -99,7 +99,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if opts.TLS != nil {
 		scheme = "https"
 	}
-	s := &Server{opts: opts}
+	s := &Server{opts: opts, procs: childproc.NewSupervisor(nil)}
 	for i := range opts.Members {
 		m := &member{name: "config-center-" + strconv.Itoa(i),
 			client: scheme + "://127.0.0.1:" + strconv.Itoa(ports[2*i]),
@@ -156,10 +156,7 @@ func (s *Server) client(endpoints []string) (*clientv3.Client, error) {
 func (s *Server) Leader(ctx context.Context) (int, error) {
 	var errs []error
 	for i, m := range s.members {
-		m.mu.Lock()
-		running := m.cmd != nil
-		m.mu.Unlock()
-		if !running {
+		if !m.running() {
 			continue
 		}
 		c, err := s.client([]string{m.client})
@@ -190,7 +187,7 @@ func (s *Server) Restart(ctx context.Context) error {
 		peers = append(peers, m.name+"="+m.peer)
 	}
 	for _, m := range s.members {
-		if err := m.start(s.opts, strings.Join(peers, ",")); err != nil {
+		if err := m.start(s.procs, s.opts, strings.Join(peers, ",")); err != nil {
 			return err
 		}
 	}
@@ -204,21 +201,17 @@ func (s *Server) RestartMember(ctx context.Context, i int) error {
 	for _, m := range s.members {
 		peers = append(peers, m.name+"="+m.peer)
 	}
-	if err := s.members[i].start(s.opts, strings.Join(peers, ",")); err != nil {
+	if err := s.members[i].start(s.procs, s.opts, strings.Join(peers, ",")); err != nil {
 		return err
 	}
 	return s.waitAnswers(ctx)
 }
 
-func (m *member) start(opts Options, initialCluster string) error {
+func (m *member) start(procs *childproc.Supervisor, opts Options, initialCluster string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.cmd != nil {
+	if m.proc != nil {
 		return nil
-	}
-	logFile, err := os.OpenFile(filepath.Join(m.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("starting the config center's etcd: %w", err)
 	}
 	args := []string{
 		"--name", m.name,
@@ -232,17 +225,21 @@ func (m *member) start(opts Options, initialCluster string) error {
 		args = append(args, "--cert-file", t.CertFile, "--key-file", t.KeyFile,
 			"--client-cert-auth", "--trusted-ca-file", t.CAFile)
 	}
-	cmd := exec.Command(opts.Binary, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = childproc.SysProcAttr()
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return fmt.Errorf("starting the config center's etcd %s: %w", opts.Binary, err)
+	p, err := procs.Start("the config center's etcd "+m.name, opts.Binary, m.logPath(), args...)
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(exited) }()
-	m.cmd, m.exited = cmd, exited
+	m.proc = p
 	return nil
+}
+
+func (m *member) logPath() string { return filepath.Join(m.dir, "etcd.log") }
+
+// running says the member's process was started and has not ended.
+func (m *member) running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.proc != nil && m.proc.Running()
 }
 
 // waitAnswers waits until a read through every running member succeeds.
@@ -262,12 +259,10 @@ func (s *Server) waitAnswers(ctx context.Context) error {
 		}
 		for _, m := range s.members {
 			m.mu.Lock()
-			exited := m.exited
+			exited := m.proc != nil && !m.proc.Running()
 			m.mu.Unlock()
-			select {
-			case <-exited:
-				return fmt.Errorf("the config center's etcd %s exited at start: %s", m.name, childproc.Tail(filepath.Join(m.dir, "etcd.log"), 2000))
-			default:
+			if exited {
+				return fmt.Errorf("the config center's etcd %s exited at start: %s", m.name, childproc.Tail(m.logPath(), 2000))
 			}
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -291,20 +286,17 @@ func (s *Server) StopMember(i int, grace time.Duration) { s.members[i].stop(grac
 
 func (m *member) stop(grace time.Duration) {
 	m.mu.Lock()
-	cmd, exited := m.cmd, m.exited
-	m.cmd = nil
+	p := m.proc
+	m.proc = nil
 	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(grace):
-		_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
+	if p != nil {
+		_, _ = p.Stop(grace)
 	}
 }
 
 // Close stops etcd for good.
-func (s *Server) Close() error { return s.Stop(5 * time.Second) }
+func (s *Server) Close() error {
+	err := s.Stop(5 * time.Second)
+	s.procs.StopAll(5 * time.Second)
+	return err
+}

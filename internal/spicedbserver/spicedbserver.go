@@ -14,11 +14,9 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kshard/kshard/internal/childproc"
@@ -45,10 +43,11 @@ type Server struct {
 	opts    Options
 	grpc    string // host:port, kept across restarts
 	metrics string
+	// procs runs the process: in its own group, killed with the caller.
+	procs *childproc.Supervisor
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *childproc.Process // nil while stopped
 }
 
 // Start starts SpiceDB and waits until it serves gRPC.
@@ -76,8 +75,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, grpc: "127.0.0.1:" + strconv.Itoa(ports[0]), metrics: "127.0.0.1:" + strconv.Itoa(ports[1])}
+	s := &Server{opts: opts, grpc: "127.0.0.1:" + strconv.Itoa(ports[0]), metrics: "127.0.0.1:" + strconv.Itoa(ports[1]),
+		procs: childproc.NewSupervisor(nil)}
 	if err := s.Restart(ctx); err != nil {
+		_ = s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -96,17 +97,12 @@ func (s *Server) Token() string { return s.opts.Token }
 // accepts connections.
 func (s *Server) Restart(ctx context.Context) error {
 	s.mu.Lock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		s.mu.Unlock()
 		return nil
 	}
 	logPath := filepath.Join(s.opts.Dir, "spicedb.log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		s.mu.Unlock()
-		return fmt.Errorf("starting SpiceDB: %w", err)
-	}
-	cmd := exec.Command(s.opts.Binary, "serve",
+	p, err := s.procs.Start("SpiceDB", s.opts.Binary, logPath, "serve",
 		"--grpc-preshared-key", s.opts.Token,
 		"--grpc-addr", s.grpc,
 		"--datastore-engine", "memory",
@@ -116,16 +112,11 @@ func (s *Server) Restart(ctx context.Context) error {
 		"--telemetry-endpoint=",
 		"--skip-release-check",
 		"--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = childproc.SysProcAttr()
-	if err := cmd.Start(); err != nil {
+	if err != nil {
 		s.mu.Unlock()
-		_ = logFile.Close()
-		return fmt.Errorf("starting SpiceDB %s: %w", s.opts.Binary, err)
+		return fmt.Errorf("starting SpiceDB: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = logFile.Close(); close(exited) }()
-	s.cmd, s.exited = cmd, exited
+	s.proc = p
 	s.mu.Unlock()
 
 	deadline := time.Now().Add(time.Minute)
@@ -135,10 +126,8 @@ func (s *Server) Restart(ctx context.Context) error {
 			_ = conn.Close()
 			return nil
 		}
-		select {
-		case <-exited:
+		if !p.Running() {
 			return fmt.Errorf("SpiceDB exited at start: %s", childproc.Tail(logPath, 2000))
-		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("SpiceDB did not listen within a minute: %w", err)
@@ -151,23 +140,17 @@ func (s *Server) Restart(ctx context.Context) error {
 // data is gone.
 func (s *Server) Stop(grace time.Duration) {
 	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
+	p := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(grace):
-		_ = childproc.SignalGroup(cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
+	if p != nil {
+		_, _ = p.Stop(grace)
 	}
 }
 
 // Close stops SpiceDB for good.
 func (s *Server) Close() error {
 	s.Stop(5 * time.Second)
+	s.procs.StopAll(5 * time.Second)
 	return nil
 }
