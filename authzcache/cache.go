@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -378,34 +376,21 @@ func (c *Cache) checkLoop(ctx context.Context) {
 	}
 }
 
-// take removes up to BatchSize queued questions.
+// take removes up to BatchSize queued questions, in no order: after a
+// change every kept question is queued, and a sort per batch would cost
+// the whole queue each time.
 func (c *Cache) take() ([]Question, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// Sorted, so that a batch is the same on every run with the same queue.
-	qs := slices.SortedFunc(maps.Keys(c.queue), func(a, b Question) int {
-		if a.Namespace != b.Namespace {
-			return compare(a.Namespace, b.Namespace)
+	qs := make([]Question, 0, min(len(c.queue), c.opts.BatchSize))
+	for q := range c.queue {
+		if len(qs) == c.opts.BatchSize {
+			break
 		}
-		return compare(a.Domain, b.Domain)
-	})
-	if len(qs) > c.opts.BatchSize {
-		qs = qs[:c.opts.BatchSize]
-	}
-	for _, q := range qs {
+		qs = append(qs, q)
 		delete(c.queue, q)
 	}
 	return qs, c.atLeast
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (c *Cache) requeue(qs []Question) {
