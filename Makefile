@@ -13,6 +13,9 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # them from here.
 export PROMTOOL := $(BIN)/promtool
 export PROMQL_SELECTORS := $(BIN)/promql-selectors
+# The Prometheus server the load tester measures through (its figures are
+# PromQL over the services' own /metrics), from the same pinned module.
+export PROMETHEUS := $(BIN)/prometheus
 # SpiceDB, the authorization system of the tests and the sandbox, built from
 # the module hack/spicedb pins.
 export SPICEDB := $(BIN)/spicedb/spicedb
@@ -126,7 +129,10 @@ controlplane-if-needed:
 	else $(MAKE) --no-print-directory controlplane; fi
 
 .PHONY: prometheus-tools
-prometheus-tools: $(PROMTOOL) $(PROMQL_SELECTORS) ## Build promtool and promql-selectors from the pinned Prometheus module into bin/.
+prometheus-tools: $(PROMTOOL) $(PROMQL_SELECTORS) $(PROMETHEUS) ## Build promtool, promql-selectors and the Prometheus server from the pinned module into bin/.
+
+$(PROMETHEUS): hack/prometheus/go.mod
+	cd hack/prometheus && GOWORK=off go build -tags $(PROMETHEUS_TAGS) -o $@ github.com/prometheus/prometheus/cmd/prometheus
 
 $(PROMTOOL): hack/prometheus/go.mod
 	cd hack/prometheus && GOWORK=off go build -tags $(PROMETHEUS_TAGS) -o $@ github.com/prometheus/prometheus/cmd/promtool

@@ -93,6 +93,8 @@ func (m Mode) externalCache() bool { return !m.Plain && !m.direct() }
 type fleet struct {
 	r    *run
 	mode Mode
+	// id names the fleet in the run's metrics (their fleet label).
+	id string
 	// sizes are the replica counts the fleet was scaled to, in order
 	// (stopping, 0, excluded).
 	sizes []int

@@ -224,8 +224,12 @@ type Options struct {
 	// temporary folder, removed after a successful run.
 	WorkDir string
 	// SampleInterval is how often replicas, the config center and the ring
-	// are sampled. Default 1s.
+	// are sampled, and Prometheus's scrape interval. Default 1s.
 	SampleInterval time.Duration
+	// Prometheus is the Prometheus server the run measures through.
+	// Default $PROMETHEUS, else <repository>/bin/prometheus (make
+	// prometheus-tools builds it from hack/prometheus's pinned module).
+	Prometheus string
 
 	// Command is the command line the report shows as the way to reproduce
 	// it. Default: this process's arguments.

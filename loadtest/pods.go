@@ -67,7 +67,10 @@ type podTarget struct {
 	// metrics reads the pods' /metrics with the token of the load tester's
 	// ServiceAccount.
 	metrics *http.Client
-	logDir  string
+	// metricsToken is the token metrics reads the replicas with, which
+	// the run's Prometheus scrapes them with too.
+	metricsToken string
+	logDir       string
 	// centerFaults are the config center's faults before the run, set
 	// back at its end.
 	centerFaults *configcenter.Faults
@@ -327,6 +330,7 @@ func (t *podTarget) authorize(ctx context.Context, ns string) error {
 		return fmt.Errorf("the metrics transport: %w", err)
 	}
 	t.metrics = &http.Client{Timeout: 2 * time.Second, Transport: rt}
+	t.metricsToken = tr.Status.Token
 	return nil
 }
 

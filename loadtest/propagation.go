@@ -31,6 +31,7 @@ type propagation struct {
 	cc  *configcenter.Client
 	set *objectSet
 	gen *generator
+	obs *observations
 
 	seq int // values written, over the run: each probe's value is unique
 
@@ -55,8 +56,8 @@ type PropagationResult struct {
 	Latency                   LatencySummary
 }
 
-func newPropagation(c client.WithWatch, cc *configcenter.Client, set *objectSet, gen *generator) *propagation {
-	return &propagation{c: c, cc: cc, set: set, gen: gen}
+func newPropagation(c client.WithWatch, cc *configcenter.Client, set *objectSet, gen *generator, obs *observations) *propagation {
+	return &propagation{c: c, cc: cc, set: set, gen: gen, obs: obs}
 }
 
 // run probes every interval until ctx ends, then waits for the open probes
@@ -197,6 +198,7 @@ func (p *propagation) observe(cm *corev1.ConfigMap, now time.Time) {
 		if _, ok := pr.waiting[cm.Name]; ok && cm.Data[pr.key] == pr.value {
 			delete(pr.waiting, cm.Name)
 			p.samples.Observe(now.Sub(pr.at))
+			p.obs.propagated(now.Sub(pr.at))
 			p.expected++
 			p.reached++
 		}

@@ -315,6 +315,12 @@ type FleetResult struct {
 	StartOverClaim float64
 
 	PerReplica []ReplicaResult
+
+	// Figures are the Fleets table's rows, and ReplicaFigures the per-replica
+	// table's, each a PromQL query against the run's Prometheus
+	// (queries/fleets.yaml).
+	Figures        []Figure
+	ReplicaFigures []ReplicaFigures
 }
 
 // ReplicaResult is one replica identity over the fleet's life. Samples
@@ -842,20 +848,6 @@ func skewText(o Options) string {
 		return fmt.Sprintf("Zipf, s=%g", o.ZipfS)
 	}
 	return "uniform"
-}
-
-// loadAverage reads the 1-minute load average on Linux; ok is false
-// elsewhere.
-func loadAverage() (float64, bool) {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0, false
-	}
-	var l float64
-	if _, err := fmt.Sscan(string(b), &l); err != nil {
-		return 0, false
-	}
-	return l, true
 }
 
 // cpuModel reads the CPU model on Linux; elsewhere it is unknown.

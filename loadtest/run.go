@@ -141,6 +141,16 @@ type run struct {
 	// tester sent through any client built from restConfig, so the API
 	// server's counts can be split into the replicas' and its own.
 	ownWrites atomic.Int64
+	// ownSyncs counts the initial syncs of ConfigBindings the load tester's
+	// own watch made, for the same split of the API server's counts.
+	ownSyncs atomic.Int64
+
+	// obs are the load tester's own observations as metrics; prom the
+	// Prometheus that scrapes them with everything else, and queries what
+	// the report asks it.
+	obs     *observations
+	prom    *promServer
+	queries querySet
 
 	set     *objectSet
 	tracker *tracker
@@ -213,6 +223,11 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	}
 	r.progress = newProgress(r.opts.Progress)
 	defer r.progress.close()
+	var err error
+	if r.obs, err = newObservations(&r.ownWrites, &r.ownSyncs); err != nil {
+		return nil, err
+	}
+	defer r.obs.close()
 	r.progress.printf("scenario %s; work folder %s", r.opts.Scenario, r.work)
 
 	if r.opts.StatefulSet == "" {
@@ -221,7 +236,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		}
 	}
 
-	stopCluster, err := r.cluster(ctx)
+	stopCluster, etcdURL, err := r.cluster(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +282,9 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.startCenter(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.startMeasuring(ctx, etcdURL); err != nil {
+		return nil, err
+	}
 	if err := r.watch(ctx); err != nil {
 		return nil, err
 	}
@@ -285,6 +303,8 @@ func (r *run) run(parent context.Context) (*Report, error) {
 func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) error {
 	r.begin = time.Now()
 	stopSampling := childproc.GoSafe(ctx, cancel, "sampler", r.sample)
+	stopFollowing := childproc.GoSafe(ctx, cancel, "Prometheus targets", r.followTargets)
+	defer stopFollowing()
 	err := r.sc.run(ctx, r)
 	if err == nil && ctx.Err() != nil {
 		err = context.Cause(ctx)
@@ -344,7 +364,7 @@ func (r *run) folders() error {
 // generator, and the propagation probe.
 func (r *run) watch(ctx context.Context) error {
 	var err error
-	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig), r.opts.Shards); err != nil {
+	if r.tracker, err = newTracker(ctx, rest.CopyConfig(r.restConfig), r.opts.Shards, r.obs, &r.ownSyncs); err != nil {
 		return err
 	}
 	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
@@ -362,7 +382,7 @@ func (r *run) watch(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("creating the ConfigMap watch client: %w", err)
 		}
-		r.propagation = newPropagation(wc, r.cc, r.set, r.gen)
+		r.propagation = newPropagation(wc, r.cc, r.set, r.gen, r.obs)
 	}
 	return nil
 }
@@ -435,12 +455,12 @@ func (r *run) binaries(ctx context.Context) error {
 
 // cluster starts the control plane, or loads the kubeconfig of an existing
 // one, and returns how to stop what it started.
-func (r *run) cluster(ctx context.Context) (stop func(), err error) {
+func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err error) {
 	var cfg *rest.Config
 	stop = func() {}
 	if r.opts.Kubeconfig != "" {
 		if cfg, err = clientcmd.BuildConfigFromFlags("", r.opts.Kubeconfig); err != nil {
-			return nil, fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
+			return nil, "", fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
 		}
 		r.kubeconfig, r.apiAuditLog = r.opts.Kubeconfig, r.opts.APIServerAuditLog
 		r.progress.printf("using the cluster of %s", r.kubeconfig)
@@ -452,7 +472,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
 			AuditLogPath: r.apiAuditLog, RestartLogPath: filepath.Join(r.work, "logs", "kube-apiserver-restarted.log")})
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		stop = func() {
 			r.progress.printf("stopping the control plane ...")
@@ -463,6 +483,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 		cfg = cp.Config
 		r.restartAPIServer = cp.RestartAPIServer
 		r.controlPlanePIDs = cp.ProcessIDs
+		etcdURL = cp.EtcdURL()
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	if r.opts.NodeFaults != "" {
@@ -475,7 +496,7 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 	u, err := url.Parse(host)
 	if err != nil || u.Host == "" {
 		stop()
-		return nil, fmt.Errorf("the API server's address %q: want https://host:port (%v)", cfg.Host, err)
+		return nil, "", fmt.Errorf("the API server's address %q: want https://host:port (%v)", cfg.Host, err)
 	}
 	r.apiAddr = u.Host
 	cfg = rest.CopyConfig(cfg)
@@ -486,12 +507,12 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 	r.restConfig = cfg
 	if r.c, err = client.New(cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
 		stop()
-		return nil, fmt.Errorf("creating the API client: %w", err)
+		return nil, "", fmt.Errorf("creating the API client: %w", err)
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		stop()
-		return nil, fmt.Errorf("creating the API client: %w", err)
+		return nil, "", fmt.Errorf("creating the API client: %w", err)
 	}
 	r.cs, r.rc = cs, cs.RESTClient()
 	if v, err := cs.Discovery().ServerVersion(); err == nil {
@@ -499,9 +520,9 @@ func (r *run) cluster(ctx context.Context) (stop func(), err error) {
 	}
 	if _, err := scrapeAPIServer(ctx, r.rc); err != nil {
 		stop()
-		return nil, fmt.Errorf("the load tester reads the API server's /metrics; %w", err)
+		return nil, "", fmt.Errorf("the load tester reads the API server's /metrics; %w", err)
 	}
-	return stop, nil
+	return stop, etcdURL, nil
 }
 
 // prepare creates the namespaces and the StatefulSet, and refuses a cluster

@@ -512,6 +512,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 // beginLoad starts the fleet's measured phase, after reading the object
 // writes so far.
 func (r *run) beginLoad(ctx context.Context, f *fleet) {
+	r.scraped(ctx)
 	f.loadWritesFrom = r.markWritesOrLog(ctx)
 	f.loadFrom = time.Now()
 }

@@ -2,12 +2,15 @@ package loadtest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+var update = flag.Bool("update", false, "rewrite testdata/settings.txt from the current code")
 
 // TestSettingsText writes the settings table of runs of several kinds
 // (chaos on processes and on pods, capacity, storms without load, the

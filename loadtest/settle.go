@@ -74,6 +74,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	}
 	f.sizes = []int{n}
 	r.awaitScansStill(ctx)
+	r.scraped(ctx)
 	before, err := r.markWrites(ctx)
 	if err != nil {
 		return nil, err
@@ -81,8 +82,10 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	f.apiStart, f.ownSyncsStart = before.api, r.tracker.ownSyncs.Load()
 	r.mu.Lock()
 	r.fleet = f
+	f.id = fmt.Sprintf("fleet-%d", len(r.fleets)+1)
 	r.fleets = append(r.fleets, f)
 	r.mu.Unlock()
+	r.obs.setFleet(f.id, time.Now())
 	r.mark("start %s", f.label())
 	r.setPhase("starting")
 	if err := f.scaleTo(ctx, n); err != nil {
@@ -104,7 +107,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	}
 	// Objects that existed before the fleet make its start its create
 	// storm; without any, the scenario's creates will.
-	f.storm = r.withServerCPU(stormOfStart(ev, f.startObjects), f.started)
+	f.storm = r.withServerCPU(stormOfStart(ev, f.started, f.startObjects), f.started)
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}
@@ -133,6 +136,8 @@ func (r *run) stopFleet(ctx context.Context, f *fleet) {
 	}
 	r.mu.Unlock()
 	f.result = r.fleetResult(f)
+	r.measureFleet(ctx, f, f.result)
+	r.obs.setFleet("", time.Time{})
 	r.mark("stopped %s", f.label())
 }
 

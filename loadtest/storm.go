@@ -36,6 +36,8 @@ type CreateStorm struct {
 	// Kind is stormCreates, stormStart or stormRamp; empty for a fleet that
 	// met none (a comparison fleet after the objects were deleted, say).
 	Kind string
+	// Began is the first create, or the fleet's first process.
+	Began time.Time
 	// Objects is the objects in the storm; CreateRate the creates per
 	// second the load tester aimed at (stormCreates, stormRamp).
 	Objects    int
@@ -114,12 +116,12 @@ func (s CreateStorm) describe() string {
 
 // stormOfStart is the create storm of a fleet that started on existing
 // objects: its start event.
-func stormOfStart(ev EventResult, objects int) CreateStorm {
+func stormOfStart(ev EventResult, began time.Time, objects int) CreateStorm {
 	if objects == 0 {
 		return CreateStorm{}
 	}
 	return CreateStorm{
-		Kind: stormStart, Objects: objects, Duration: ev.Reconciled, Settled: ev.Error == "",
+		Kind: stormStart, Began: began, Objects: objects, Duration: ev.Reconciled, Settled: ev.Error == "",
 		WritesCounted: ev.WritesCounted, Writes: ev.ObjectWrites, Own: ev.OwnWrites,
 	}
 }
@@ -129,10 +131,11 @@ func stormOfStart(ev EventResult, objects int) CreateStorm {
 // writes of the load tester meanwhile but the creates (their own writes are
 // subtracted anyway).
 func (r *run) measureStorm(ctx context.Context, kind string, objects int, perSecond float64, create func(at time.Time) (settled bool, err error)) (CreateStorm, error) {
+	r.scraped(ctx)
 	before := r.markWritesOrLog(ctx)
 	at := time.Now()
 	settled, err := create(at)
-	s := CreateStorm{Kind: kind, Objects: objects, CreateRate: perSecond, Duration: time.Since(at), Settled: settled}
+	s := CreateStorm{Kind: kind, Began: at, Objects: objects, CreateRate: perSecond, Duration: time.Since(at), Settled: settled}
 	if writes, own, ok := controllerWrites(before, r.markWritesOrLog(ctx)); ok {
 		s.WritesCounted, s.Writes, s.Own = true, writes, own
 	}

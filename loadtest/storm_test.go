@@ -28,50 +28,9 @@ func TestCeilingRate(t *testing.T) {
 	}
 }
 
-func TestCreateStormFigures(t *testing.T) {
-	// basic: 1,000 creates Ready 5 s after the first; the replicas and the
-	// labeler wrote 3,000 times (label, ConfigMap, status per object).
-	s := CreateStorm{Kind: stormCreates, Objects: 1000, CreateRate: 200, Duration: 5 * time.Second, Settled: true,
-		WritesCounted: true, Writes: 3000, Own: 1000}
-	f := s.figures(1200)
-	if f.ReadyPerSec != 200 || f.WritesPerObject != 3 || f.WritesPerSec != 600 || f.OfCeiling != 0.5 {
-		t.Errorf("figures = %+v, want 200 Ready/s, 3 writes per object, 600 writes/s, 0.5 of a 1200 writes/s ceiling", f)
-	}
-	if got := ceilingRatioText(f, 1200); got != "600 ÷ 1200 = 0.50" {
-		t.Errorf("ratio cell %q", got)
-	}
-	// Without a ceiling the write rate still shows, the ratio does not.
-	f = s.figures(0)
-	if f.WritesPerSec != 600 || f.OfCeiling != -1 {
-		t.Errorf("figures without a ceiling = %+v", f)
-	}
-	if got := ceilingRatioText(f, 0); got != "600 ÷ n/a (not calibrated)" {
-		t.Errorf("ratio cell without a ceiling %q", got)
-	}
-
-	// A ramp is not awaited: no Ready rate, but its writes per second are
-	// over the ramp's time.
-	ramp := CreateStorm{Kind: stormRamp, Objects: 3000, CreateRate: 25, Duration: 2 * time.Minute, WritesCounted: true, Writes: 6000}
-	if f := ramp.figures(1000); f.ReadyPerSec != -1 || f.WritesPerSec != 50 || f.OfCeiling != 0.05 || f.WritesPerObject != 2 {
-		t.Errorf("ramp figures = %+v, want no Ready rate, 50 writes/s, 0.05 of the ceiling, 2 per object", f)
-	}
-	// Writes not counted (a scrape failed): only the Ready rate.
-	s.WritesCounted = false
-	if f := s.figures(1200); f.ReadyPerSec != 200 || f.WritesPerSec != -1 || f.WritesPerObject != -1 || f.OfCeiling != -1 {
-		t.Errorf("figures without write counts = %+v", f)
-	}
-	if got := ceilingRatioText(s.figures(1200), 1200); got != "—" {
-		t.Errorf("ratio cell without write counts %q", got)
-	}
-	// No storm at all.
-	if f := (CreateStorm{}).figures(1200); f != (stormFigures{-1, -1, -1, -1}) {
-		t.Errorf("figures of no storm = %+v", f)
-	}
-}
-
 func TestStormOfStart(t *testing.T) {
 	ev := EventResult{Reconciled: 40 * time.Second, WritesCounted: true, ObjectWrites: 15000, OwnWrites: 0}
-	s := stormOfStart(ev, 5000)
+	s := stormOfStart(ev, time.Time{}, 5000)
 	if s.Kind != stormStart || s.Objects != 5000 || s.Duration != 40*time.Second || !s.Settled || !s.WritesCounted || s.Writes != 15000 {
 		t.Fatalf("storm of a start = %+v", s)
 	}
@@ -79,11 +38,11 @@ func TestStormOfStart(t *testing.T) {
 		t.Errorf("figures = %+v, want 125 Ready/s, 375 writes/s, half the ceiling", f)
 	}
 	ev.Error = "not settled after 5m"
-	if s := stormOfStart(ev, 5000); s.Settled {
+	if s := stormOfStart(ev, time.Time{}, 5000); s.Settled {
 		t.Error("a start that did not settle is not a settled storm")
 	}
 	// A fleet that started on no objects has its storm from the creates.
-	if s := stormOfStart(ev, 0); s.Kind != "" {
+	if s := stormOfStart(ev, time.Time{}, 0); s.Kind != "" {
 		t.Errorf("storm of a start on no objects = %+v, want none", s)
 	}
 }
@@ -211,46 +170,6 @@ func TestCeilingText(t *testing.T) {
 	}
 }
 
-func TestRenderStormAndLabelRows(t *testing.T) {
-	rep := &Report{
-		Scenario: "compare-sharding",
-		Machine:  Machine{Calibration: &Calibration{WritesPerSec: 1000}},
-		Fleets: []*FleetResult{
-			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, UnlabeledPeak: -1,
-				Storm: CreateStorm{Kind: stormStart, Objects: 5000, Duration: 25 * time.Second, Settled: true, WritesCounted: true, Writes: 10000}},
-			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, UnlabeledPeak: 4873,
-				Labeled: LatencySummary{Count: 5000, P50: 2 * time.Second, P99: 4500 * time.Millisecond},
-				Storm:   CreateStorm{Kind: stormStart, Objects: 5000, Duration: 10 * time.Second, Settled: true, WritesCounted: true, Writes: 5000}},
-			{Fleet: "sharded ×4", Mode: ModeSharded.Name, Args: ModeSharded.Args, UnlabeledPeak: 0,
-				Storm: CreateStorm{Kind: stormCreates, Objects: 1000, CreateRate: 200, Duration: 20 * time.Second}},
-		},
-	}
-	md := renderMarkdown(rep)
-	for _, want := range []string{
-		"| create storm | fleet start on 5000 new objects | fleet start on 5000 new objects | 1000 creates at 200/s |",
-		"| create storm: until every object Ready | 25.00 s | 10.00 s | not settled |",
-		"| create storm: objects Ready per second | 200.00 | 500.00 | — |",
-		"| create storm: controller writes per object | 2.00 | 1.00 | — |",
-		"| create storm: controller writes per second ÷ ceiling writes per second | 400 ÷ 1000 = 0.40 | 500 ÷ 1000 = 0.50 | — |",
-		"| create → labeled p50 / p99 | no data | 2.00 s / 4.50 s | no data |",
-		"| objects waiting for a label, peak | n/a (no labeler) | 4873 | 0 |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("the report lacks %q", want)
-		}
-	}
-	// No fleet met a storm: no storm rows, the labeler rows stay.
-	for _, f := range rep.Fleets {
-		f.Storm = CreateStorm{}
-	}
-	md = renderMarkdown(rep)
-	if strings.Contains(md, "create storm") || !strings.Contains(md, "| objects waiting for a label, peak |") {
-		t.Error("storm rows without a storm, or labeler rows missing")
-	}
-}
-
-// TestOverClaim: a replica that held every object before settling on its
-// share shows the ratio; samples outside the start window do not count.
 func TestOverClaim(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(s int, objects float64) replicaSample {

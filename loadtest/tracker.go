@@ -67,7 +67,9 @@ type tracker struct {
 	// ownSyncs counts the initial syncs of ConfigBindings (LISTs and
 	// watch-lists) the tracker's informer made, so the API server's counts
 	// can be split into the replicas' and the load tester's.
-	ownSyncs atomic.Int64
+	ownSyncs *atomic.Int64
+	// obs publishes what the tracker sees as the load tester's metrics.
+	obs *observations
 }
 
 // objectState is what the tracker knows of one ConfigBinding.
@@ -103,10 +105,10 @@ type pendingWrite struct {
 
 // newTracker starts watching the ConfigBindings of the load tester's
 // namespace.
-func newTracker(ctx context.Context, cfg *rest.Config, shards int32) (*tracker, error) {
-	t := &tracker{objects: map[string]*objectState{}, shards: shards}
+func newTracker(ctx context.Context, cfg *rest.Config, shards int32, obs *observations, ownSyncs *atomic.Int64) (*tracker, error) {
+	t := &tracker{objects: map[string]*objectState{}, shards: shards, obs: obs, ownSyncs: ownSyncs}
 	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &syncCounter{next: rt, n: &t.ownSyncs} })
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &syncCounter{next: rt, n: t.ownSyncs} })
 	c, err := cache.New(cfg, cache.Options{
 		Scheme:            replica.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{Namespace: {}},
@@ -232,6 +234,7 @@ func (t *tracker) observe(obj any) {
 	}
 	if was < 0 && s.shard >= 0 && (!s.createdAt.IsZero() || s.seenUnlabeled) {
 		t.labeled = append(t.labeled, labelSample{At: now, Created: s.createdAt})
+		t.obs.labeledAt(now, s.createdAt)
 	}
 	if s.shard < 0 {
 		s.seenUnlabeled = true
@@ -246,6 +249,7 @@ func (t *tracker) observe(obj any) {
 	ready := cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Generation
 	if s.ready && !ready && s.seenGen == cb.Generation {
 		t.flaps = append(t.flaps, now)
+		t.obs.flapped()
 	}
 	s.ready, s.seenGen = ready, cb.Generation
 	if cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Status.ObservedGeneration && cb.Status.ObservedGeneration > s.readyGen {
@@ -265,6 +269,7 @@ func (t *tracker) wrote(key string, gen int64, start time.Time, kind writeKind) 
 	}
 	s.pending = append(s.pending, pendingWrite{gen: gen, at: start, kind: kind})
 	t.writes = append(t.writes, pendingWrite{at: start, kind: kind})
+	t.obs.wrote(kind.String())
 	// The watch may have shown it Ready before the write's response arrived.
 	t.complete(key, s)
 }
@@ -276,6 +281,7 @@ func (t *tracker) complete(key string, s *objectState) {
 	for _, p := range s.pending {
 		if p.gen <= s.readyGen {
 			t.samples = append(t.samples, latencySample{Done: s.readyAt, Latency: max(s.readyAt.Sub(p.at), 0), Kind: p.kind, Key: key, Gen: p.gen})
+			t.obs.readyAfter(p.kind, max(s.readyAt.Sub(p.at), 0))
 		} else {
 			kept = append(kept, p)
 		}

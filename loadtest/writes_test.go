@@ -183,50 +183,6 @@ func TestWriteCounter(t *testing.T) {
 	}
 }
 
-func TestRenderWriteRows(t *testing.T) {
-	rep := &Report{
-		Scenario: "compare-sharding",
-		Fleets: []*FleetResult{
-			{Fleet: "sharding off ×1", Mode: ModeSingleton.Name, Args: ModeSingleton.Args, APICounted: true, Scanned: 5000, Syncs: 1,
-				WritesCounted: true, ControllerWrites: 1200, SpecUpdates: 600, ControllerWritesPerUpdate: 2},
-			{Fleet: "sharded ×2", Mode: ModeSharded.Name, Args: ModeSharded.Args, APICounted: true, Scanned: 640000, Syncs: 128,
-				ControllerWritesPerUpdate: -1},
-		},
-		Events: []EventResult{
-			{Name: "graceful scale-down 3 → 2", Moved: 21, MovedToOther: 21, Objects: 3300, WritesCounted: true, WritesPerMoved: 0},
-			{Name: "crash of kshard-1", Moved: 22, MovedToOther: -1, Objects: 3400, WritesPerMoved: -1},
-		},
-	}
-	md := renderMarkdown(rep)
-	for _, want := range []string{
-		"| ConfigBindings scanned for initial syncs ÷ singleton's | 1.00× | 128.00× |",
-		"| controller API writes per spec update | 2.00 | no data |",
-		"| … ConfigBinding and ConfigMap writes in the phase, the load tester's own subtracted / spec updates | 1200 / 600 | no data / 0 |",
-		"| initial syncs of ConfigBindings: LISTs + watch-lists (API server) | 1 | 128 |",
-		"| object writes per moved object |",
-		"| graceful scale-down 3 → 2 | 0 | 21 | 21 | 3300 | - | 0 | 0.00 |",
-		"| crash of kshard-1 | 0 | 22 | — | 3400 | - | 0 | — |",
-		"The load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (1 of 2 events)",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("the report lacks %q", want)
-		}
-	}
-
-	// Without a singleton fleet (compare-external) the ratio has no base.
-	rep.Fleets[0].Args = ModeCache.Args
-	if md := renderMarkdown(rep); !strings.Contains(md, "| ConfigBindings scanned for initial syncs ÷ singleton's | — | — |") {
-		t.Error("the scanned ratio must be — without a singleton fleet")
-	}
-}
-
-// TestScannedLeavesOutConsistencyChecks: the API server's own consistency
-// check of its ConfigBinding cache lists every object from the cache and
-// from etcd, which the fetched-objects counter counts as it counts a
-// client's LIST. Between the two scrapes below (lines as kube-apiserver
-// 1.37.2 exports them) one client watch-list scanned the 1,000 objects and
-// one check ran: the scan is 1,000, not 3,000. A check whose lists began
-// before the first scrape takes no more than was fetched after it.
 func TestScannedLeavesOutConsistencyChecks(t *testing.T) {
 	scrape := func(at time.Time, initEvents, cacheFetched, etcdFetched, checks int) apiServerSample {
 		return apiScrape(t, at, requestsHelp+fmt.Sprintf(`apiserver_request_total{code="200",resource="configbindings",scope="cluster",subresource="",verb="LIST"} 2

@@ -175,6 +175,15 @@ func Start(opts Options) (*ControlPlane, error) {
 	return cp, nil
 }
 
+// EtcdURL is the API server's etcd's client URL, which serves its /metrics:
+// what a load test reads of the store behind the API server.
+func (c *ControlPlane) EtcdURL() string {
+	if c.env.ControlPlane.Etcd == nil || c.env.ControlPlane.Etcd.URL == nil {
+		return ""
+	}
+	return c.env.ControlPlane.Etcd.URL.String()
+}
+
 // KubeconfigBytes is the admin kubeconfig, for callers that write it
 // somewhere of their own.
 func (c *ControlPlane) KubeconfigBytes() []byte { return c.env.KubeConfig }

@@ -105,6 +105,7 @@ func bindFlags(fs *flag.FlagSet, o *loadtest.Options, fl *flags) {
 	fs.StringVar(&o.APIServerAuditLog, "apiserver-audit-log", "", "with --kubeconfig: the cluster's kube-apiserver audit log (JSON), which the write check reads")
 	fs.StringVar(&o.StatefulSet, "statefulset", "", "namespace/name: run basic or chaos on this StatefulSet's kshard pods in the --kubeconfig cluster")
 	fs.StringVar(&o.AssetsDir, "assets-dir", "", "etcd and kube-apiserver of the control plane (default $KUBEBUILDER_ASSETS, else bin/k8s)")
+	fs.StringVar(&o.Prometheus, "prometheus", "", "the Prometheus server every figure is queried from (default $PROMETHEUS, else bin/prometheus)")
 	fs.StringVar(&o.BinDir, "bin-dir", "", "folder with the kshard, configcenter and plaincontroller binaries (default: go build them)")
 	fs.StringVar(&o.WorkDir, "work-dir", "", "folder for logs and audit logs, kept (default: a temporary folder, removed after a passing run)")
 	fs.DurationVar(&o.SampleInterval, "sample-interval", 0, "how often replicas and the config center are sampled (default 1s"+scenarioDefault+")")

@@ -1,0 +1,314 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	promapi "github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kshard/kshard/internal/childproc"
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+// PrometheusEnv names the Prometheus server the load tester runs when
+// Options.Prometheus is empty (make sets it to bin/prometheus, built from
+// the pinned module of hack/prometheus).
+const PrometheusEnv = "PROMETHEUS"
+
+// The jobs of the load tester's Prometheus: the queries select by them.
+const (
+	jobReplicas     = "replicas"
+	jobAPIServer    = "apiserver"
+	jobEtcd         = "etcd"
+	jobConfigCenter = "configcenter"
+	jobLoadTester   = "loadtest"
+)
+
+// promServer is the Prometheus a run measures through: it scrapes the
+// replicas (a file of targets the run rewrites as they come and go), the
+// API server, the control plane's etcd, the config center and the load
+// tester's own observations, and every figure of the report is a PromQL
+// query against it, as a user's dashboard and alerts are. A real server and
+// not a parser of our own: what the report says is what a user's
+// Prometheus would say of the same run.
+type promServer struct {
+	api promv1.API
+	url string
+	// interval is the scrape interval: a figure is as fresh as one.
+	interval time.Duration
+	// targets is the replicas' file_sd file.
+	targets string
+	// absent are the jobs it does not scrape (no etcd of a cluster the
+	// load tester did not start): their figures are not a lack of data.
+	absent []string
+
+	mu      sync.Mutex
+	written []byte
+}
+
+// promScrape is how one job is scraped.
+type promScrape struct {
+	// addr is "host:port"; empty leaves the job out.
+	addr   string
+	scheme string
+	// caFile, certFile and keyFile are TLS files; insecure skips verifying
+	// the server (the replicas' self-signed serving certificates).
+	caFile, certFile, keyFile string
+	insecure                  bool
+	// tokenFile is a bearer token's file.
+	tokenFile string
+}
+
+// promOptions are what a run's Prometheus scrapes.
+type promOptions struct {
+	binary, dir string
+	interval    time.Duration
+	// replicas is how the replicas are scraped (addr unused: the targets
+	// file lists them).
+	replicas                              promScrape
+	apiServer, etcd, configCenter, tester promScrape
+}
+
+// startPrometheus starts a Prometheus under procs with its data in
+// o.dir, and waits until it is ready.
+func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOptions) (*promServer, error) {
+	if o.binary == "" {
+		o.binary = os.Getenv(PrometheusEnv)
+	}
+	if o.binary == "" {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			return nil, fmt.Errorf("finding Prometheus (set $%s or --prometheus): %w", PrometheusEnv, err)
+		}
+		o.binary = filepath.Join(root, "bin", "prometheus")
+	}
+	if _, err := os.Stat(o.binary); err != nil {
+		return nil, fmt.Errorf("the load tester measures through Prometheus (`make prometheus-tools` builds it): %w", err)
+	}
+	if err := os.MkdirAll(o.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating Prometheus's folder: %w", err)
+	}
+	p := &promServer{interval: o.interval, targets: filepath.Join(o.dir, "replicas.json")}
+	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter} {
+		if s.addr == "" {
+			p.absent = append(p.absent, job)
+		}
+	}
+	if err := p.setReplicas(nil); err != nil {
+		return nil, err
+	}
+	config, err := yaml.Marshal(promConfig(o, p.targets))
+	if err != nil {
+		return nil, fmt.Errorf("writing Prometheus's configuration: %w", err)
+	}
+	configFile := filepath.Join(o.dir, "prometheus.yml")
+	if err := os.WriteFile(configFile, config, 0o600); err != nil {
+		return nil, fmt.Errorf("writing Prometheus's configuration: %w", err)
+	}
+	ports, err := childproc.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	if _, err := procs.Start("prometheus", o.binary, filepath.Join(o.dir, "prometheus.log"),
+		"--config.file="+configFile, "--storage.tsdb.path="+filepath.Join(o.dir, "data"),
+		"--web.listen-address="+addr, "--log.level=warn",
+		// A replica's targets apply half a second after the file names
+		// them, not the default 5 s: a fleet's first seconds are its start.
+		"--scrape.discovery-reload-interval=500ms"); err != nil {
+		return nil, err
+	}
+	p.url = "http://" + addr
+	c, err := promapi.NewClient(promapi.Config{Address: p.url})
+	if err != nil {
+		return nil, fmt.Errorf("the Prometheus client: %w", err)
+	}
+	p.api = promv1.NewAPI(c)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/-/ready", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				// Every figure's start is after the first scrape of the
+				// API server and the others.
+				return p, p.caughtUp(ctx, time.Now())
+			}
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("waiting for Prometheus at %s: %w", p.url, err)
+		}
+	}
+}
+
+// promConfig is Prometheus's configuration for o.
+func promConfig(o promOptions, targets string) map[string]any {
+	interval := model.Duration(o.interval).String()
+	job := func(name string, s promScrape) map[string]any {
+		j := map[string]any{"job_name": name, "scheme": s.scheme}
+		if j["scheme"] == "" {
+			j["scheme"] = "http"
+		}
+		tls := map[string]any{}
+		for k, v := range map[string]string{"ca_file": s.caFile, "cert_file": s.certFile, "key_file": s.keyFile} {
+			if v != "" {
+				tls[k] = v
+			}
+		}
+		if s.insecure {
+			tls["insecure_skip_verify"] = true
+		}
+		if len(tls) > 0 {
+			j["tls_config"] = tls
+		}
+		if s.tokenFile != "" {
+			j["authorization"] = map[string]any{"credentials_file": s.tokenFile}
+		}
+		if s.addr != "" {
+			j["static_configs"] = []any{map[string]any{"targets": []string{s.addr}}}
+		}
+		return j
+	}
+	replicas := job(jobReplicas, o.replicas)
+	tester := job(jobLoadTester, o.tester)
+	// The load tester's latencies are native histograms: quantiles within
+	// a few percent, with no buckets to choose. The services' histograms
+	// are read as their classic buckets, as the dashboard's queries are.
+	tester["scrape_native_histograms"] = true
+	replicas["file_sd_configs"] = []any{map[string]any{"files": []string{targets}, "refresh_interval": interval}}
+	jobs := []any{replicas}
+	for _, j := range []struct {
+		name string
+		s    promScrape
+	}{{jobAPIServer, o.apiServer}, {jobEtcd, o.etcd}, {jobConfigCenter, o.configCenter}} {
+		if j.s.addr != "" {
+			jobs = append(jobs, job(j.name, j.s))
+		}
+	}
+	jobs = append(jobs, tester)
+	return map[string]any{
+		"global": map[string]any{
+			"scrape_interval": interval, "scrape_timeout": interval,
+		},
+		"scrape_configs": jobs,
+	}
+}
+
+// promReplica is one replica process Prometheus scrapes, and the labels
+// its series carry: the queries select a fleet's by them.
+type promReplica struct {
+	addr                 string
+	fleet, replica, mode string
+	process              int
+}
+
+// setReplicas rewrites the replicas' targets file, when it changed. A
+// replica that is gone from it gets its series marked stale at the next
+// refresh.
+func (p *promServer) setReplicas(rs []promReplica) error {
+	type group struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
+	}
+	groups := make([]group, 0, len(rs))
+	for _, r := range rs {
+		groups = append(groups, group{Targets: []string{r.addr}, Labels: map[string]string{
+			"fleet": r.fleet, "replica": r.replica, "mode": r.mode, "process": strconv.Itoa(r.process)}})
+	}
+	b, err := json.Marshal(groups)
+	if err != nil {
+		return fmt.Errorf("writing Prometheus's targets: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if slices.Equal(b, p.written) {
+		return nil
+	}
+	tmp := p.targets + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("writing Prometheus's targets: %w", err)
+	}
+	if err := os.Rename(tmp, p.targets); err != nil {
+		return fmt.Errorf("writing Prometheus's targets: %w", err)
+	}
+	p.written = b
+	return nil
+}
+
+// errNoData is a query with no result: a figure without data, never a 0.
+var errNoData = errors.New("no data")
+
+// vector evaluates q at t.
+func (p *promServer) vector(ctx context.Context, q string, t time.Time) (model.Vector, error) {
+	v, warnings, _, err := p.api.Query(ctx, q, t)
+	if err != nil {
+		return nil, fmt.Errorf("query %s: %w", q, err)
+	}
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("query %s: %v", q, warnings)
+	}
+	switch v := v.(type) {
+	case model.Vector:
+		return v, nil
+	case *model.Scalar:
+		return model.Vector{{Value: v.Value, Timestamp: v.Timestamp}}, nil
+	default:
+		return nil, fmt.Errorf("query %s: a %s, not a vector", q, v.Type())
+	}
+}
+
+// scalar evaluates q at t, which must give one sample; errNoData when it
+// gives none or NaN.
+func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64, error) {
+	v, err := p.vector(ctx, q, t)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case len(v) == 0:
+		return 0, fmt.Errorf("query %s: %w", q, errNoData)
+	case len(v) > 1:
+		return 0, fmt.Errorf("query %s: %d samples, want one", q, len(v))
+	case math.IsNaN(float64(v[0].Value)):
+		return 0, fmt.Errorf("query %s: %w (NaN)", q, errNoData)
+	}
+	return float64(v[0].Value), nil
+}
+
+// caughtUp waits until Prometheus has scraped (or tried) every target at
+// least once after t, so a query at t reads the moment t: a figure at a
+// phase's edge must not be the scrape before it. It gives up after ten
+// scrape intervals: a target that answers no more is no reason to wait.
+func (p *promServer) caughtUp(ctx context.Context, t time.Time) error {
+	deadline := time.Now().Add(10 * p.interval)
+	for {
+		targets, err := p.api.Targets(ctx)
+		if err != nil {
+			return fmt.Errorf("reading Prometheus's targets: %w", err)
+		}
+		behind := 0
+		for _, at := range targets.Active {
+			if at.LastScrape.Before(t) {
+				behind++
+			}
+		}
+		if behind == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		if err := sleep(ctx, p.interval/4); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package loadtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kshard/kshard/internal/controlplane"
+)
+
+// TestQueriesParse: every query of the report, its variables filled in,
+// parses with Prometheus's own parser (promql-selectors), selects a metric,
+// and has no variable left.
+func TestQueriesParse(t *testing.T) {
+	qs, err := loadQueries("fleets.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1_800_000_000, 0)
+	w := queryWindow{fleet: "fleet-1", step: time.Second, memoryLimit: 512 << 20, ceiling: 400, spans: map[string]span{}}
+	for _, name := range spanNames {
+		w.spans[name] = span{from: at, to: at.Add(time.Minute), objects: 1000}
+	}
+	var exprs []string
+	for _, q := range append(qs.Rows, qs.Replicas...) {
+		e, _, ok := w.expand(q)
+		if !ok {
+			t.Fatalf("%q: not expanded", q.Name)
+		}
+		if strings.Contains(e, "$") {
+			t.Errorf("%q keeps a variable: %s", q.Name, e)
+		}
+		exprs = append(exprs, e)
+	}
+	for i, r := range promqlSelectors(t, exprs) {
+		switch {
+		case r.Error != "":
+			t.Errorf("%q does not parse: %s\n%s", append(qs.Rows, qs.Replicas...)[i].Name, r.Error, exprs[i])
+		case len(r.Metrics) == 0:
+			t.Errorf("%q selects no metric: %s", append(qs.Rows, qs.Replicas...)[i].Name, exprs[i])
+		}
+	}
+}
+
+// TestExpandDelta: $delta(X) counts what X added between the span's edges,
+// 0 for series that did not exist yet, and nested parentheses stay whole.
+func TestExpandDelta(t *testing.T) {
+	got := expandDelta(`$delta(sum by (a) (x{b="(c"}))/2`, "1", "2")
+	want := `((sum(sum by (a) (x{b="(c"}) @ 2) or vector(0)) - (sum(sum by (a) (x{b="(c"}) @ 1) or vector(0)))/2`
+	if got != want {
+		t.Errorf("expandDelta = %s\nwant %s", got, want)
+	}
+}
+
+// selected is what promql-selectors says of one expression.
+type selected struct {
+	Metrics []string `json:"metrics"`
+	Error   string   `json:"error"`
+}
+
+// promqlSelectors runs hack/prometheus's promql-selectors on exprs.
+func promqlSelectors(t *testing.T, exprs []string) []selected {
+	t.Helper()
+	path := os.Getenv("PROMQL_SELECTORS")
+	if path == "" {
+		root, err := controlplane.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = filepath.Join(root, "bin", "promql-selectors")
+	}
+	in, err := json.Marshal(exprs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(path)
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("promql-selectors (`make prometheus-tools` builds it): %v", err)
+	}
+	var res []selected
+	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(exprs) {
+		t.Fatalf("promql-selectors answered %d results for %d expressions (%v)", len(res), len(exprs), err)
+	}
+	return res
+}
