@@ -619,11 +619,12 @@ type shard struct {
 	domains sync.Map // string → struct{}
 }
 
-// AddShard makes the cache hold shard id: its own store, fetches and change-feed share. A
-// controller calls it when it starts a shard, before the shard's first Get, and DropShard when
-// the shard ends; adding a held shard again does nothing. Get, Wait and Warm for a shard not
-// added report ErrShardNotHeld, so a warm-up racing a release never brings a dropped shard back
-// (with feed loops nobody would stop).
+// AddShard makes the cache hold shard id: a new tenure (its entries' key prefix in the shared
+// store), its fetches and its share of the change feeds. A controller calls it when it starts a
+// shard, before the shard's first Get, and DropShard when the shard ends; adding a held shard
+// again does nothing. Get, Wait and Warm for a shard not added report ErrShardNotHeld, so a
+// warm-up racing a release never brings a dropped shard back (with feed loops nobody would
+// stop).
 func (c *Cache) AddShard(id int32) error {
 	if id < 0 {
 		return fmt.Errorf("adding shard %d: shard is negative", id)

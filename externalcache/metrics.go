@@ -71,7 +71,7 @@ func metricsFor(prefix string) *cacheMetrics {
 	})
 	m.evictions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: prefix + "_externalcache_evictions_total",
-		Help: "Servable entries evicted to make room for others: the values the replica reads do not fit in MaxBytes (--cache-max-bytes) together.",
+		Help: "Servable entries evicted to make room for others: the values the replica reads do not fit in MaxBytes together (kshard controller: a quarter of --memory-limit).",
 	})
 	m.fallbackRefreshes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: prefix + "_externalcache_feed_fallback_refreshes_total",

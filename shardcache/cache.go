@@ -22,7 +22,7 @@ type Options struct {
 	// own: values set here are replaced.
 	Cache externalcache.Options
 	// Keys lists the keys the objects of one shard read, from a reader of
-	// that shard's objects only: the shard's store is warmed with them
+	// that shard's objects only: the cache fetches them for the shard
 	// once its informers synced, so the first reconciles find their values
 	// fetched. Nil warms nothing.
 	Keys func(ctx context.Context, shard client.Reader) ([]externalcache.Key, error)
@@ -110,8 +110,9 @@ func (c *Cache) Get(shard int32, key externalcache.Key) externalcache.Lookup {
 }
 
 // OnAcquire is the runtime's hook (sharding.Options.OnAcquire): the shard
-// gets its store at once, and is warmed with its objects' keys once its
-// informers synced, unless the tenure (ctx) ended first.
+// is added to the cache at once (a new tenure: nothing of an earlier one is
+// served), and warmed with its objects' keys once its informers synced,
+// unless the tenure (ctx) ended first.
 func (c *Cache) OnAcquire(ctx context.Context, shard int32) {
 	store, shards := c.bound()
 	if store == nil {
@@ -144,7 +145,7 @@ func (c *Cache) OnAcquire(ctx context.Context, shard int32) {
 }
 
 // OnRelease is the runtime's hook (sharding.Options.OnRelease): the shard's
-// store, fetches and share of the change feeds go.
+// entries, fetches and share of the change feeds go.
 func (c *Cache) OnRelease(shard int32) {
 	if store, _ := c.bound(); store != nil {
 		store.DropShard(shard)

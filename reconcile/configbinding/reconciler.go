@@ -93,9 +93,9 @@ const (
 	ReasonDomainTooLarge = "DomainTooLarge"
 	// ReasonValuesDoNotFit: the replica's external cache evicted one of the
 	// binding's values for room: the values the replica reads do not fit in
-	// --cache-max-bytes together. The ConfigMap keeps its last values;
-	// raise the cache's size or split the binding. It looks again every
-	// RetryAfter.
+	// the cache's MaxBytes together (kshard controller sizes it from
+	// --memory-limit). The ConfigMap keeps its last values; raise the
+	// cache's size or split the binding. It looks again every RetryAfter.
 	ReasonValuesDoNotFit = "ValuesDoNotFit"
 	// ReasonChangeFeedUnhealthy: the config center's change feed of the
 	// binding's domain is unhealthy on this replica (its polls fail, come
