@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,7 +122,7 @@ func calibrationPatches(ctx context.Context, c client.Client, cal *Calibration) 
 	}
 	var patches, failures atomic.Int64
 	var lastErr atomic.Value
-	hists := make([]histogram, calibrationWorkers)
+	hists := make([]durations, calibrationWorkers)
 	start := time.Now()
 	deadline := start.Add(cal.Duration)
 	var wg sync.WaitGroup
@@ -145,7 +146,7 @@ func calibrationPatches(ctx context.Context, c client.Client, cal *Calibration) 
 					lastErr.Store(err.Error())
 					continue
 				}
-				hists[w].Observe(time.Since(t0))
+				hists[w] = append(hists[w], time.Since(t0))
 				patches.Add(1)
 			}
 		})
@@ -157,11 +158,8 @@ func calibrationPatches(ctx context.Context, c client.Client, cal *Calibration) 
 	cal.Elapsed = time.Since(start)
 	cal.Patches, cal.Errors = patches.Load(), failures.Load()
 	cal.WritesPerSec = ceilingRate(cal.Patches, cal.Elapsed)
-	var all histogram
-	for i := range hists {
-		all.Merge(&hists[i])
-	}
-	cal.P50, cal.P99 = all.Quantile(0.5), all.Quantile(0.99)
+	all := slices.Concat(hists...).summary()
+	cal.P50, cal.P99 = all.P50, all.P99
 	if cal.Patches == 0 {
 		last, _ := lastErr.Load().(string)
 		return fmt.Errorf("no status patch succeeded in %s (%d failed; the last: %s)", cal.Duration, cal.Errors, last)

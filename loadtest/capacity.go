@@ -83,9 +83,14 @@ type CapacityWindow struct {
 	// replicas' CFS periods that ended with the quota spent. -1 without
 	// data.
 	ReplicaCores, APIServerCores, Throttled float64
+	// SharesMax is the largest replica's objects divided by the mean at
+	// the window's end: how evenly the ring spread them.
+	SharesMax float64
 	// Held says both objectives held; Why says which was missed.
 	Held bool
 	Why  string `json:",omitempty"`
+	// Figures are the window's queries (queries/capacity.yaml).
+	Figures []Figure
 }
 
 // runCapacity finds each fleet's capacity in turn, on the same objects.
@@ -136,8 +141,8 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 	if err := sleep(ctx, capacityIdle); err != nil {
 		return res, err
 	}
-	if cores, ok := f.cores(from, time.Now()); ok {
-		res.IdleCores = cores
+	if v, err := r.prom.scalar(ctx, fmt.Sprintf(`sum(rate(%s[%dms]))`, f.selector("process_cpu_seconds_total", ""), time.Since(from).Milliseconds()), time.Now()); err == nil {
+		res.IdleCores = v
 	}
 	// try runs a window at rate and moves the bracket's edge it decides.
 	try := func(rate float64) error {
@@ -172,7 +177,9 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 			return res, err
 		}
 	}
-	res.SharesMax = f.sharesMax(time.Now())
+	if n := len(res.Windows); n > 0 {
+		res.SharesMax = res.Windows[n-1].SharesMax
+	}
 	return res, nil
 }
 
@@ -184,10 +191,10 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 	w := CapacityWindow{Rate: rate, QueueWithin: -1, ReplicaCores: -1, APIServerCores: -1, Throttled: -1}
 	r.setPhase("%s at %.1f updates/s", f.label(), rate)
 	r.mark("%s: %.1f updates/s", f.label(), rate)
+	r.scraped(ctx)
 	from := time.Now()
 	r.gen.updateFor(ctx, r.opts.Duration, rate)
-	to := time.Now()
-	deadline := to.Add(r.opts.SettleTimeout)
+	deadline := time.Now().Add(r.opts.SettleTimeout)
 	for {
 		n, _, _ := r.tracker.notReady()
 		if n == 0 || time.Now().After(deadline) {
@@ -197,50 +204,44 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 			return w, err
 		}
 	}
-	// The replicas' last sample must be after the window's last reconcile.
-	if err := sleep(ctx, 2*r.opts.SampleInterval); err != nil {
+	done := time.Now()
+	if err := r.prom.caughtUp(ctx, done.Add(r.opts.SampleInterval)); err != nil {
 		return w, err
 	}
-	done := time.Now()
-	w.Sent = r.tracker.writesBetween(from, to, writeUpdate)
-	h := &histogram{}
-	for _, s := range r.tracker.samplesBetween(from, done, writeUpdate) {
-		if sent := s.Done.Add(-s.Latency); !sent.Before(from) && sent.Before(to) {
-			h.Observe(s.Latency)
+	qw := queryWindow{fleet: f.id, step: r.opts.SampleInterval, spans: map[string]span{"window": {from: from, to: done}}}
+	fig := map[string]Figure{}
+	for _, x := range r.prom.figures(ctx, r.queries.Windows, qw) {
+		fig[x.Name] = x
+		w.Figures = append(w.Figures, x)
+	}
+	value := func(name string, into *float64) bool {
+		x := fig[name]
+		if x.NoData == "" {
+			*into = x.Value
 		}
+		return x.NoData == ""
 	}
-	w.Ready, w.P99 = h.Count(), h.Quantile(0.99)
-	var queue cumulative
-	var periods, throttled float64
-	for _, s := range f.runningSlots() {
-		f.mu.Lock()
-		in := s.current()
-		queue = queue.add(in.histogramDelta(from, done, func(x replicaSample) cumulative { return x.QueueWait }))
-		periods += in.delta(from, done, func(x replicaSample) float64 { return x.CFSPeriods })
-		throttled += in.delta(from, done, func(x replicaSample) float64 { return x.CFSThrottled })
-		f.mu.Unlock()
-	}
-	if cores, ok := f.cores(from, done); ok {
-		w.ReplicaCores = cores
-	}
-	if periods > 0 {
-		w.Throttled = throttled / periods
-	}
-	if api, _, ok := r.controlPlaneCores(from, done); ok {
-		w.APIServerCores = api
-	}
-	if within, ok := shareWithin(queue, capacityObjective.Seconds()); ok {
-		w.QueueWithin = within
-	}
+	var sent, ready, p99 float64
+	value(winSent, &sent)
+	value(winReady, &ready)
+	hasP99 := value(winP99, &p99)
+	w.Sent, w.Ready, w.P99 = int(math.Round(sent)), int(math.Round(ready)), time.Duration(p99*float64(time.Second))
+	value(winQueue, &w.QueueWithin)
+	value(winReplicaCores, &w.ReplicaCores)
+	value(winAPICores, &w.APIServerCores)
+	value(winThrottled, &w.Throttled)
+	value(winShares, &w.SharesMax)
 	switch {
 	case w.Sent == 0:
 		w.Why = "no update sent"
 	case w.Ready < w.Sent:
 		w.Why = fmt.Sprintf("%d of %d updates not Ready %s after the window", w.Sent-w.Ready, w.Sent, r.opts.SettleTimeout)
+	case !hasP99:
+		w.Why = "no update → Ready latency read"
 	case w.P99 > capacityObjective:
 		w.Why = fmt.Sprintf("update → Ready p99 %s", fmtDur(w.P99))
 	case w.QueueWithin < 0:
-		w.Why = "no work-queue wait sampled"
+		w.Why = "no work-queue wait read"
 	case w.QueueWithin < 0.99:
 		w.Why = fmt.Sprintf("%s of work-queue waits within %s", pct(w.QueueWithin), capacityObjective)
 	default:
@@ -249,52 +250,18 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 	return w, sleep(ctx, capacityRest)
 }
 
-// cores is the CPU the running replicas used together from from until to
-// (their process_cpu_seconds_total), in cores.
-func (f *fleet) cores(from, to time.Time) (float64, bool) {
-	var cpu float64
-	slots := f.runningSlots()
-	for _, s := range slots {
-		f.mu.Lock()
-		cpu += s.current().delta(from, to, func(x replicaSample) float64 { return x.CPU })
-		f.mu.Unlock()
-	}
-	secs := to.Sub(from).Seconds()
-	return cpu / secs, len(slots) > 0 && secs > 0
-}
-
-// shareWithin is the share of a cumulative histogram's observations at or
-// below bound, which must be one of its bucket bounds (the share would
-// otherwise be a guess within a bucket).
-func shareWithin(h cumulative, bound float64) (float64, bool) {
-	if len(h.Counts) == 0 || h.Counts[len(h.Counts)-1] <= 0 {
-		return 0, false
-	}
-	for i, b := range h.Bounds {
-		if b == bound {
-			return h.Counts[i] / h.Counts[len(h.Counts)-1], true
-		}
-	}
-	return 0, false
-}
-
-// sharesMax is the largest running replica's objects (kshard_shard_objects,
-// its latest sample at or before now) divided by the mean; 0 without data.
-func (f *fleet) sharesMax(now time.Time) float64 {
-	var held []float64
-	for _, s := range f.runningSlots() {
-		f.mu.Lock()
-		if x, ok := s.current().at(now); ok {
-			held = append(held, max(x.Objects, 0))
-		}
-		f.mu.Unlock()
-	}
-	mx, mean := maxMean(held)
-	if mean <= 0 {
-		return 0
-	}
-	return mx / mean
-}
+// The window figures (queries/capacity.yaml) a window is judged by;
+// TestQueriesParse holds them to the file.
+const (
+	winSent         = "updates sent"
+	winReady        = "updates Ready"
+	winP99          = "update → Ready p99"
+	winQueue        = "work-queue waits within 1 s"
+	winReplicaCores = "replicas' CPU (cores)"
+	winAPICores     = "kube-apiserver CPU (cores)"
+	winThrottled    = "CFS periods throttled"
+	winShares       = "largest replica's objects ÷ the mean"
+)
 
 // capacityFindings states each fleet's capacity against n times the first
 // fleet's, per replica, and the goal for the largest.

@@ -544,8 +544,8 @@ func (r *run) closeRestartWindow(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	syncs, err := scrapeServerSyncs(ctx, r.rc)
 	now := time.Now()
+	syncs, err := r.serverSyncs(ctx, now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	x := &r.restarts[n-1]
@@ -556,6 +556,56 @@ func (r *run) closeRestartWindow(ctx context.Context) {
 	case syncs.Started.Before(x.At.Add(-time.Second)):
 		x.CountErr = fmt.Sprintf("the API server read started at %s, before the restart at %s: its counts are not the restart's", syncs.Started.Format(time.StampMilli), x.At.Format(time.StampMilli))
 	}
+}
+
+// relistResources are the resources whose initial syncs after an API
+// server restart the relist check counts at the server: the ones the
+// replicas cache cluster-wide, and the load tester does not.
+var relistResources = []string{resourceBindings, resourceConfigMaps, "externaldomains"}
+
+// serverSyncs is the API server's own count of the initial syncs it
+// completed at cluster scope since its process started.
+type serverSyncs struct {
+	// Started is the process's start (process_start_time_seconds).
+	Started time.Time
+	// ByResource counts, per relistResources, LISTs answered 200 and
+	// watch-lists that sent their initial-events-end bookmark
+	// (apiserver_watch_list_duration_seconds observes a watch-list only
+	// then): an attempt the server refused or ended before its initial
+	// events is not one. Only cluster-scoped requests count: the
+	// replicas' informers are cluster-wide, the load tester's are in its
+	// own namespaces.
+	ByResource map[string]float64
+}
+
+// serverSyncs reads the API server's counts at, through Prometheus, once
+// it has scraped the server after at.
+func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error) {
+	if err := r.prom.caughtUp(ctx, at); err != nil {
+		return serverSyncs{}, err
+	}
+	started, err := r.prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), at.Add(r.opts.SampleInterval))
+	if err != nil {
+		return serverSyncs{}, fmt.Errorf("the API server's start: %w", err)
+	}
+	out := serverSyncs{Started: time.UnixMilli(int64(started * 1000)), ByResource: map[string]float64{}}
+	res := strings.Join(relistResources, "|")
+	q := fmt.Sprintf(`sum by (resource) (apiserver_request_total{job=%q,verb="LIST",scope="cluster",code="200",resource=~%q}) `+
+		`+ on (resource) group_left sum by (resource) (apiserver_watch_list_duration_seconds_count{job=%q,scope="cluster",resource=~%q}) `+
+		`or sum by (resource) (apiserver_watch_list_duration_seconds_count{job=%q,scope="cluster",resource=~%q}) `+
+		`or sum by (resource) (apiserver_request_total{job=%q,verb="LIST",scope="cluster",code="200",resource=~%q})`,
+		jobAPIServer, res, jobAPIServer, res, jobAPIServer, res, jobAPIServer, res)
+	v, err := r.prom.vector(ctx, q, at.Add(r.opts.SampleInterval))
+	if err != nil {
+		return serverSyncs{}, err
+	}
+	for _, s := range v {
+		out.ByResource[string(s.Metric["resource"])] = float64(s.Value)
+	}
+	for _, res := range relistResources {
+		out.ByResource[res] += 0 // a resource with neither is 0 syncs
+	}
+	return out, nil
 }
 
 // closeProxies closes the delay and partition faults' proxies.

@@ -24,7 +24,3 @@
 // loadtest/cmd/loadtest is this package plus flags; loadtest/README.md says what each
 // scenario does and what each number means.
 package loadtest
-
-// defaultHPAFile is the HPA the autoscale scenario follows, relative to the
-// repository root.
-const defaultHPAFile = "deploy/autoscaling/hpa.yaml"

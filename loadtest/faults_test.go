@@ -72,7 +72,7 @@ func TestFaultKinds(t *testing.T) {
 }
 
 func TestFaultOptions(t *testing.T) {
-	o := Options{Scenario: "chaos", Out: t.TempDir(), HPAFile: "x"}
+	o := Options{Scenario: "chaos", Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["chaos"]); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestFaultOptions(t *testing.T) {
 		{Options{MemoryLimit: "-1Mi"}, `memory limit "-1Mi"`},
 	} {
 		o := tc.o
-		o.Scenario, o.Out, o.HPAFile = "chaos", t.TempDir(), "x"
+		o.Scenario, o.Out = "chaos", t.TempDir()
 		err := o.setDefaults(scenarios["chaos"])
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want one saying %q", tc.o, err, tc.want)
@@ -103,12 +103,12 @@ func TestFaultOptions(t *testing.T) {
 	}
 	// Only a scenario with faults checks them: a long lease elsewhere makes
 	// a default pause that would not fit the chaos interval, harmlessly.
-	o = Options{Scenario: "basic", LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "basic", LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["basic"]); err != nil {
 		t.Errorf("basic with a 30s lease: %v", err)
 	}
 	// "0" passes no memory limit.
-	o = Options{Scenario: "basic", MemoryLimit: "0", Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "basic", MemoryLimit: "0", Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["basic"]); err != nil {
 		t.Fatal(err)
 	}
@@ -350,33 +350,29 @@ func TestAuditReconcileCheck(t *testing.T) {
 	}
 }
 
-func TestCPUSecondsOfProcStat(t *testing.T) {
-	// A command name with a space and a parenthesis; utime 250 and stime
-	// 150 ticks.
-	stat := "4242 (kube apiserver)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 12 0 1000 1 1"
-	if got := parseCPUSeconds(stat); got != 4 {
-		t.Errorf("CPU seconds %v, want 4", got)
-	}
-	if got := parseCPUSeconds("4242 (x) S 1 2"); got != -1 {
-		t.Errorf("a short stat read %v, want -1", got)
-	}
-}
-
 func TestMemoryCheck(t *testing.T) {
-	fleets := []*FleetResult{
-		{Fleet: "sharded ×1", MemoryLimit: 512 << 20, RSSPeakMax: 300 << 20, RSSPeakReplica: "kshard-0"},
-		{Fleet: "plain controller-runtime ×1", Plain: true, RSSPeakMax: 900 << 20},
+	rss := func(replica string, v float64) []ReplicaFigures {
+		return []ReplicaFigures{{Replica: replica, Figures: []Figure{{Name: colRSSPeak, Unit: "bytes", Value: v}}}}
 	}
-	c := memoryCheck(fleets, nil)
-	if !c.Passed || c.Detail != "largest: kshard-0 of sharded ×1, 300.0 MiB (0.59) of its 512.0 MiB limit" {
+	fleets := []*FleetResult{
+		{Fleet: "sharded ×1", ReplicaFigures: rss("kshard-0", 300<<20)},
+		{Fleet: "plain controller-runtime ×1", Plain: true, ReplicaFigures: rss("plain-0", 900<<20)},
+	}
+	c := memoryCheck(fleets, 512<<20, nil)
+	if !c.Passed || !strings.HasPrefix(c.Detail, "largest: kshard-0 of sharded ×1, 300.0 MiB (0.59) of its 512.0 MiB limit") {
 		t.Errorf("memory check %+v", c)
 	}
-	fleets[0].RSSPeakMax = 512 << 20
-	if c := memoryCheck(fleets, nil); c.Passed {
+	fleets[0].ReplicaFigures = rss("kshard-0", 512<<20)
+	if c := memoryCheck(fleets, 512<<20, nil); c.Passed {
 		t.Errorf("at the limit: %+v, want a failure", c)
 	}
-	if c := memoryCheck(fleets[1:], nil); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
+	if c := memoryCheck(fleets, 0, nil); !c.Passed || !strings.HasPrefix(c.Detail, "not applicable") {
 		t.Errorf("no limit: %+v", c)
+	}
+	// A fleet whose replicas' RSS no query found has no data: a failure.
+	fleets[0].ReplicaFigures = []ReplicaFigures{{Replica: "kshard-0", Figures: []Figure{{Name: colRSSPeak, NoData: "no data"}}}}
+	if c := memoryCheck(fleets, 512<<20, nil); c.Passed || !c.NoData {
+		t.Errorf("no RSS read: %+v, want no data", c)
 	}
 }
 

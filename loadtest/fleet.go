@@ -105,25 +105,12 @@ type fleet struct {
 	// started is when the first replica started, stopped when the fleet
 	// was told to stop; loadFrom and loadTo bound its measured phase.
 	started, stopped, loadFrom, loadTo time.Time
-	// apiStart and apiEnd are the API server's counts at the fleet's start
-	// and stop, ownSyncs* the load tester's own initial syncs then.
-	apiStart, apiEnd           apiServerSample
-	ownSyncsStart, ownSyncsEnd int64
-	// loadWritesFrom and loadWritesTo are the object-write counts at the
-	// edges of the measured phase, for the controller's writes per spec
-	// update.
-	loadWritesFrom, loadWritesTo writeMark
 
 	// startEvent is the fleet's start event: from its first process until every
 	// object was reconciled by it and Ready at its latest generation.
 	startEvent EventResult
 	// startObjects is the number of objects when the start settled.
 	startObjects int
-	// startSettledAPI is the API server's counts when the start settled,
-	// and startOwnSyncs the load tester's own initial syncs then: with
-	// apiStart, what the fleet's initial syncs cost.
-	startSettledAPI apiServerSample
-	startOwnSyncs   int64
 	// tableDomains is the domains in the labeler's shard table when the
 	// fleet started (-1: no table).
 	tableDomains int
@@ -136,9 +123,6 @@ type fleet struct {
 	storm CreateStorm
 
 	result *FleetResult
-	// propagation is what the config-center change probes measured in the
-	// measured phase (--value-change-interval).
-	propagation PropagationResult
 }
 
 // slot is one replica identity; each (re)start is a new instance.
@@ -179,10 +163,6 @@ type instance struct {
 	// clockOffset is how far ahead of the machine's clock the times this
 	// process writes into Leases are: the ring watch subtracts it.
 	clockOffset time.Duration
-	samples     []replicaSample
-	// peakRSS is the kernel's high-water mark of the process's resident
-	// memory (VmHWM), as last read: it catches the peaks between samples.
-	peakRSS float64
 	// pauses are the times the chaos scenario kept the process stopped;
 	// paused says it is stopped now (it is not scraped then).
 	pauses []window
@@ -200,8 +180,6 @@ type replicaProcess interface {
 	Running() bool
 	// Wait waits until it ended and says when, and how.
 	Wait() (time.Time, error)
-	// PeakRSS is the high-water mark of its resident memory, if known.
-	PeakRSS() (float64, bool)
 }
 
 // window is a span of time; To is zero while it lasts.

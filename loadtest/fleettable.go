@@ -130,8 +130,6 @@ func stormRows(*Calibration) []fleetRow {
 			switch {
 			case f.Storm.Kind == "":
 				return "—"
-			case f.Storm.Kind == stormRamp:
-				return "n/a (not awaited; the ramp took " + fmtDur(f.Storm.Duration) + ")"
 			case !f.Storm.Settled:
 				return "not settled"
 			}

@@ -108,7 +108,7 @@ func (p *latencyProbe) run(ctx context.Context) {
 func (p *latencyProbe) between(from, to time.Time) (LatencySummary, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	h := &histogram{}
+	var h durations
 	failed := 0
 	for _, s := range p.samples {
 		if s.At.Before(from) || s.At.After(to) {
@@ -118,7 +118,7 @@ func (p *latencyProbe) between(from, to time.Time) (LatencySummary, int) {
 			failed++
 			continue
 		}
-		h.Observe(s.Took)
+		h = append(h, s.Took)
 	}
-	return summarize(h), failed
+	return h.summary(), failed
 }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 // replicas, the API server, its etcd and the config center.
 func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
 	var err error
-	if r.queries, err = loadQueries("fleets.yaml"); err != nil {
+	if r.queries, err = loadQueries(); err != nil {
 		return err
 	}
 	dir := filepath.Join(r.work, "prometheus")
@@ -108,6 +109,13 @@ func (r *run) followTargets(ctx context.Context) {
 					continue
 				}
 				targets = append(targets, promReplica{addr: u.Host, fleet: f.id, replica: s.id, mode: f.mode.Name, process: in.n})
+				if in.cgroup != "" {
+					if t, err := r.cpuQuota.throttling(in.cgroup); err == nil {
+						labels := []string{f.id, s.id, strconv.Itoa(in.n)}
+						r.obs.cfsPeriods.WithLabelValues(labels...).Set(float64(t.Periods))
+						r.obs.cfsThrottled.WithLabelValues(labels...).Set(float64(t.Throttled))
+					}
+				}
 			}
 			f.mu.Unlock()
 			r.obs.setRunning(f.id, n)
@@ -115,9 +123,19 @@ func (r *run) followTargets(ctx context.Context) {
 		if err := r.prom.setReplicas(targets); err != nil {
 			r.log.Error(err, "Updating Prometheus's targets")
 		}
-		for reason, n := range r.tracker.reasons() {
-			r.obs.reasons.WithLabelValues(strings.ToLower(reason)).Set(float64(n))
+		reasons := r.tracker.reasons()
+		r.obs.reasons.Reset()
+		for reason, n := range reasons {
+			r.obs.reasons.WithLabelValues(reason).Set(float64(n))
 		}
+		r.mu.Lock()
+		phase, f := r.phase, r.fleet
+		r.mu.Unlock()
+		label, size := "", 0
+		if f != nil {
+			label, size = f.label(), f.size()
+		}
+		r.progress.update(r.status(label, phase, size, reasons))
 		select {
 		case <-ctx.Done():
 			return
@@ -132,6 +150,22 @@ func (r *run) scraped(ctx context.Context) {
 	if err := r.prom.caughtUp(ctx, time.Now()); err != nil {
 		r.log.Error(err, "Waiting for Prometheus to scrape")
 	}
+}
+
+// status is the progress line.
+func (r *run) status(fleet, phase string, size int, reasons map[string]int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", r.elapsed(), r.opts.Scenario)
+	if fleet != "" {
+		fmt.Fprintf(&b, " | %s (%d running)", fleet, size)
+	}
+	if phase != "" {
+		fmt.Fprintf(&b, " | %s", phase)
+	}
+	st := &r.gen.stats
+	fmt.Fprintf(&b, " | objects %d, Ready %d | writes: %d creates, %d updates, %d errors | waiting for Ready: %d",
+		r.tracker.count(), reasons["Synced"], st.creates.Load(), st.updates.Load(), st.errors.Load(), r.tracker.pendingCount())
+	return b.String()
 }
 
 // measureFleet evaluates the report's queries over a stopped fleet.
@@ -151,6 +185,9 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 	if cal := r.calibration; cal.measured() {
 		w.ceiling = cal.WritesPerSec
 	}
+	if r.opts.ValueChangeInterval > 0 {
+		w.spans["probes"] = w.spans["phase"]
+	}
 	if f.startObjects > 0 && f.startEvent.Error == "" {
 		w.spans["start"] = span{from: f.started, to: f.started.Add(f.startEvent.Reconciled), objects: f.startObjects}
 	}
@@ -159,4 +196,92 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 	}
 	res.Figures = r.prom.figures(ctx, r.queries.Rows, w)
 	res.ReplicaFigures = r.prom.replicaFigures(ctx, r.queries.Replicas, w)
+}
+
+// measureEvents evaluates the events queries over every event whose
+// writes the run counted.
+func (r *run) measureEvents(ctx context.Context) {
+	for i := range r.report.Events {
+		ev := &r.report.Events[i]
+		if !ev.WritesCounted {
+			continue
+		}
+		at := r.begin.Add(ev.At)
+		w := queryWindow{step: r.opts.SampleInterval, spans: map[string]span{"event": {from: at, to: at.Add(ev.Reconciled), objects: ev.Objects}}}
+		if err := r.prom.caughtUp(ctx, at.Add(ev.Reconciled+r.opts.SampleInterval)); err != nil {
+			r.log.Error(err, "Waiting for Prometheus to scrape an event's end")
+		}
+		ev.Figures = r.prom.figures(ctx, r.queries.Events, w)
+	}
+}
+
+// The figures (queries/fleets.yaml) the load tester's own findings read;
+// TestQueriesParse holds them to the file.
+const (
+	figHeapPeak       = "heap in use per replica, peak (largest)"
+	figHeapEnd        = "heap in use per replica at the end of the load (largest)"
+	figHeapEndSum     = "heap in use, whole fleet at the end of the load (sum of replicas)"
+	figLiveHeapPeak   = "live heap per replica, peak (largest; go_gc_heap_live_bytes, marked live by the last collection)"
+	figLiveHeapEnd    = "live heap per replica at the end of the load (largest)"
+	figLiveHeapEndSum = "live heap, whole fleet at the end of the load (sum of replicas)"
+	figStartSyncs     = "fleet start: initial syncs of ConfigBindings (LISTs + watch-lists, the load tester's own subtracted)"
+	figStartWalked    = "fleet start: ConfigBindings the API server walked ÷ objects (every client)"
+	figEventWrites    = "object writes"
+)
+
+// updatesBetween are the spec updates seen Ready from from until to, and
+// their p99, as text for a finding.
+func (r *run) updatesBetween(ctx context.Context, from, to time.Time) (count, p99 string) {
+	span := fmt.Sprintf("[%dms]", max(to.Sub(from).Milliseconds(), 1))
+	h := `sum(increase(loadtest_ready_seconds{kind="update"}` + span + `))`
+	count, p99 = noData, noData
+	if v, err := r.prom.scalar(ctx, "histogram_count("+h+")", to); err == nil {
+		count = fmt.Sprintf("%.0f", v)
+	}
+	if v, err := r.prom.scalar(ctx, "histogram_quantile(0.99, "+h+")", to); err == nil {
+		p99 = fmtDur(time.Duration(v * float64(time.Second)))
+	}
+	return count, p99
+}
+
+// cpuSeconds is the CPU a scraped job's process used from from until to.
+func (r *run) cpuSeconds(ctx context.Context, job string, from, to time.Time) (float64, bool) {
+	v, err := r.prom.scalar(ctx, fmt.Sprintf(`sum(increase(process_cpu_seconds_total{job=%q}[%dms]))`, job, max(to.Sub(from).Milliseconds(), 1)), to)
+	return v, err == nil
+}
+
+// live is the sum of what q selects, now: a fleet's state as its replicas
+// export it (work queues, fetches, reconciles), at most a scrape interval
+// old, for the settle's waits. ok is false when q selects nothing.
+func (r *run) live(ctx context.Context, q string) (float64, bool) {
+	v, err := r.prom.vector(ctx, fmt.Sprintf("sum(last_over_time((%s)[%dms]))", q, (2*r.opts.SampleInterval).Milliseconds()), time.Now())
+	if err != nil {
+		r.log.Error(err, "Reading the fleet's state from Prometheus")
+		return 0, false
+	}
+	if len(v) == 0 {
+		return 0, false
+	}
+	return float64(v[0].Value), true
+}
+
+// selector selects the fleet's replicas' series of metric, with more
+// label matchers in extra ("" for none).
+func (f *fleet) selector(metric, extra string) string {
+	s := fmt.Sprintf(`%s{job=%q,fleet=%q`, metric, jobReplicas, f.id)
+	if extra != "" {
+		s += "," + extra
+	}
+	return s + "}"
+}
+
+// value is the figure of the given name (queries/fleets.yaml), false when
+// it has no data.
+func (res *FleetResult) value(name string) (float64, bool) {
+	for _, x := range res.Figures {
+		if x.Name == name {
+			return x.Value, x.NoData == ""
+		}
+	}
+	return 0, false
 }

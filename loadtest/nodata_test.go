@@ -17,7 +17,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 		"events":     eventsCheck(nil, 5*time.Minute),
 		"reconciles": (&AuditSummary{Processes: 3}).reconcileCheck(""),
 		"writes":     (*WriteEvidence)(nil).check(""),
-		"memory":     memoryCheck([]*FleetResult{{Fleet: "sharded ×3", MemoryLimit: 512 << 20}}, nil),
+		"memory":     memoryCheck([]*FleetResult{{Fleet: "sharded ×3"}}, 512<<20, nil),
 	}
 	rep := &Report{Scenario: "basic"}
 	for name, c := range noData {
@@ -54,7 +54,7 @@ func TestChecksWithoutDataFail(t *testing.T) {
 		t.Errorf("one object not Ready: %+v, want a failure on data", c)
 	}
 
-	na := memoryCheck([]*FleetResult{{Fleet: "plain controller-runtime ×1", Plain: true}}, nil)
+	na := memoryCheck([]*FleetResult{{Fleet: "plain controller-runtime ×1", Plain: true}}, 512<<20, nil)
 	if !na.Passed || !na.NotApplicable || na.result() != "n/a" {
 		t.Errorf("no memory limit: %+v (%s), want n/a", na, na.result())
 	}

@@ -38,9 +38,12 @@ type observations struct {
 	started time.Time
 
 	ready, labeled, propagation *prometheus.HistogramVec
-	sent, flaps                 *prometheus.CounterVec
-	replicas                    *prometheus.GaugeVec
-	reasons                     *prometheus.GaugeVec
+	sent, flaps, expected       *prometheus.CounterVec
+	replicas, reasons           *prometheus.GaugeVec
+	// cfsPeriods and cfsThrottled are the CFS periods a replica process
+	// held to a CPU quota ran in, and those that ended with its quota
+	// spent (its cgroup's cpu.stat, cumulative).
+	cfsPeriods, cfsThrottled *prometheus.GaugeVec
 }
 
 // latencyHistogram is a native histogram of seconds: a quantile within
@@ -67,14 +70,20 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 			"From a config-center value change to the watch showing it in every ConfigMap that binds its key.", "fleet"),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_writes_sent_total",
 			Help: "Writes of ConfigBindings the load generator sent (kind create, update or delete)."}, []string{"fleet", "kind"}),
+		expected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_propagation_expected_total",
+			Help: "ConfigMaps that had to show a config-center change the load tester made, counted when they did or when the load tester stopped waiting: loadtest_propagation_seconds counts those that did."}, []string{"fleet"}),
 		flaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_ready_flaps_total",
 			Help: "Objects whose Ready went from True to not True at an unchanged generation."}, []string{"fleet"}),
 		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_replicas_running",
 			Help: "Replica processes of the fleet running."}, []string{"fleet"}),
+		cfsPeriods: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_periods",
+			Help: "CFS periods a replica process held to --replica-cpu ran in (its cgroup's cpu.stat nr_periods, cumulative)."}, []string{"fleet", "replica", "process"}),
+		cfsThrottled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_throttled_periods",
+			Help: "CFS periods that ended with the replica process's quota spent (nr_throttled, cumulative)."}, []string{"fleet", "replica", "process"}),
 		reasons: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_objects",
 			Help: "ConfigBindings by the reason of their Ready condition, as the watch shows them."}, []string{"reason"}),
 	}
-	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.replicas, o.reasons,
+	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.replicas, o.reasons, o.cfsPeriods, o.cfsThrottled,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "loadtest_object_writes_total",
 			Help: "Writes of ConfigBindings and ConfigMaps (any verb and subresource) the load tester sent: the API server's counts less these are the controllers'."},
 			func() float64 { return float64(ownWrites.Load()) }),
@@ -123,6 +132,7 @@ func (o *observations) setFleet(fleet string, started time.Time) {
 	}
 	o.labeled.WithLabelValues(fleet)
 	o.propagation.WithLabelValues(fleet)
+	o.expected.WithLabelValues(fleet)
 	o.flaps.WithLabelValues(fleet)
 }
 
@@ -182,6 +192,12 @@ func (o *observations) propagated(d time.Duration) {
 	}
 	fleet, _ := o.current()
 	o.propagation.WithLabelValues(fleet).Observe(d.Seconds())
+}
+
+// propagationExpected counts n ConfigMaps that must show a change.
+func (o *observations) propagationExpected(n int) {
+	fleet, _ := o.current()
+	o.expected.WithLabelValues(fleet).Add(float64(n))
 }
 
 // setRunning publishes the replica processes of fleet running.

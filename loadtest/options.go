@@ -157,17 +157,6 @@ type Options struct {
 	// before it is killed. Default 45s.
 	StopTimeout time.Duration
 
-	// HPAFile is the HorizontalPodAutoscaler the autoscale scenario follows.
-	// Default <repository>/deploy/autoscaling/hpa.yaml.
-	HPAFile string
-	// HPATimeScale multiplies the HPA's stabilization windows and policy
-	// periods (and the HPA sync period of 15s), so that a run of minutes
-	// shows what takes a cluster tens of minutes. Default 1 (real time).
-	HPATimeScale float64
-	// HPATarget, when set, replaces the HPA's target average value, so a
-	// small run crosses it. The report says so.
-	HPATarget float64
-
 	// Fleets replaces the columns of compare-sharding and compare-external:
 	// mode:replicas, comma-separated, with the modes sharded, off (sharding
 	// off), plain (plain controller-runtime), cache, mirror and direct; for
@@ -248,7 +237,7 @@ var defaultOptions = Options{
 	RenewDeadline: sharding.DefaultRenewDeadline, RetryPeriod: sharding.DefaultRetryPeriod,
 	ChaosInterval: 30 * time.Second, RestartDelay: 5 * time.Second, ClockOffset: 30 * time.Second,
 	MemoryLimit: DefaultMemoryLimit, SettleTimeout: 5 * time.Minute, StopTimeout: 45 * time.Second,
-	CalibrateFor: 5 * time.Second, HPATimeScale: 1, SampleInterval: time.Second,
+	CalibrateFor: 5 * time.Second, SampleInterval: time.Second,
 }
 
 // fillZero sets every zero field of o to d's.
@@ -277,17 +266,12 @@ func (o *Options) setDefaults(sc *scenario) error {
 	if o.Command == "" {
 		o.Command = strings.Join(os.Args, " ")
 	}
-	if o.Out == "" || o.HPAFile == "" {
+	if o.Out == "" {
 		root, err := controlplane.RepoRoot()
 		if err != nil {
-			return fmt.Errorf("defaulting the report folder and the HPA file (set them, or run from the repository): %w", err)
+			return fmt.Errorf("defaulting the report folder (set it, or run from the repository): %w", err)
 		}
-		if o.Out == "" {
-			o.Out = filepath.Join(root, filepath.FromSlash(resultsFolder))
-		}
-		if o.HPAFile == "" {
-			o.HPAFile = filepath.Join(root, defaultHPAFile)
-		}
+		o.Out = filepath.Join(root, filepath.FromSlash(resultsFolder))
 	}
 	return o.validate(sc)
 }
@@ -352,8 +336,6 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.Fleets != "" && !sc.fleets, "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
-	check(!finite(o.HPATimeScale) || o.HPATimeScale <= 0 || o.HPATimeScale > 1, "HPA time scale %v must be within (0, 1]", o.HPATimeScale)
-	check(!finite(o.HPATarget) || o.HPATarget < 0, "HPA target %v must not be negative", o.HPATarget)
 	return errors.Join(errs...)
 }
 

@@ -7,7 +7,7 @@ import (
 )
 
 func TestOptionsDefaultsPerScenario(t *testing.T) {
-	o := Options{Scenario: "handover", Out: t.TempDir(), HPAFile: "x"}
+	o := Options{Scenario: "handover", Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["handover"]); err != nil {
 		t.Fatal(err)
 	}
@@ -18,19 +18,19 @@ func TestOptionsDefaultsPerScenario(t *testing.T) {
 		t.Errorf("calibration %s, want 5s by default", o.CalibrateFor)
 	}
 	// A negative calibration time (the flag's 0) stays off.
-	o = Options{Scenario: "basic", CalibrateFor: -1, Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "basic", CalibrateFor: -1, Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["basic"]); err != nil || o.CalibrateFor >= 0 {
 		t.Errorf("calibration %s (%v), want it left off", o.CalibrateFor, err)
 	}
 	// A value the caller set wins over the scenario's default.
-	o = Options{Scenario: "handover", Objects: 500, Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "handover", Objects: 500, Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["handover"]); err != nil {
 		t.Fatal(err)
 	}
 	if o.Objects != 500 {
 		t.Errorf("objects %d, want the caller's 500", o.Objects)
 	}
-	o = Options{Scenario: "external-outage", Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "external-outage", Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["external-outage"]); err != nil {
 		t.Fatal(err)
 	}
@@ -53,11 +53,10 @@ func TestOptionsRejectBadInput(t *testing.T) {
 		{Options{RenewDeadline: 6 * time.Second, RetryPeriod: 5 * time.Second}, "renew deadline 6s must exceed 1.2 × retry period 5s"},
 		{Options{ErrorRate: 2}, "error rate 2"},
 		{Options{Duration: time.Minute, OutageAfter: 50 * time.Second, OutageFor: 20 * time.Second}, "must end within the duration"},
-		{Options{HPATimeScale: 2}, "HPA time scale 2"},
 		{Options{CalibrateFor: time.Hour}, "calibration time 1h0m0s"},
 	} {
 		o := tc.o
-		o.Scenario, o.Out, o.HPAFile = "basic", t.TempDir(), "x"
+		o.Scenario, o.Out = "basic", t.TempDir()
 		err := o.setDefaults(scenarios["basic"])
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: error %v, want one saying %q", tc.o, err, tc.want)

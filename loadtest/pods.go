@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -28,7 +27,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/transport"
 	"k8s.io/utils/ptr"
 
 	"github.com/kshard/kshard/internal/configcenter"
@@ -66,9 +64,8 @@ type podTarget struct {
 	cs              kubernetes.Interface
 	// metrics reads the pods' /metrics with the token of the load tester's
 	// ServiceAccount.
-	metrics *http.Client
-	// metricsToken is the token metrics reads the replicas with, which
-	// the run's Prometheus scrapes them with too.
+	// metricsToken is the token of ServiceAccount metricsReader, which the
+	// run's Prometheus scrapes the replicas with.
 	metricsToken string
 	logDir       string
 	// centerFaults are the config center's faults before the run, set
@@ -153,9 +150,6 @@ func (c *container) Wait() (time.Time, error) {
 	}
 	return c.gone, nil
 }
-
-// PeakRSS is unknown for a container: the samples' RSS stand in.
-func (c *container) PeakRSS() (float64, bool) { return 0, false }
 
 // seenGone records that the API server no longer shows the container
 // running.
@@ -301,10 +295,8 @@ const (
 )
 
 // authorize creates the load tester's ServiceAccount in namespace ns, binds
-// it to the metrics reader role, and builds the HTTPS client that scrapes
-// the pods with its token. The replicas serve a self-signed certificate
-// (deploy/base without deploy/metrics-cert), so the client does not verify
-// it; what it reads is counters.
+// it to the metrics reader role, and keeps a token of it, with which the
+// run's Prometheus scrapes the pods.
 func (t *podTarget) authorize(ctx context.Context, ns string) error {
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: metricsReader}}
 	if _, err := t.cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -324,12 +316,6 @@ func (t *podTarget) authorize(ctx context.Context, ns string) error {
 	if err != nil {
 		return fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", ns, metricsReader, err)
 	}
-	// As kshard-metrics-adapter scrapes the replicas (cmd/kshard-metrics-adapter/internal/custommetrics).
-	rt, err := transport.New(&transport.Config{UserAgent: "kshard-loadtest", BearerToken: tr.Status.Token, TLS: transport.TLSConfig{Insecure: true}})
-	if err != nil {
-		return fmt.Errorf("the metrics transport: %w", err)
-	}
-	t.metrics = &http.Client{Timeout: 2 * time.Second, Transport: rt}
 	t.metricsToken = tr.Status.Token
 	return nil
 }
@@ -775,13 +761,4 @@ func (r *run) instanceOfHolder(holder string) *instance {
 		f.mu.Unlock()
 	}
 	return nil
-}
-
-// metricsClient reads the replicas' metrics: over loopback for processes,
-// over HTTPS with the load tester's token for pods.
-func (r *run) metricsClient() *http.Client {
-	if r.pods != nil {
-		return r.pods.metrics
-	}
-	return &http.Client{Timeout: 2 * time.Second}
 }

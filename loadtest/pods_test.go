@@ -160,11 +160,11 @@ func TestRunsExactly(t *testing.T) {
 // TestPodTargetChaosInterval: a chaos interval below the process faults'
 // pause is fine on pods, which get no pause.
 func TestPodTargetChaosInterval(t *testing.T) {
-	o := Options{Scenario: "chaos", StatefulSet: "kshard-system/kshard", Kubeconfig: "k", ChaosInterval: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	o := Options{Scenario: "chaos", StatefulSet: "kshard-system/kshard", Kubeconfig: "k", ChaosInterval: 20 * time.Second, Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["chaos"]); err != nil {
 		t.Errorf("chaos on pods every 20s: %v", err)
 	}
-	o = Options{Scenario: "chaos", ChaosInterval: 20 * time.Second, Out: t.TempDir(), HPAFile: "x"}
+	o = Options{Scenario: "chaos", ChaosInterval: 20 * time.Second, Out: t.TempDir()}
 	if err := o.setDefaults(scenarios["chaos"]); err == nil {
 		t.Error("chaos on processes every 20s, below its 25s pause: accepted")
 	}
@@ -215,20 +215,20 @@ func TestRestartFailsTheMemoryCheck(t *testing.T) {
 		}
 	}
 
-	fleets := []*FleetResult{{Fleet: "sharded ×3", MemoryLimit: 512 << 20, RSSPeakMax: 100 << 20, RSSPeakReplica: "kshard-0"}}
+	fleets := []*FleetResult{{Fleet: "sharded ×3", ReplicaFigures: []ReplicaFigures{{Replica: "kshard-0", Figures: []Figure{{Name: colRSSPeak, Value: 100 << 20}}}}}}
 	r, _ := restartOf("kshard-1", oomBefore, restartedOOM, begin)
-	c := memoryCheck(fleets, &containerRestarts{pods: 3, restarts: []podRestart{r}})
+	c := memoryCheck(fleets, 512<<20, &containerRestarts{pods: 3, restarts: []podRestart{r}})
 	if c.Passed || !strings.Contains(c.Detail, "pod kshard-1: 1 container restart (last termination: OOMKilled, exit code 137)") {
 		t.Errorf("a restart: %+v, want a failure naming the pod, its restarts and the reason", c)
 	}
-	if c := memoryCheck(fleets, &containerRestarts{pods: 3}); !c.Passed || !strings.Contains(c.Detail, "no container of the 3 replica pods seen restarted") {
+	if c := memoryCheck(fleets, 512<<20, &containerRestarts{pods: 3}); !c.Passed || !strings.Contains(c.Detail, "no container of the 3 replica pods seen restarted") {
 		t.Errorf("no restart: %+v, want a pass saying what was checked", c)
 	}
-	if c := memoryCheck(fleets, &containerRestarts{}); c.Passed || !c.NoData {
+	if c := memoryCheck(fleets, 512<<20, &containerRestarts{}); c.Passed || !c.NoData {
 		t.Errorf("no pod seen: %+v, want no data", c)
 	}
 	// Without a memory limit the restarts are still checked.
-	if c := memoryCheck(nil, &containerRestarts{pods: 3, restarts: []podRestart{r}}); c.Passed || c.NotApplicable {
+	if c := memoryCheck(nil, 0, &containerRestarts{pods: 3, restarts: []podRestart{r}}); c.Passed || c.NotApplicable {
 		t.Errorf("a restart without a memory limit: %+v, want a failure", c)
 	}
 }

@@ -35,11 +35,8 @@ type propagation struct {
 
 	seq int // values written, over the run: each probe's value is unique
 
-	mu      sync.Mutex
-	probes  []*probe
-	samples histogram
-	// expected and reached count ConfigMaps over finished probes.
-	expected, reached int
+	mu     sync.Mutex
+	probes []*probe
 }
 
 type probe struct {
@@ -48,21 +45,14 @@ type probe struct {
 	waiting            map[string]int // ConfigMap name → object index
 }
 
-// PropagationResult is what one fleet's probes measured: config-center
-// changes written, ConfigMaps that had to show them and did, and the
-// latency from the write to each ConfigMap showing it.
-type PropagationResult struct {
-	Probes, Expected, Reached int
-	Latency                   LatencySummary
-}
-
 func newPropagation(c client.WithWatch, cc *configcenter.Client, set *objectSet, gen *generator, obs *observations) *propagation {
 	return &propagation{c: c, cc: cc, set: set, gen: gen, obs: obs}
 }
 
 // run probes every interval until ctx ends, then waits for the open probes
-// (at most propagationTimeout) and returns what it measured.
-func (p *propagation) run(ctx context.Context, interval time.Duration) PropagationResult {
+// (at most propagationTimeout). What it measures it publishes
+// (loadtest_propagation_seconds, loadtest_propagation_expected_total).
+func (p *propagation) run(ctx context.Context, interval time.Duration) {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWatch()
 	watching := make(chan struct{})
@@ -70,7 +60,6 @@ func (p *propagation) run(ctx context.Context, interval time.Duration) Propagati
 	<-watching
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	n := 0
 loop:
 	for {
 		select {
@@ -78,9 +67,7 @@ loop:
 			break loop
 		case <-t.C:
 			p.seq++
-			if p.start(ctx, p.seq) {
-				n++
-			}
+			p.start(ctx, p.seq)
 		}
 	}
 	deadline := time.Now().Add(propagationTimeout)
@@ -90,12 +77,9 @@ loop:
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, pr := range p.probes {
-		p.expected += len(pr.waiting)
+		p.obs.propagationExpected(len(pr.waiting)) // never reached
 	}
 	p.probes = nil
-	res := PropagationResult{Probes: n, Expected: p.expected, Reached: p.reached, Latency: summarize(&p.samples)}
-	p.samples, p.expected, p.reached = histogram{}, 0, 0
-	return res
 }
 
 // start writes a new value to a key that live bindings read and opens a
@@ -157,7 +141,7 @@ func (p *propagation) open() int {
 		switch {
 		case len(pr.waiting) == 0:
 		case time.Since(pr.at) > propagationTimeout:
-			p.expected += len(pr.waiting)
+			p.obs.propagationExpected(len(pr.waiting)) // never reached
 		default:
 			kept = append(kept, pr)
 			n += len(pr.waiting)
@@ -197,10 +181,8 @@ func (p *propagation) observe(cm *corev1.ConfigMap, now time.Time) {
 	for _, pr := range p.probes {
 		if _, ok := pr.waiting[cm.Name]; ok && cm.Data[pr.key] == pr.value {
 			delete(pr.waiting, cm.Name)
-			p.samples.Observe(now.Sub(pr.at))
 			p.obs.propagated(now.Sub(pr.at))
-			p.expected++
-			p.reached++
+			p.obs.propagationExpected(1)
 		}
 	}
 }

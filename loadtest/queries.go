@@ -37,6 +37,10 @@ type query struct {
 type querySet struct {
 	Rows     []query `json:"rows"`
 	Replicas []query `json:"replicas"`
+	// Events are the events table's counted columns, each over the event.
+	Events []query `json:"events"`
+	// Windows are the capacity scenario's figures of a window of load.
+	Windows []query `json:"windows"`
 }
 
 // Figure is one query's value for one fleet (or one replica of it).
@@ -59,8 +63,28 @@ type ReplicaFigures struct {
 	Figures []Figure
 }
 
-// loadQueries reads a queries file of queryFiles.
-func loadQueries(name string) (querySet, error) {
+// loadQueries reads every queries file of queryFiles into one set.
+func loadQueries() (querySet, error) {
+	var all querySet
+	files, err := queryFiles.ReadDir("queries")
+	if err != nil {
+		return all, fmt.Errorf("reading the queries: %w", err)
+	}
+	for _, f := range files {
+		qs, err := loadQueryFile(f.Name())
+		if err != nil {
+			return all, err
+		}
+		all.Rows = append(all.Rows, qs.Rows...)
+		all.Replicas = append(all.Replicas, qs.Replicas...)
+		all.Events = append(all.Events, qs.Events...)
+		all.Windows = append(all.Windows, qs.Windows...)
+	}
+	return all, nil
+}
+
+// loadQueryFile reads one queries file of queryFiles.
+func loadQueryFile(name string) (querySet, error) {
 	var qs querySet
 	b, err := queryFiles.ReadFile("queries/" + name)
 	if err != nil {
@@ -69,7 +93,7 @@ func loadQueries(name string) (querySet, error) {
 	if err := yaml.UnmarshalStrict(b, &qs); err != nil {
 		return qs, fmt.Errorf("reading the queries %s: %w", name, err)
 	}
-	for _, q := range append(append([]query(nil), qs.Rows...), qs.Replicas...) {
+	for _, q := range slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows) {
 		if q.Name == "" || q.Query == "" || !slices.Contains(spanNames, q.Over) {
 			return qs, fmt.Errorf("the queries %s: %q needs a name, a query and a span to be over (one of %v)", name, q.Name, spanNames)
 		}
@@ -81,7 +105,7 @@ func loadQueries(name string) (querySet, error) {
 }
 
 // spanNames are the spans of a fleet a query can be over.
-var spanNames = []string{"life", "phase", "start", "storm"}
+var spanNames = []string{"life", "phase", "start", "storm", "probes", "event", "window"}
 
 // span is a stretch of a fleet's time, and the objects it concerns.
 type span struct {
@@ -164,6 +188,11 @@ func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []F
 		f := Figure{Name: q.Name, Unit: q.Unit, Query: expanded, At: at}
 		if !ok {
 			f.NoData = noSpan + q.Over
+			out = append(out, f)
+			continue
+		}
+		if strings.Contains(q.Query, "$objects") && w.spans[q.Over].objects == 0 {
+			f.NoData = noObjects
 			out = append(out, f)
 			continue
 		}
@@ -252,10 +281,31 @@ const noSpan = "the fleet had no "
 // noSpan says the figure is over a span the fleet did not have.
 func (f Figure) noSpan() bool { return strings.HasPrefix(f.NoData, noSpan) }
 
+// noObjects is the NoData of a figure per object of a span that had none
+// (an event that moved no shard): not a lack of data.
+const noObjects = "no objects"
+
 // text is the figure as a report shows it.
 func (f Figure) text() string {
-	if f.NoData != "" {
+	switch {
+	case f.NoData == noObjects:
+		return "—"
+	case f.NoData != "":
 		return "no data"
 	}
 	return unitFormats[f.Unit](f.Value)
+}
+
+// formatBytes writes a byte count for people: 12.3 MiB.
+func formatBytes(b float64) string {
+	const unit = 1024
+	if b < unit {
+		return strconv.FormatFloat(b, 'f', 0, 64) + " B"
+	}
+	div, exp := float64(unit), 0
+	for n := b / unit; n >= unit && exp < 4; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", b/div, "KMGTP"[exp])
 }

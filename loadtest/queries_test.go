@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +18,25 @@ import (
 // parses with Prometheus's own parser (promql-selectors), selects a metric,
 // and has no variable left.
 func TestQueriesParse(t *testing.T) {
-	qs, err := loadQueries("fleets.yaml")
+	qs, err := loadQueries()
 	if err != nil {
 		t.Fatal(err)
+	}
+	all := slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows)
+	// The figures the load tester's own code reads by name are in the files.
+	names := map[string]bool{}
+	for _, q := range all {
+		if names[q.Name] {
+			t.Errorf("two queries are named %q", q.Name)
+		}
+		names[q.Name] = true
+	}
+	for _, name := range []string{figHeapPeak, figHeapEnd, figHeapEndSum, figLiveHeapPeak, figLiveHeapEnd, figLiveHeapEndSum,
+		figStartSyncs, figStartWalked, figEventWrites, colRSSPeak,
+		winSent, winReady, winP99, winQueue, winReplicaCores, winAPICores, winThrottled, winShares} {
+		if !names[name] {
+			t.Errorf("the code reads figure %q, which no query names", name)
+		}
 	}
 	at := time.Unix(1_800_000_000, 0)
 	w := queryWindow{fleet: "fleet-1", step: time.Second, memoryLimit: 512 << 20, ceiling: 400, spans: map[string]span{}}
@@ -27,7 +44,7 @@ func TestQueriesParse(t *testing.T) {
 		w.spans[name] = span{from: at, to: at.Add(time.Minute), objects: 1000}
 	}
 	var exprs []string
-	for _, q := range append(qs.Rows, qs.Replicas...) {
+	for _, q := range all {
 		e, _, ok := w.expand(q)
 		if !ok {
 			t.Fatalf("%q: not expanded", q.Name)
@@ -40,9 +57,9 @@ func TestQueriesParse(t *testing.T) {
 	for i, r := range promqlSelectors(t, exprs) {
 		switch {
 		case r.Error != "":
-			t.Errorf("%q does not parse: %s\n%s", append(qs.Rows, qs.Replicas...)[i].Name, r.Error, exprs[i])
+			t.Errorf("%q does not parse: %s\n%s", all[i].Name, r.Error, exprs[i])
 		case len(r.Metrics) == 0:
-			t.Errorf("%q selects no metric: %s", append(qs.Rows, qs.Replicas...)[i].Name, exprs[i])
+			t.Errorf("%q selects no metric: %s", all[i].Name, exprs[i])
 		}
 	}
 }

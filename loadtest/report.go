@@ -1,38 +1,21 @@
 package loadtest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/loadtest/chart"
 )
 
-// writeReport writes <scenario>.md, its charts and <scenario>.json into the
-// report folder.
+// writeReport writes <scenario>.md and <scenario>.json into the report
+// folder.
 func (r *run) writeReport() error {
 	rep := r.report
 	name := r.opts.Scenario
-	for _, c := range r.charts() {
-		file := name + "-" + c.file + ".svg"
-		var buf bytes.Buffer
-		if err := c.chart.Write(&buf); err != nil {
-			return fmt.Errorf("drawing %s: %w", file, err)
-		}
-		if err := os.WriteFile(filepath.Join(r.opts.Out, file), buf.Bytes(), 0o644); err != nil {
-			return fmt.Errorf("writing %s: %w", file, err)
-		}
-		rep.Charts = append(rep.Charts, Chart{Title: c.chart.Title, File: file})
-	}
 	rep.guide = readmeFrom(r.opts.Out)
 	md := renderMarkdown(rep)
 	if err := os.WriteFile(filepath.Join(r.opts.Out, name+".md"), []byte(md), 0o644); err != nil {
@@ -67,198 +50,6 @@ func readmeFrom(out string) string {
 	return filepath.ToSlash(rel)
 }
 
-type namedChart struct {
-	file  string
-	chart *chart.Chart
-}
-
-// chartData is what the charts are drawn from: the run's samples, copied
-// under its lock, and the x axis (seconds since the run began).
-type chartData struct {
-	scenario string
-	begin    time.Time
-	span     time.Duration
-	markers  []chart.Marker
-	center   []centerSample
-	reasons  []reasonSample
-	sizes    []sizeSample
-}
-
-// secs is a time's x: seconds since the start of the run.
-func (d *chartData) secs(t time.Time) float64 { return t.Sub(d.begin).Seconds() }
-
-// chart is a chart of the run with the common x axis and the run's event
-// markers.
-func (d *chartData) chart(title, yLabel string, series ...chart.Series) *chart.Chart {
-	return &chart.Chart{Title: d.scenario + ": " + title, XLabel: "seconds since the start of the run", YLabel: yLabel, Series: series, Markers: d.markers}
-}
-
-// charts draws the run's charts: latency, throughput, ownership,
-// config-center calls and heap for every scenario, plus what a scenario
-// adds.
-func (r *run) charts() []namedChart {
-	d := &chartData{scenario: r.opts.Scenario, begin: r.begin, span: time.Since(r.begin)}
-	r.mu.Lock()
-	for _, m := range r.markers {
-		d.markers = append(d.markers, chart.Marker{X: d.secs(m.At), Label: m.Label})
-	}
-	d.center = slices.Clone(r.center)
-	d.reasons = slices.Clone(r.reasons)
-	d.sizes = slices.Clone(r.sizes)
-	r.mu.Unlock()
-	out := d.latencyCharts(r.tracker.samplesCopy())
-	out = append(out,
-		namedChart{"ownership", d.ownershipChart(r.ring.ownershipSeries())},
-		namedChart{"calls", d.callsChart()},
-		namedChart{"heap", d.heapChart(r.fleets)})
-	if r.sc.name == "external-outage" {
-		out = append(out, namedChart{"reasons", d.reasonsChart()})
-	}
-	if r.sc.name == "autoscale" || r.sc.name == "scale-out" {
-		out = append(out, namedChart{"replicas", d.replicasChart()})
-	}
-	return out
-}
-
-// latencyCharts are the percentiles of the generations that became Ready
-// in each window, and how many per second.
-func (d *chartData) latencyCharts(samples []latencySample) []namedChart {
-	window := max(5*time.Second, (d.span / 60).Round(time.Second))
-	buckets := map[int64]*histogram{}
-	for _, s := range samples {
-		k := int64(s.Done.Sub(d.begin) / window)
-		if buckets[k] == nil {
-			buckets[k] = &histogram{}
-		}
-		buckets[k].Observe(s.Latency)
-	}
-	var p50, p99, mx, n []chart.Point
-	for _, k := range slices.Sorted(maps.Keys(buckets)) {
-		x := (time.Duration(k)*window + window/2).Seconds()
-		h := buckets[k]
-		p50 = append(p50, chart.Point{X: x, Y: h.Quantile(0.5).Seconds()})
-		p99 = append(p99, chart.Point{X: x, Y: h.Quantile(0.99).Seconds()})
-		mx = append(mx, chart.Point{X: x, Y: h.Max().Seconds()})
-		n = append(n, chart.Point{X: x, Y: float64(h.Count()) / window.Seconds()})
-	}
-	return []namedChart{
-		{"latency", d.chart(fmt.Sprintf("spec change (or create) to status Ready, per %s window", window), "seconds",
-			chart.Series{Name: "p50", Points: p50}, chart.Series{Name: "p99", Points: p99}, chart.Series{Name: "max", Points: mx})},
-		{"throughput", d.chart(fmt.Sprintf("generations seen Ready per second, per %s window", window), "per second",
-			chart.Series{Name: "Ready/s", Points: n})},
-	}
-}
-
-// ownershipChart is the shards owned per replica (by a running holder).
-func (d *chartData) ownershipChart(points []ownershipPoint) *chart.Chart {
-	holders := map[string]bool{}
-	for _, p := range points {
-		for h := range p.Count {
-			holders[h] = true
-		}
-	}
-	var own []chart.Series
-	for _, h := range slices.Sorted(maps.Keys(holders)) {
-		s := chart.Series{Name: h, Step: true}
-		for _, p := range points {
-			s.Points = append(s.Points, chart.Point{X: d.secs(p.At), Y: float64(p.Count[h])})
-		}
-		if len(points) > 0 {
-			s.Points = append(s.Points, chart.Point{X: d.span.Seconds(), Y: float64(points[len(points)-1].Count[h])})
-		}
-		own = append(own, s)
-	}
-	return d.chart("shards owned per replica (Lease held, unexpired, process running)", "shards", own...)
-}
-
-// callsChart is the config-center calls per second by the replicas.
-func (d *chartData) callsChart() *chart.Chart {
-	var gets, polls []chart.Point
-	for i := 1; i < len(d.center); i++ {
-		prev, cur := d.center[i-1], d.center[i]
-		dt := cur.At.Sub(prev.At).Seconds()
-		if dt <= 0 {
-			continue
-		}
-		gets = append(gets, chart.Point{X: d.secs(cur.At), Y: math.Max(0, cur.Gets-prev.Gets) / dt})
-		polls = append(polls, chart.Point{X: d.secs(cur.At), Y: math.Max(0, cur.Polls-prev.Polls) / dt})
-	}
-	return d.chart("config-center calls per second by the replicas", "calls per second",
-		chart.Series{Name: "key reads", Points: gets}, chart.Series{Name: "change-feed polls", Points: polls})
-}
-
-// heapChart is the Go heap per replica identity, its processes joined.
-func (d *chartData) heapChart(fleets []*fleet) *chart.Chart {
-	var heap []chart.Series
-	for _, f := range fleets {
-		f.mu.Lock()
-		for _, s := range f.slots {
-			for _, in := range s.instances {
-				if len(in.samples) == 0 {
-					continue
-				}
-				ser := chart.Series{Name: fmt.Sprintf("%s %s", f.mode.Name, s.id)}
-				for _, x := range in.samples {
-					ser.Points = append(ser.Points, chart.Point{X: d.secs(x.At), Y: x.HeapInuse / (1 << 20)})
-				}
-				heap = append(heap, ser)
-			}
-		}
-		f.mu.Unlock()
-	}
-	return d.chart("Go heap in use per replica (go_memstats_heap_inuse_bytes)", "MiB", mergeByName(heap)...)
-}
-
-// reasonsChart is the ConfigBindings by Ready reason (external-outage).
-func (d *chartData) reasonsChart() *chart.Chart {
-	reasons := []string{"Synced", "ExternalUnavailable"}
-	series := make([]chart.Series, len(reasons))
-	for i, reason := range reasons {
-		series[i].Name = reason
-		for _, rs := range d.reasons {
-			series[i].Points = append(series[i].Points, chart.Point{X: d.secs(rs.At), Y: float64(rs.Reasons[reason])})
-		}
-	}
-	return d.chart("ConfigBindings by Ready reason", "objects", series...)
-}
-
-// replicasChart is the running replicas and the ConfigBindings, in
-// thousands (autoscale, scale-out).
-func (d *chartData) replicasChart() *chart.Chart {
-	var rp, objs []chart.Point
-	for _, s := range d.sizes {
-		rp = append(rp, chart.Point{X: d.secs(s.At), Y: float64(s.Replicas)})
-	}
-	for _, rs := range d.reasons {
-		total := 0
-		for _, v := range rs.Reasons {
-			total += v
-		}
-		objs = append(objs, chart.Point{X: d.secs(rs.At), Y: float64(total) / 1000})
-	}
-	return d.chart("running replicas, and ConfigBindings (thousands)", "replicas / thousands of objects",
-		chart.Series{Name: "replicas", Points: rp, Step: true}, chart.Series{Name: "objects (k)", Points: objs})
-}
-
-// mergeByName joins series of one name (one replica identity's process
-// instances) into one, in time order.
-func mergeByName(in []chart.Series) []chart.Series {
-	var out []chart.Series
-	idx := map[string]int{}
-	for _, s := range in {
-		if i, ok := idx[s.Name]; ok {
-			out[i].Points = append(out[i].Points, s.Points...)
-			continue
-		}
-		idx[s.Name] = len(out)
-		out = append(out, s)
-	}
-	for i := range out {
-		sort.SliceStable(out[i].Points, func(a, b int) bool { return out[i].Points[a].X < out[i].Points[b].X })
-	}
-	return out
-}
-
 // renderMarkdown writes the report a person reads: its sections in order.
 func renderMarkdown(rep *Report) string {
 	var b strings.Builder
@@ -271,8 +62,7 @@ func renderMarkdown(rep *Report) string {
 	if len(rep.Events) > 0 {
 		renderEvents(&b, rep.Events)
 	}
-	renderLatency(&b, rep)
-	renderCharts(&b, rep)
+	renderNotes(&b, rep)
 	return b.String()
 }
 
@@ -339,10 +129,23 @@ func renderEvents(b *strings.Builder, events []EventResult) {
 		" and, unless the event happened under continuous updates, every object Ready at its latest generation. " +
 		"*Shards moved*: shards acquired since the event, by anyone; *… to another replica*: shards whose running holder when the event settled differs from the one right before it " +
 		"(a rolling restart's goal is 0: the restarted replica takes its own shards back; —: no shard had a running holder before, or no shards). " +
-		"*Object writes per moved object*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
-		"any subresource, from right before the event until it settled, less the load tester's own, divided by the objects in the moved shards; " +
-		"counted for events without load only (—: under load, or nothing moved).\n\n")
-	p("| event | at | shards moved | shards moved to another replica | objects in them | shards held after | settled after | object writes per moved object |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		"*Object writes*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
+		"any subresource, from the event until the first scrape after it settled, less the load tester's own (queries/fleets.yaml's events queries); " +
+		"counted for events without load only (—: under load).\n\n")
+	var counted []string
+	for _, ev := range events {
+		if len(ev.Figures) > 0 {
+			for _, x := range ev.Figures {
+				counted = append(counted, x.Name)
+			}
+			break
+		}
+	}
+	p("| event | at | shards moved | shards moved to another replica | objects in them | shards held after | settled after |")
+	for _, c := range counted {
+		p(" %s |", c)
+	}
+	p("\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |%s\n", strings.Repeat(" ---: |", len(counted)))
 	for _, ev := range events {
 		reconciled := fmtDur(ev.Reconciled)
 		if ev.Error != "" {
@@ -356,57 +159,23 @@ func renderEvents(b *strings.Builder, events []EventResult) {
 		if ev.MovedToOther >= 0 {
 			toOther = fmt.Sprint(ev.MovedToOther)
 		}
-		p("| %s | %s | %d | %s | %d | %s | %s | %s |\n", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, toOther, ev.Objects, held, reconciled, perCauseText(ev.WritesPerMoved, "—"))
-	}
-	if n, own := eventOwnWrites(events); n > 0 && own == 0 {
-		p("\nThe load tester wrote no ConfigBinding or ConfigMap during any event whose writes were counted (%d of %d events): every write counted there is the replicas'.\n", n, len(events))
-	} else if n > 0 {
-		p("\nThe load tester's own ConfigBinding and ConfigMap writes during the events whose writes were counted (%d of %d events), %d in all, are subtracted.\n", n, len(events), own)
+		p("| %s | %s | %d | %s | %d | %s | %s |", mdEscape(ev.Name), fmtDur(ev.At), ev.Moved, toOther, ev.Objects, held, reconciled)
+		for i := range counted {
+			cell := "—"
+			if i < len(ev.Figures) {
+				cell = ev.Figures[i].text()
+			}
+			p(" %s |", cell)
+		}
+		p("\n")
 	}
 }
 
-// renderLatency writes the run's end-to-end latencies and the spec
-// updates' distribution.
-func renderLatency(b *strings.Builder, rep *Report) {
+// renderNotes writes the notes and the link to what every number means.
+func renderNotes(b *strings.Builder, rep *Report) {
 	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	p("\n## End-to-end latency\n\nFrom sending a write to the watch showing status Ready at that generation " +
-		"(`observedGeneration` and the Ready condition's `observedGeneration` both at it). Updates: the measured phases; creates: the whole run.\n\n")
-	p("| | samples | p50 | p90 | p99 | max | ≤ 1 s | ≤ 5 s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, row := range []struct {
-		name string
-		s    LatencySummary
-	}{{"spec updates", rep.Updates}, {"creates", rep.Creates}, {"… of which until the shard label shows", rep.Labeled}} {
-		s := row.s
-		p("| %s | %d | %s | %s | %s | %s | %s | %s |\n", row.name, s.Count, s.dur(s.P50), s.dur(s.P90), s.dur(s.P99), s.dur(s.Max), s.share(s.WithinFast), s.share(s.WithinSLO))
-	}
-	p("\nDistribution of spec updates:\n\n| at most | updates | cumulative |\n| ---: | ---: | ---: |\n")
-	cum := 0
-	for i, c := range rep.Updates.Buckets {
-		cum += c
-		bound := "above " + fmtDur(LatencyBuckets[len(LatencyBuckets)-1])
-		if i < len(LatencyBuckets) {
-			bound = fmtDur(LatencyBuckets[i])
-		}
-		share := noData
-		if rep.Updates.Count > 0 {
-			share = pct(float64(cum) / float64(rep.Updates.Count))
-		}
-		p("| %s | %d | %s |\n", bound, c, share)
-	}
-}
-
-// renderCharts writes the charts, the notes and the link to what every
-// number means.
-func renderCharts(b *strings.Builder, rep *Report) {
-	p := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
-	if len(rep.Charts) > 0 {
-		p("\n## Charts\n\nDashed lines mark the run's events.\n\n")
-		for _, c := range rep.Charts {
-			p("![%s](%s)\n\n", mdEscape(c.Title), c.File)
-		}
-	}
 	if len(rep.Notes) > 0 {
-		p("## Notes\n\n")
+		p("\n## Notes\n\n")
 		for _, n := range rep.Notes {
 			p("- %s\n", mdEscape(n))
 		}
@@ -416,7 +185,7 @@ func renderCharts(b *strings.Builder, rep *Report) {
 	if guide == "" {
 		guide = "../README.md"
 	}
-	p("What every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
+	p("\nWhat every number means: [loadtest/README.md](%s#what-the-numbers-mean).\n", guide)
 }
 
 // result is a check's result cell: a check without data fails as such,
@@ -492,18 +261,6 @@ func coresText(v float64) string {
 		return noData
 	}
 	return fmt.Sprintf("%.2f", v)
-}
-
-// eventOwnWrites is the number of events whose object writes were counted,
-// and the load tester's own writes during them.
-func eventOwnWrites(evs []EventResult) (counted int, own int64) {
-	for _, ev := range evs {
-		if ev.WritesCounted {
-			counted++
-			own += ev.OwnWrites
-		}
-	}
-	return counted, own
 }
 
 // perCauseText writes a perCause figure with two decimals, or none where

@@ -3,7 +3,6 @@ package loadtest
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -14,8 +13,8 @@ import (
 	"github.com/kshard/kshard/internal/audit"
 )
 
-// Report is what a run measured and concluded. It is written as Markdown
-// with SVG charts, and as JSON for tools.
+// Report is what a run measured and concluded. It is written as Markdown,
+// and as JSON for tools (with every query as it was evaluated).
 type Report struct {
 	Scenario    string
 	Description string
@@ -40,17 +39,12 @@ type Report struct {
 	Audit  *AuditSummary  `json:",omitempty"`
 	Fleets []*FleetResult
 	Events []EventResult
-	// Updates and Creates are the end-to-end latencies of every measured
-	// phase of the run; Labeled is the part of a create until the elected
-	// leader's shard label shows.
-	Updates, Creates, Labeled LatencySummary
 	// Capacity is each fleet's capacity, for the capacity scenario.
 	Capacity []CapacityResult `json:",omitempty"`
 	// Findings are scenario-specific observations (an outage's effect, the
 	// HPA's decisions), one sentence each.
 	Findings []string
 	Notes    []string
-	Charts   []Chart
 	// guide is the link from the report to loadtest/README.md; "" for the
 	// default report folder's.
 	guide string
@@ -100,40 +94,16 @@ func notApplicableCheck(name, why string) Check {
 	return Check{Name: name, Passed: true, NotApplicable: true, Detail: "not applicable: " + why}
 }
 
-// Chart is one chart file of the report.
-type Chart struct {
-	Title, File string
-}
-
-// LatencySummary summarises end-to-end latencies: from the write of a
-// generation to the watch showing status Ready at it. With Count 0 there is
-// no data: the percentiles are 0 and the shares -1, and the report says "no
-// data" for all of them.
+// LatencySummary summarises latencies the load tester measured itself
+// (durations); with Count 0 there is no data.
 type LatencySummary struct {
-	Count              int
-	P50, P90, P99, Max time.Duration
-	// WithinFast and WithinSLO are the shares at or below 1 s and 5 s; -1
-	// without samples.
-	WithinFast, WithinSLO float64
-	// Buckets count the samples per LatencyBuckets bound, the last above
-	// every bound.
-	Buckets []int
+	Count         int
+	P50, P99, Max time.Duration
 }
 
-func summarize(h *histogram) LatencySummary {
-	s := LatencySummary{
-		Count: h.Count(), P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Max: h.Max(),
-		WithinFast: h.Within(SLOFast), WithinSLO: h.Within(SLO), Buckets: h.Buckets(),
-	}
-	if s.Count == 0 {
-		// The histogram's "nothing missed" is no share of anything.
-		s.WithinFast, s.WithinSLO = -1, -1
-	}
-	return s
-}
-
-// FleetResult is what one fleet did: its measured phase (load) and its whole
-// life (start to stop) for memory and LISTs.
+// FleetResult is what one fleet did: what it ran, its start and create
+// storm as the load tester timed them, and its figures, each a query of
+// queries/fleets.yaml against the run's Prometheus.
 type FleetResult struct {
 	Fleet string
 	Mode  string
@@ -142,207 +112,33 @@ type FleetResult struct {
 	// `kshard controller`: it has no audit log and no kshard_* metrics.
 	Plain    bool `json:",omitempty"`
 	Replicas int
-	// Processes counts the replica processes started, restarts included.
-	Processes int
-	Lifetime  time.Duration
 	// Window is the measured phase.
 	Window time.Duration
-	// Samples counts the scrapes of the fleet's replicas over its life:
-	// without any, every figure from their metrics (memory, CPU,
-	// reconciles, objects held) has no data.
-	Samples int
 	// StartSettled is the fleet's start event's settle time: from its first
 	// process until every replica was ready, every object reconciled by the
 	// fleet (audit logs when sharded; the reconcile counters reaching the
 	// object count with empty queues otherwise) and Ready at its latest
-	// generation. StartError says why it did not settle.
-	// StartObjects is the number of objects then.
+	// generation. StartError says why it did not settle; StartObjects is
+	// the number of objects then.
 	StartSettled time.Duration
 	StartError   string `json:",omitempty"`
 	StartObjects int
-	// StartWritesCounted says the API server was read at both ends of the
-	// start; StartWrites is then the ConfigBinding and ConfigMap writes
-	// during it, the load tester's own subtracted (it sends none then).
-	StartWritesCounted bool
-	StartWrites        float64
-	// ShardTableDomains is the domains in the labeler's shard table when a
-	// sharded fleet started: those whose objects the shard-label policy
-	// labels at their CREATE. -1 for no table (a cold start: the labeler
-	// labels every object of a new domain), and for fleets without a
-	// labeler.
-	ShardTableDomains int
-	// StartScanned is the ConfigBindings the API server scanned for the
-	// initial syncs of the fleet's start (until it settled), and StartSyncs
-	// those syncs, the load tester's own subtracted; -1 when the API server
-	// was not read at both ends, or restarted in between. A replica's sync
-	// scans every object whatever its selector, so a fleet of N replicas
-	// and the labeler's cache scans each object N+1 times at best.
-	StartScanned, StartSyncs float64
-
-	Updates LatencySummary
-	// Throughput is generations seen Ready per second in the window;
-	// Offered the updates issued per second.
-	Throughput, Offered float64
-	Reconciles          float64
-	ReconcileErrors     float64
-	// CPUCores is the CPU the fleet's replicas used in the window, in cores
-	// (CPU seconds per second, summed over replicas).
-	CPUCores float64
-	// ReconcileP99 is from controller_runtime_reconcile_time_seconds over
-	// the window, summed over replicas (seconds; -1 without data).
-	ReconcileP99 float64
-	// QueueWaitP99 is from workqueue_queue_duration_seconds over the window,
-	// summed over replicas: how long a request waited for a worker (seconds;
-	// -1 without data). With ReconcileP99 it splits end-to-end latency into
-	// waiting and working inside the replicas.
-	QueueWaitP99 float64
+	// Storm is the fleet's create storm: the objects created while it ran,
+	// or the ones it found at its start.
+	Storm CreateStorm
 	// Split divides the end-to-end latency of the phase's spec updates at
 	// the reconcile that made each Ready (from the audit log; sharded fleets
 	// only, nil otherwise).
 	Split *LatencySplit `json:",omitempty"`
-	// StatusPatchP99 is the API server's p99 of serving a ConfigBinding
-	// status patch within the window (apiserver_request_duration_seconds;
-	// seconds, -1 without data).
-	StatusPatchP99 float64
 
-	// HeapPeakMax and HeapPeakMean are the largest and the mean per-replica
-	// peak of go_memstats_heap_inuse_bytes over the fleet's life; RSS the
-	// same for resident memory: the larger of process_resident_memory_bytes
-	// as sampled and the kernel's high-water mark (VmHWM, on Linux).
-	HeapPeakMax, HeapPeakMean, RSSPeakMax, RSSPeakMean float64
-	// MemoryLimit is the --memory-limit the fleet's replicas ran with, in
-	// bytes; 0 for none (turned off, or a plain fleet, which has no such
-	// flag). RSSPeakReplica names the replica of RSSPeakMax.
-	MemoryLimit    float64
-	RSSPeakReplica string
-	// HeapEndMax and HeapEndMean are the same at the end of the measured
-	// phase: the steady state, without the warm-up's garbage. Every memory
-	// figure is 0 without a sample, which a running process never shows.
-	HeapEndMax, HeapEndMean float64
-	// HeapPeakSum and HeapEndSum are the whole fleet's: the per-replica
-	// peaks summed, and the heaps at the end of the measured phase summed
-	// (what the fleet holds at once in the steady state).
-	HeapPeakSum, HeapEndSum float64
-	// HeapLivePeakMax, HeapLiveEndMax and HeapLiveEndSum are the largest
-	// replica's peak and end and the whole fleet's end of the live heap
-	// (go_gc_heap_live_bytes, what the last collection marked live): the
-	// heap a replica holds, which the heap in use above overstates by the
-	// garbage not yet collected at the scrape, a fifth more or less from one
-	// scrape to the next. 0 without data (a report from before the load
-	// tester read it, or a scrape without the family), and the sum 0
-	// unless every replica had it.
-	HeapLivePeakMax, HeapLiveEndMax, HeapLiveEndSum float64
-	// APIServerRSSPeak and EtcdRSSPeak are the largest resident memory of
-	// the control plane's kube-apiserver and etcd over the fleet's life
-	// (VmRSS, sampled with the replicas); -1 on a cluster the load tester
-	// did not start, whose processes it cannot read.
-	APIServerRSSPeak, EtcdRSSPeak float64
-	// HeldMax is the most ConfigBindings any replica held (kshard_shard_objects
-	// summed), -1 with sharding off, which does not export it, and when no
-	// scrape of the fleet had it.
-	HeldMax float64
-	// The API server's own counts for ConfigBindings over the fleet's life
-	// (see apiServerSample): initial syncs (the load tester's own, OwnSyncs,
-	// subtracted), objects scanned for them (OwnSyncs × the objects at the
-	// fleet's start subtracted: each of them scans every object), bytes sent, and the watches
-	// open at the end (the load tester's own one subtracted). APICounted
-	// says the API server was read at both ends of the fleet's life; without
-	// it these, ScannedPerProcess and the write rates have no data.
-	APICounted                         bool
-	Syncs, Scanned, Bytes, OpenWatches float64
-	OwnSyncs                           int64
-	// CachesStarted are the informer caches the fleet's replicas report
-	// having started over its life (kshard_caches_started_total, every
-	// reason; -1 with sharding off, which does not export it, and when no
-	// replica's last scrape had it, as Acquisitions), each one
-	// initial sync of ConfigBindings: Syncs beyond it are syncs nobody
-	// accounts for. AcquisitionCaches are those started for shards
-	// acquired together, of Acquisitions shard Leases acquired: a cache
-	// per shard would make them equal.
-	CachesStarted, AcquisitionCaches, Acquisitions float64
-	// ScannedPerProcess is Scanned divided by the replica processes.
-	ScannedPerProcess               float64
-	LeaseWritesPerSec, WritesPerSec float64
-	// ControllerWrites is the mutating requests on ConfigBindings and
-	// ConfigMaps (any subresource) the API server served in the measured
-	// phase, less the load tester's own (OwnWrites: its spec-update
-	// patches, and creates or deletes where the phase has them);
-	// SpecUpdates the spec updates it sent in the phase; and
-	// ControllerWritesPerUpdate their ratio, -1 without updates or counts.
-	// It is what one spec change costs the API server in the controller's
-	// writes (status, ConfigMap), the figure Lease writes and the total
-	// hide. WritesCounted says the API server was read at both edges of
-	// the phase.
-	WritesCounted             bool
-	ControllerWrites          float64
-	OwnWrites                 int64
-	SpecUpdates               int
-	ControllerWritesPerUpdate float64
-
-	// Config-center key reads by the replicas in the window and during the
-	// rest of the fleet's life (warm-up, settle); change-feed polls. -1
-	// without config-center samples in the window or the life.
-	CenterGets, CenterGetsOutside, CenterPolls float64
-	// CacheHitRatio is (hit+stale)/lookups in the window; -1 without lookups.
-	CacheHitRatio float64
-	// ReadyFlaps counts objects whose Ready went from True to not True at
-	// an unchanged generation during the fleet's life.
-	ReadyFlaps int
-	// LoadMean and LoadMax are the machine's 1-minute load average in the
-	// window: how much else competed for the CPUs; -1 without a sample.
-	LoadMean, LoadMax float64
-	// Propagation is how fast config-center changes reached the
-	// ConfigMaps (with --value-change-interval).
-	Propagation PropagationResult
-	// Storm is the fleet's create storm: the objects created while it ran,
-	// or the ones it found at its start. The report divides its write rate
-	// by the calibration's ceiling.
-	Storm CreateStorm
-	// Labeled is the time until the watch showed the shard label, of the
-	// objects first labeled during the fleet's life: from the create, or
-	// from the fleet's start for objects created before it.
-	Labeled LatencySummary
-	// UnlabeledPeak is the largest kshard_unlabeled_objects sampled from
-	// any of the fleet's replicas (only the elected labeler sets it): the
-	// most objects waiting for a label at once. -1 without a sample, and
-	// for a fleet without a labeler (sharding off, the plain controller).
-	UnlabeledPeak float64
-	// StartOverClaim is, over the replicas that started with the fleet, the
-	// largest ratio of the ConfigBindings a replica held while the fleet
-	// started to what it held once the start settled (its final share):
-	// 1.0 when no replica claimed more than its share on the way. -1 when
-	// not measured (sharding off, no objects at the start, or no settle).
-	StartOverClaim float64
-
-	PerReplica []ReplicaResult
-
-	// Figures are the Fleets table's rows, and ReplicaFigures the per-replica
-	// table's, each a PromQL query against the run's Prometheus
+	// Figures are the Fleets table's rows, and ReplicaFigures the
+	// per-replica table's, each a PromQL query against the run's Prometheus
 	// (queries/fleets.yaml).
 	Figures        []Figure
 	ReplicaFigures []ReplicaFigures
 }
 
-// ReplicaResult is one replica identity over the fleet's life. Samples
-// counts its scrapes: without any, its figures have no data.
-type ReplicaResult struct {
-	Replica           string
-	Processes         int
-	Samples           int
-	HeapPeak, HeapEnd float64
-	// HeapLivePeak and HeapLiveEnd are the live heap's (FleetResult's
-	// HeapLive*); 0 without data.
-	HeapLivePeak, HeapLiveEnd float64
-	RSSPeak, RSSEnd           float64
-	ShardsEnd                 float64
-	HeldPeak, HeldEnd         float64
-	Reconciles                float64
-	ExternalCalls             float64
-	CacheHitRatio             float64
-	HasShardMetrics           bool
-}
-
-// fleetResult computes a stopped fleet's numbers from its samples.
+// fleetResult is a stopped fleet's result, before its figures are read.
 func (r *run) fleetResult(f *fleet) *FleetResult {
 	label := f.label()
 	f.mu.Lock()
@@ -351,358 +147,9 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	if !f.mode.Plain {
 		args = append(slices.Clone(args), r.opts.ReplicaArgs...)
 	}
-	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Lifetime: f.stopped.Sub(f.started), HeldMax: -1, CacheHitRatio: -1, ReconcileP99: -1, QueueWaitP99: -1, StatusPatchP99: -1, UnlabeledPeak: -1, StartOverClaim: -1}
-	res.Storm = f.storm
-	res.Labeled = summarize(r.tracker.labelLatenciesBetween(f.started, f.stopped))
-	res.startFigures(f)
-	from, to := f.loadFrom, f.loadTo
-	if from.IsZero() {
-		from, to = f.started, f.stopped
-	}
-	res.Window = to.Sub(from)
-	h := r.tracker.latencies(from, to, writeUpdate)
-	res.Updates = summarize(h)
-	if s := res.Window.Seconds(); s > 0 {
-		res.Throughput = float64(h.Count()) / s
-	}
-	res.replicaFigures(f, from, to)
-	if b, _ := r.opts.memoryLimitBytes(); !f.mode.Plain {
-		res.MemoryLimit = float64(b)
-	}
-	res.APIServerRSSPeak, res.EtcdRSSPeak = r.controlPlanePeak(f.started, f.stopped)
-	res.Offered = r.offeredBetween(from, to)
-	res.LoadMean, res.LoadMax = r.loadBetween(from, to)
-	res.ReadyFlaps = r.tracker.flapsBetween(f.started, f.stopped)
-	res.Propagation = f.propagation
-	res.apiFigures(f)
-	res.SpecUpdates = r.tracker.writesBetween(from, to, writeUpdate)
-	res.ControllerWritesPerUpdate = perCause(res.ControllerWrites, res.WritesCounted, res.SpecUpdates)
-	res.CenterGets, res.CenterPolls, res.CenterGetsOutside = -1, -1, -1
-	inWindow, okWindow := r.centerDelta(from, to)
-	life, okLife := r.centerDelta(f.started, f.stopped)
-	if okWindow {
-		res.CenterGets, res.CenterPolls = inWindow.Gets, inWindow.Polls
-		if okLife {
-			res.CenterGetsOutside = life.Gets - inWindow.Gets
-		}
-	}
-	return res
-}
-
-// startFigures are the fleet's start event's: how long it took to settle,
-// and the writes and initial syncs it cost.
-func (res *FleetResult) startFigures(f *fleet) {
-	res.StartSettled, res.StartError, res.StartObjects = f.startEvent.Reconciled, f.startEvent.Error, f.startObjects
-	res.StartWritesCounted, res.StartWrites = f.startEvent.WritesCounted, f.startEvent.ObjectWrites
-	res.StartScanned, res.StartSyncs = -1, -1
-	res.ShardTableDomains = -1
-	if f.mode.Sharded() {
-		res.ShardTableDomains = f.tableDomains
-	}
-	if !f.apiStart.At.IsZero() && !f.startSettledAPI.At.IsZero() && f.startSettledAPI.sameServer(f.apiStart) {
-		api := f.startSettledAPI.minus(f.apiStart)
-		own := float64(f.startOwnSyncs - f.ownSyncsStart)
-		// Each of the load tester's own syncs (its watch relists when the
-		// API server drops it as a slow reader) scans every object too.
-		res.StartScanned = max(api.Scanned-own*float64(f.startObjects), 0)
-		res.StartSyncs = api.Syncs - own
-	}
-}
-
-// replicaTally gathers what a fleet's figures need of every replica
-// process beyond the sums: whether a metric family was ever seen, the
-// histograms, and the per-replica memory figures to take the largest and
-// the mean of.
-type replicaTally struct {
-	hits, lookups        float64
-	reconcile, queueWait cumulative
-	// Whether any scrape of the fleet had the families of objects held,
-	// caches started and shards acquired: a sharded fleet that never
-	// exported one has no such figure, rather than 0.
-	heldSeen, cachesSeen, acquiredSeen bool
-	heapPeaks, rssPeaks, heapEnds      []float64
-	livePeaks, liveEnds                []float64
-}
-
-// replicaFigures sums the fleet's replica processes over its life and its
-// measured phase [from, to], a ReplicaResult per replica identity.
-func (res *FleetResult) replicaFigures(f *fleet, from, to time.Time) {
-	var t replicaTally
-	sharded := f.mode.Sharded()
-	for _, s := range f.slots {
-		if len(s.instances) == 0 {
-			continue
-		}
-		rr := ReplicaResult{Replica: s.id, Processes: len(s.instances), CacheHitRatio: -1, HasShardMetrics: sharded}
-		if in := s.instances[0]; sharded && f.startEvent.Error == "" && f.startEvent.Reconciled > 0 && !in.proc.Started().After(f.started.Add(time.Second)) {
-			if r, ok := overClaim(in.samples, f.started, f.started.Add(f.startEvent.Reconciled)); ok {
-				res.StartOverClaim = math.Max(res.StartOverClaim, r)
-			}
-		}
-		var slotHits, slotLookups float64
-		for _, in := range s.instances {
-			h, l := res.addInstance(&rr, &t, in, sharded, from, to)
-			slotHits, slotLookups = slotHits+h, slotLookups+l
-		}
-		t.hits, t.lookups = t.hits+slotHits, t.lookups+slotLookups
-		if slotLookups > 0 {
-			rr.CacheHitRatio = slotHits / slotLookups
-		}
-		if rr.HasShardMetrics {
-			res.HeldMax = math.Max(res.HeldMax, rr.HeldPeak)
-		}
-		// A replica never scraped has no memory figure: a 0 in the mean
-		// would be one.
-		res.Samples += rr.Samples
-		if rr.Samples > 0 {
-			t.heapPeaks = append(t.heapPeaks, rr.HeapPeak)
-		}
-		if rr.HeapEnd > 0 {
-			t.heapEnds = append(t.heapEnds, rr.HeapEnd)
-		}
-		if rr.HeapLivePeak > 0 {
-			t.livePeaks = append(t.livePeaks, rr.HeapLivePeak)
-		}
-		if rr.HeapLiveEnd > 0 {
-			t.liveEnds = append(t.liveEnds, rr.HeapLiveEnd)
-		}
-		if rr.RSSPeak > 0 {
-			t.rssPeaks = append(t.rssPeaks, rr.RSSPeak)
-		}
-		if rr.RSSPeak > res.RSSPeakMax {
-			res.RSSPeakMax, res.RSSPeakReplica = rr.RSSPeak, rr.Replica
-		}
-		res.PerReplica = append(res.PerReplica, rr)
-		res.Replicas++
-	}
-	res.conclude(&t, sharded)
-}
-
-// addInstance adds one process of a replica to its ReplicaResult, the
-// fleet's sums and the tally; it returns the process's cache hits and
-// lookups in the measured phase [from, to].
-func (res *FleetResult) addInstance(rr *ReplicaResult, t *replicaTally, in *instance, sharded bool, from, to time.Time) (hits, lookups float64) {
-	res.Processes++
-	rr.Samples += len(in.samples)
-	for _, x := range in.samples {
-		rr.HeapPeak = math.Max(rr.HeapPeak, x.HeapInuse)
-		rr.HeapLivePeak = math.Max(rr.HeapLivePeak, x.HeapLive)
-		rr.RSSPeak = math.Max(rr.RSSPeak, x.RSS)
-		rr.HeldPeak = math.Max(rr.HeldPeak, x.Objects)
-		t.heldSeen = t.heldSeen || x.Objects >= 0
-		if sharded {
-			res.UnlabeledPeak = math.Max(res.UnlabeledPeak, x.Unlabeled)
-		}
-	}
-	rr.RSSPeak = math.Max(rr.RSSPeak, in.peakRSS)
-	if n := len(in.samples); n > 0 {
-		last := in.samples[n-1]
-		rr.Reconciles += last.Reconciles
-		rr.ExternalCalls += last.ExternalCalls
-		if last.Caches != nil {
-			t.cachesSeen = true
-			for _, v := range last.Caches {
-				res.CachesStarted += v
-			}
-			res.AcquisitionCaches += last.Caches["acquisition"]
-		}
-		if last.Acquired >= 0 {
-			t.acquiredSeen = true
-			res.Acquisitions += last.Acquired
-		}
-	}
-	// "End" is the end of the measured phase: once the fleet is told to
-	// stop, leaving replicas hand their shards over. A replica holding no
-	// shard exports no series of objects.
-	if end, ok := in.at(to); ok && in.proc.Started().Before(to) {
-		rr.HeapEnd, rr.RSSEnd, rr.ShardsEnd, rr.HeldEnd = end.HeapInuse, end.RSS, end.Shards, max(end.Objects, 0)
-		rr.HeapLiveEnd = max(end.HeapLive, 0)
-	}
-	res.Reconciles += in.delta(from, to, func(x replicaSample) float64 { return x.Reconciles })
-	res.CPUCores += in.delta(from, to, func(x replicaSample) float64 { return x.CPU })
-	res.ReconcileErrors += in.delta(from, to, func(x replicaSample) float64 { return x.ReconcileErrors })
-	t.reconcile = t.reconcile.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.Reconcile }))
-	t.queueWait = t.queueWait.add(in.histogramDelta(from, to, func(x replicaSample) cumulative { return x.QueueWait }))
-	hits = in.delta(from, to, func(x replicaSample) float64 { return x.Cache[cacheResultHit] + x.Cache[cacheResultStale] })
-	lookups = in.delta(from, to, func(x replicaSample) float64 {
-		var sum float64
-		for _, v := range x.Cache {
-			sum += v
-		}
-		return sum
-	})
-	return hits, lookups
-}
-
-// conclude turns the replicas' sums into the fleet's figures: families
-// never seen to no data, memory to largest, mean and sum, counts over the
-// measured phase to rates, histograms to their p99.
-func (res *FleetResult) conclude(t *replicaTally, sharded bool) {
-	if !sharded || !t.cachesSeen {
-		res.CachesStarted, res.AcquisitionCaches = -1, -1
-	}
-	if !sharded || !t.acquiredSeen {
-		res.Acquisitions = -1
-	}
-	if !t.heldSeen {
-		res.HeldMax = -1
-	}
-	res.HeapPeakMax, res.HeapPeakMean = maxMean(t.heapPeaks)
-	_, res.RSSPeakMean = maxMean(t.rssPeaks)
-	res.HeapEndMax, res.HeapEndMean = maxMean(t.heapEnds)
-	for _, h := range t.heapPeaks {
-		res.HeapPeakSum += h
-	}
-	for _, h := range t.heapEnds {
-		res.HeapEndSum += h
-	}
-	res.HeapLivePeakMax, _ = maxMean(t.livePeaks)
-	res.HeapLiveEndMax, _ = maxMean(t.liveEnds)
-	if len(t.liveEnds) == len(t.heapEnds) {
-		for _, h := range t.liveEnds {
-			res.HeapLiveEndSum += h
-		}
-	}
-	if s := res.Window.Seconds(); s > 0 {
-		res.Reconciles /= s
-		res.CPUCores /= s
-	}
-	if t.lookups > 0 {
-		res.CacheHitRatio = t.hits / t.lookups
-	}
-	if q, ok := bucketQuantile(0.99, t.reconcile.Bounds, t.reconcile.Counts); ok {
-		res.ReconcileP99 = q
-	}
-	if q, ok := bucketQuantile(0.99, t.queueWait.Bounds, t.queueWait.Counts); ok {
-		res.QueueWaitP99 = q
-	}
-}
-
-// apiFigures are the API server's counts: over the fleet's life (syncs,
-// objects scanned, bytes, watches, write rates) and over its measured
-// phase (status patches, the controller's writes).
-func (res *FleetResult) apiFigures(f *fleet) {
-	// A scrape that failed at either end leaves nothing to subtract from
-	// or to: its difference would be every count since the server started,
-	// or a negative one. So does a restart of the API server in between:
-	// its counters started over.
-	if res.APICounted = !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero() && f.apiEnd.sameServer(f.apiStart); res.APICounted {
-		api := f.apiEnd.minus(f.apiStart)
-		res.OwnSyncs = f.ownSyncsEnd - f.ownSyncsStart
-		res.Syncs = api.Syncs - float64(res.OwnSyncs)
-		res.Scanned = max(api.Scanned-float64(res.OwnSyncs)*float64(f.startObjects), 0)
-		res.Bytes, res.OpenWatches = api.Bytes, max(api.OpenWatches-1, 0)
-		if res.Processes > 0 {
-			res.ScannedPerProcess = res.Scanned / float64(res.Processes)
-		}
-		if s := f.apiEnd.At.Sub(f.apiStart.At).Seconds(); s > 0 {
-			res.LeaseWritesPerSec = api.LeaseWrites / s
-			res.WritesPerSec = api.Writes / s
-		}
-	}
-	if f.loadWritesFrom.spans(f.loadWritesTo) {
-		h := f.loadWritesTo.api.StatusPatches.minus(f.loadWritesFrom.api.StatusPatches)
-		if q, ok := bucketQuantile(0.99, h.Bounds, h.Counts); ok {
-			res.StatusPatchP99 = q
-		}
-	}
-	res.ControllerWrites, res.OwnWrites, res.WritesCounted = controllerWrites(f.loadWritesFrom, f.loadWritesTo)
-}
-
-// histogramDelta is the growth of one of the instance's histograms within
-// [from, to]: its counts at to less those at from.
-func (in *instance) histogramDelta(from, to time.Time, pick func(replicaSample) cumulative) cumulative {
-	end, ok := in.at(to)
-	if !ok {
-		return cumulative{}
-	}
-	h := pick(end)
-	counts := append([]float64(nil), h.Counts...)
-	if start, ok := in.at(from); ok {
-		if s := pick(start); len(s.Counts) == len(counts) {
-			for i := range counts {
-				counts[i] -= s.Counts[i]
-			}
-		}
-	}
-	return cumulative{Bounds: h.Bounds, Counts: counts}
-}
-
-// add sums two histograms with the same bounds; an empty one is the
-// identity.
-func (h cumulative) add(o cumulative) cumulative {
-	if len(h.Bounds) == 0 {
-		return cumulative{Bounds: o.Bounds, Counts: append([]float64(nil), o.Counts...)}
-	}
-	if len(o.Bounds) != len(h.Bounds) {
-		return h
-	}
-	for i := range h.Counts {
-		h.Counts[i] += o.Counts[i]
-	}
-	return h
-}
-
-// maxMean is the largest and the mean of v; 0 and 0 for none.
-func maxMean(v []float64) (mx, mean float64) {
-	if len(v) == 0 {
-		return 0, 0
-	}
-	for _, x := range v {
-		mx = math.Max(mx, x)
-		mean += x
-	}
-	return mx, mean / float64(len(v))
-}
-
-// loadBetween is the mean and the largest 1-minute load average sampled
-// within [from, to]; -1 and -1 without a sample.
-func (r *run) loadBetween(from, to time.Time) (mean, peak float64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, l := range r.loads {
-		if l.At.Before(from) || l.At.After(to) {
-			continue
-		}
-		n++
-		mean += l.Load
-		peak = math.Max(peak, l.Load)
-	}
-	if n == 0 {
-		return -1, -1
-	}
-	return mean / float64(n), peak
-}
-
-// centerDelta is the config center's growth in [from, to], from the
-// samples nearest inside the interval; false without a sample there.
-func (r *run) centerDelta(from, to time.Time) (centerSample, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var first, last *centerSample
-	for i := range r.center {
-		s := &r.center[i]
-		if s.At.Before(from) || s.At.After(to) {
-			continue
-		}
-		if first == nil {
-			first = s
-		}
-		last = s
-	}
-	if first == nil {
-		return centerSample{}, false
-	}
-	return centerSample{Gets: last.Gets - first.Gets, Polls: last.Polls - first.Polls}, true
-}
-
-// offeredBetween is the update rate the generator aimed at in a window.
-func (r *run) offeredBetween(from, to time.Time) float64 {
-	if to.Sub(from) <= 0 {
-		return 0
-	}
-	return float64(r.tracker.writesBetween(from, to, writeUpdate)) / to.Sub(from).Seconds()
+	return &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Replicas: slices.Max(append([]int{0}, f.sizes...)),
+		Window: f.loadTo.Sub(f.loadFrom), Storm: f.storm,
+		StartSettled: f.startEvent.Reconciled, StartError: f.startEvent.Error, StartObjects: f.startObjects}
 }
 
 // newReport starts the run's report: what it is, where it runs, and its
@@ -866,23 +313,28 @@ func cpuModel() string {
 
 // finish runs the checks every scenario reports, after the last fleet
 // stopped.
-func (r *run) finish(runErr error) {
+func (r *run) finish(ctx context.Context, runErr error) {
 	rep := r.report
 	rep.Wall = time.Since(rep.Started)
-	rep.Machine.LoadMean, rep.Machine.LoadMax = r.loadBetween(r.begin, time.Now())
-	updates := &histogram{}
+	rep.Machine.LoadMean, rep.Machine.LoadMax = -1, -1
+	run := fmt.Sprintf("[%dms]", max(time.Since(r.begin).Milliseconds(), 1))
+	if v, err := r.prom.scalar(ctx, "avg_over_time(loadtest_machine_load1"+run+")", time.Now()); err == nil {
+		rep.Machine.LoadMean = v
+	}
+	if v, err := r.prom.scalar(ctx, "max_over_time(loadtest_machine_load1"+run+")", time.Now()); err == nil {
+		rep.Machine.LoadMax = v
+	}
 	sharded := false
 	for _, f := range r.fleets {
 		if f.result != nil {
 			rep.Fleets = append(rep.Fleets, f.result)
 		}
-		if !f.loadFrom.IsZero() {
-			updates.Merge(r.tracker.latencies(f.loadFrom, f.loadTo, writeUpdate))
-		}
 		sharded = sharded || f.mode.Sharded()
 	}
-	creates := r.tracker.latencies(r.begin, time.Now(), writeCreate)
-	rep.Updates, rep.Creates, rep.Labeled = summarize(updates), summarize(creates), summarize(r.tracker.labelLatencies())
+	r.measureEvents(ctx)
+	if r.sc.findings != nil {
+		r.sc.findings(ctx, r)
+	}
 
 	// 1. Writes outside a tenure, from the API server's audit log; 2.
 	// overlapping reconciles, from every replica process's audit log.
@@ -908,7 +360,8 @@ func (r *run) finish(runErr error) {
 		n, rs := r.pods.restarts(r.begin)
 		restarts = &containerRestarts{pods: n, restarts: rs}
 	}
-	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets, restarts))
+	limit, _ := r.opts.memoryLimitBytes()
+	rep.Checks = append(rep.Checks, memoryCheck(rep.Fleets, float64(limit), restarts))
 
 	rep.Passed = runErr == nil
 	for _, c := range rep.Checks {
@@ -917,7 +370,7 @@ func (r *run) finish(runErr error) {
 	if runErr != nil {
 		rep.Error = runErr.Error()
 	}
-	r.addNotes()
+	r.addNotes(ctx)
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }
 
@@ -979,7 +432,7 @@ func (r *run) auditChecks(sharded bool) {
 
 // addNotes notes what makes some of the report's figures partial: the
 // load tester's own failed writes, an API server restart during a fleet.
-func (r *run) addNotes() {
+func (r *run) addNotes(ctx context.Context) {
 	rep := r.report
 	st := &r.gen.stats
 	if e := st.errors.Load(); e > 0 {
@@ -987,8 +440,9 @@ func (r *run) addNotes() {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
 	}
 	for _, f := range r.fleets {
-		if !f.apiStart.At.IsZero() && !f.apiEnd.At.IsZero() && !f.apiEnd.sameServer(f.apiStart) {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("The API server restarted while %s ran: its counters started over, so the fleet's counts from its /metrics (syncs, objects scanned, bytes, writes) are given as no data.", f.label()))
+		q := fmt.Sprintf(`changes(process_start_time_seconds{job=%q}[%dms])`, jobAPIServer, max(f.stopped.Sub(f.started).Milliseconds(), 1))
+		if n, err := r.prom.scalar(ctx, q, f.stopped); err == nil && n > 0 {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("The API server restarted while %s ran: its counters started over, so the fleet's counts of what it served over spans across the restart count only what it served after it.", f.label()))
 		}
 	}
 }
@@ -1079,33 +533,53 @@ type containerRestarts struct {
 	restarts []podRestart
 }
 
+// colRSSPeak is the per-replica table's column the memory check reads
+// (queries/fleets.yaml).
+const colRSSPeak = "RSS peak"
+
+// rssPeak is the replica of the fleet with the largest peak resident
+// memory, and that peak; false when no replica has the figure.
+func (f *FleetResult) rssPeak() (replica string, bytes float64, ok bool) {
+	for _, r := range f.ReplicaFigures {
+		for _, x := range r.Figures {
+			if x.Name == colRSSPeak && x.NoData == "" && (!ok || x.Value > bytes) {
+				replica, bytes, ok = r.Replica, x.Value, true
+			}
+		}
+	}
+	return replica, bytes, ok
+}
+
 // memoryCheck passes when no replica's peak resident memory reached the
-// memory limit it ran with: in a container with that limit (deploy/base's),
+// memory limit it ran with (limit, 0 for none; a plain fleet has none): in a container with that limit (deploy/base's),
 // the kernel would have killed it. A fleet with a limit but no resident
 // memory measured has no data, which fails it. On pods (pods not nil) the
 // kernel's kill is seen as it happens: a container that restarted or was
 // OOM-killed fails it too, named, since between two scrapes a peak can
 // pass unseen and the restarted process reports only its own memory.
-func memoryCheck(fleets []*FleetResult, pods *containerRestarts) Check {
+func memoryCheck(fleets []*FleetResult, limit float64, pods *containerRestarts) Check {
 	name := "peak resident memory below the memory limit"
 	if pods != nil {
 		name += ", no replica container restarted or OOM-killed"
 	}
 	var worst *FleetResult
+	var worstReplica string
+	var worstRSS float64
 	var unmeasured []string
 	passed := true
 	for _, f := range fleets {
-		switch {
-		case f.MemoryLimit <= 0:
+		if limit <= 0 || f.Plain {
 			continue
-		case f.RSSPeakMax <= 0:
+		}
+		replica, rss, ok := f.rssPeak()
+		if !ok {
 			unmeasured = append(unmeasured, f.Fleet)
 			continue
 		}
-		if worst == nil || f.RSSPeakMax/f.MemoryLimit > worst.RSSPeakMax/worst.MemoryLimit {
-			worst = f
+		if worst == nil || rss > worstRSS {
+			worst, worstReplica, worstRSS = f, replica, rss
 		}
-		passed = passed && f.RSSPeakMax < f.MemoryLimit
+		passed = passed && rss < limit
 	}
 	noLimit := "no replica ran with a memory limit (--memory-limit 0, or the plain controller, which has none)"
 	var c Check
@@ -1124,8 +598,8 @@ func memoryCheck(fleets []*FleetResult, pods *containerRestarts) Check {
 		parts = append(parts, c.Detail)
 	}
 	if worst != nil {
-		parts = append(parts, fmt.Sprintf("largest: %s of %s, %s (%s) of its %s limit", worst.RSSPeakReplica, worst.Fleet, formatBytes(worst.RSSPeakMax),
-			perCauseText(worst.RSSPeakMax/worst.MemoryLimit, "n/a"), formatBytes(worst.MemoryLimit)))
+		parts = append(parts, fmt.Sprintf("largest: %s of %s, %s (%.2f) of its %s limit (%s of the per-replica table)", worstReplica, worst.Fleet, formatBytes(worstRSS),
+			worstRSS/limit, formatBytes(limit), colRSSPeak))
 	}
 	switch {
 	case pods == nil:
@@ -1144,22 +618,4 @@ func memoryCheck(fleets []*FleetResult, pods *containerRestarts) Check {
 	}
 	c.Detail = strings.Join(parts, "; ")
 	return c
-}
-
-// overClaim is the most objects a replica held between from and to (its
-// samples in that window) divided by what it held at to; false when it held
-// nothing at to.
-func overClaim(samples []replicaSample, from, to time.Time) (float64, bool) {
-	var peak, end float64
-	for _, x := range samples {
-		if x.At.Before(from) || x.At.After(to) {
-			continue
-		}
-		peak = math.Max(peak, x.Objects)
-		end = x.Objects
-	}
-	if end <= 0 {
-		return 0, false
-	}
-	return peak / end, true
 }

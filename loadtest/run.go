@@ -65,11 +65,6 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		// is not the load tester's to restart.
 		r.chaos = slices.DeleteFunc(r.chaos, func(k faultKind) bool { return k == faultAPIServerRestart })
 	}
-	if sc.prepare != nil {
-		if err := sc.prepare(r); err != nil {
-			return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
-		}
-	}
 	return r.run(ctx)
 }
 
@@ -89,13 +84,6 @@ type run struct {
 	// scenario's.
 	restartAPIServer func(context.Context) error
 	restarts         []apiServerRestart
-	// controlPlanePIDs gives the pids of the kube-apiserver and etcd the
-	// load tester started (their memory is sampled); nil on a cluster it
-	// did not start. controlPlane are the samples.
-	controlPlanePIDs func() map[string]int
-	// cpPIDs are the pids last looked up (sampleControlPlane's).
-	cpPIDs       map[string]int
-	controlPlane []controlPlaneSample
 
 	work       string
 	begin      time.Time
@@ -160,56 +148,16 @@ type run struct {
 	// propagation probes config-center changes (--value-change-interval).
 	propagation *propagation
 
-	mu      sync.Mutex
-	fleet   *fleet
-	fleets  []*fleet
-	phase   string
-	markers []marker
-	center  []centerSample
-	reasons []reasonSample
-	sizes   []sizeSample
-	loads   []loadSample
+	mu     sync.Mutex
+	fleet  *fleet
+	fleets []*fleet
+	phase  string
 
 	report   *Report
 	progress *progress
 	// calibration is the API server's write ceiling, measured before the
 	// first fleet; nil when turned off.
 	calibration *Calibration
-
-	// hpa is the autoscale scenario's HPA.
-	hpa           *hpaSpec
-	hpaTargetNote string
-}
-
-// marker is an event of the run, drawn on every chart.
-type marker struct {
-	At    time.Time
-	Label string
-}
-
-// centerSample is the config center's request counts at one moment.
-type centerSample struct {
-	At time.Time
-	// Gets counts key reads by replicas (every code); Polls change-feed polls.
-	Gets, Polls float64
-}
-
-// reasonSample counts objects per Ready reason at one moment.
-type reasonSample struct {
-	At      time.Time
-	Reasons map[string]int
-}
-
-// loadSample is the machine's 1-minute load average at one moment.
-type loadSample struct {
-	At   time.Time
-	Load float64
-}
-
-// sizeSample is the number of running replicas at one moment.
-type sizeSample struct {
-	At       time.Time
-	Replicas int
 }
 
 func (r *run) run(parent context.Context) (*Report, error) {
@@ -294,7 +242,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if parent.Err() != nil {
 		return nil, fmt.Errorf("interrupted; no report written: %w", context.Cause(parent))
 	}
-	return r.conclude(scenarioErr)
+	return r.conclude(ctx, scenarioErr)
 }
 
 // runScenario runs the scenario with the sampler beside it, and leaves
@@ -302,7 +250,6 @@ func (r *run) run(parent context.Context) (*Report, error) {
 // why ctx ended.
 func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) error {
 	r.begin = time.Now()
-	stopSampling := childproc.GoSafe(ctx, cancel, "sampler", r.sample)
 	stopFollowing := childproc.GoSafe(ctx, cancel, "Prometheus targets", r.followTargets)
 	defer stopFollowing()
 	err := r.sc.run(ctx, r)
@@ -316,7 +263,6 @@ func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) e
 	if f := r.currentFleet(); f != nil && f.result == nil {
 		r.stopFleet(context.WithoutCancel(ctx), f)
 	}
-	stopSampling()
 	return err
 }
 
@@ -390,8 +336,12 @@ func (r *run) watch(ctx context.Context) error {
 // conclude writes the report of a scenario that ran to its end (or
 // failed) and says how it went; the work folder goes when the run passed
 // and no WorkDir keeps it.
-func (r *run) conclude(scenarioErr error) (*Report, error) {
-	r.finish(scenarioErr)
+func (r *run) conclude(ctx context.Context, scenarioErr error) (*Report, error) {
+	// The run's own context may have ended with a child's exit; the
+	// report's queries still have Prometheus to ask.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	r.finish(ctx, scenarioErr)
 	if err := r.writeReport(); err != nil {
 		return r.report, err
 	}
@@ -482,7 +432,6 @@ func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err err
 		}
 		cfg = cp.Config
 		r.restartAPIServer = cp.RestartAPIServer
-		r.controlPlanePIDs = cp.ProcessIDs
 		etcdURL = cp.EtcdURL()
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
@@ -517,10 +466,6 @@ func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err err
 	r.cs, r.rc = cs, cs.RESTClient()
 	if v, err := cs.Discovery().ServerVersion(); err == nil {
 		r.serverVersion = v.GitVersion
-	}
-	if _, err := scrapeAPIServer(ctx, r.rc); err != nil {
-		stop()
-		return nil, "", fmt.Errorf("the load tester reads the API server's /metrics; %w", err)
 	}
 	return stop, etcdURL, nil
 }
@@ -684,13 +629,9 @@ func (r *run) processOf(id string, at time.Time) *instance {
 	return newest
 }
 
-// mark records an event of the run for the charts and the progress output.
+// mark prints an event of the run in the progress output.
 func (r *run) mark(format string, args ...any) {
-	label := fmt.Sprintf(format, args...)
-	r.mu.Lock()
-	r.markers = append(r.markers, marker{At: time.Now(), Label: label})
-	r.mu.Unlock()
-	r.progress.printf("%s  %s", r.elapsed(), label)
+	r.progress.printf("%s  %s", r.elapsed(), fmt.Sprintf(format, args...))
 }
 
 func (r *run) setPhase(format string, args ...any) {

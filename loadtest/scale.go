@@ -51,7 +51,6 @@ func runScale(ctx context.Context, r *run) error {
 		specs = r.chosen
 	}
 	// The goals of the fleets that ran, also when a later one failed.
-	defer r.scaleFindings()
 	if err := r.createAll(ctx, nil); err != nil {
 		return err
 	}
@@ -173,24 +172,23 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 	r.closeRestartWindow(ctx)
 	steady, _ := p.between(steadyFrom.Add(-restartSettle), steadyFrom)
 	during, failed := p.between(ready, settled.Add(restartSettle))
-	updates := summarize(r.tracker.latencies(at, settled, writeUpdate))
+	updates, p99 := r.updatesBetween(ctx, at, settled)
 	settledText := "settled after " + fmtDur(ev.Reconciled)
 	if ev.Error != "" {
 		settledText = "not settled: " + ev.Error
 	}
 	r.addFinding(fmt.Sprintf("API server restart %s: %s; the probe (another ServiceAccount listing a few ConfigMaps every %s) "+
 		"before it p50 %s, p99 %s (%d requests); from the server's readiness until %s after the fleet settled p50 %s, p99 %s, max %s (%d requests, %d failed); "+
-		"spec updates sent from the restart until the fleet settled: %d, p99 %s, max %s until Ready",
+		"spec updates Ready from the restart until the fleet settled: %s, p99 %s until Ready",
 		how, settledText, probeInterval, fmtDur(steady.P50), fmtDur(steady.P99), steady.Count, restartSettle,
-		fmtDur(during.P50), fmtDur(during.P99), fmtDur(during.Max), during.Count, failed,
-		updates.Count, updates.dur(updates.P99), updates.dur(updates.Max)))
+		fmtDur(during.P50), fmtDur(during.P99), fmtDur(during.Max), during.Count, failed, updates, p99))
 	return nil
 }
 
 // scaleFindings states each goal of the scale scenario against what the run
 // measured: the heap a sharded fleet divides, the objects its initial syncs
 // scanned, and its handovers.
-func (r *run) scaleFindings() {
+func (r *run) scaleFindings(ctx context.Context) {
 	var single *FleetResult
 	for _, f := range r.fleets {
 		if f.result != nil && f.purpose == "" && f.mode.Name == ModeSingleton.Name && f.result.Replicas == 1 {
@@ -211,10 +209,13 @@ func (r *run) scaleFindings() {
 	}
 	for _, ev := range r.report.Events {
 		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
-			if api, etcd, ok := r.controlPlaneCores(r.begin.Add(ev.At), r.begin.Add(ev.At+ev.Reconciled)); ok {
+			from := r.begin.Add(ev.At)
+			api, okAPI := r.cpuSeconds(ctx, jobAPIServer, from, from.Add(ev.Reconciled))
+			etcd, okEtcd := r.cpuSeconds(ctx, jobEtcd, from, from.Add(ev.Reconciled))
+			if okAPI && okEtcd {
 				secs := ev.Reconciled.Seconds()
 				g += fmt.Sprintf("; meanwhile kube-apiserver used %.1f and etcd %.1f CPU-seconds (%.2f and %.2f cores of the machine's %d)",
-					api*secs, etcd*secs, api, etcd, runtime.NumCPU())
+					api, etcd, api/secs, etcd/secs, runtime.NumCPU())
 			}
 			r.addFinding(g)
 		}
@@ -233,17 +234,21 @@ func heapGoals(f, single *FleetResult) []string {
 	var out []string
 	for _, x := range []struct {
 		what        string
-		live, inUse func(*FleetResult) float64
+		live, inUse string
 		goal        float64
 	}{
-		{"largest replica's peak %s", func(r *FleetResult) float64 { return r.HeapLivePeakMax }, func(r *FleetResult) float64 { return r.HeapPeakMax }, goal},
-		{"largest replica's %s at the end of the load", func(r *FleetResult) float64 { return r.HeapLiveEndMax }, func(r *FleetResult) float64 { return r.HeapEndMax }, goal},
-		{"whole fleet's %s at the end of the load", func(r *FleetResult) float64 { return r.HeapLiveEndSum }, func(r *FleetResult) float64 { return r.HeapEndSum }, goalFleetHeap},
+		{"largest replica's peak %s", figLiveHeapPeak, figHeapPeak, goal},
+		{"largest replica's %s at the end of the load", figLiveHeapEnd, figHeapEnd, goal},
+		{"whole fleet's %s at the end of the load", figLiveHeapEndSum, figHeapEndSum, goalFleetHeap},
 	} {
-		a, b, measure := x.live(f), x.live(single), "live heap"
-		inUse := fmt.Sprintf("; heap in use %s", heapRatioText(x.inUse(f), x.inUse(single)))
+		a, _ := f.value(x.live)
+		b, _ := single.value(x.live)
+		measure := "live heap"
+		ia, _ := f.value(x.inUse)
+		ib, _ := single.value(x.inUse)
+		inUse := fmt.Sprintf("; heap in use %s", heapRatioText(ia, ib))
 		if a <= 0 || b <= 0 {
-			a, b, measure, inUse = x.inUse(f), x.inUse(single), "heap in use", ""
+			a, b, measure, inUse = ia, ib, "heap in use", ""
 		}
 		head := f.Fleet + ": " + fmt.Sprintf(x.what, measure)
 		switch {
@@ -271,16 +276,17 @@ func heapRatioText(a, b float64) string {
 // a fleet's initial syncs, against N+1 for N replicas and the labeler's
 // cache.
 func scanFinding(f *FleetResult, sharded bool) string {
-	if f.StartScanned < 0 || f.StartObjects == 0 {
-		return fmt.Sprintf("%s: objects scanned for the initial syncs of its start: no data", f.Fleet)
+	per, ok := f.value(figStartWalked)
+	syncs, _ := f.value(figStartSyncs)
+	if !ok {
+		return fmt.Sprintf("%s: objects walked for the initial syncs of its start: no data", f.Fleet)
 	}
-	per := f.StartScanned / float64(f.StartObjects)
 	if !sharded {
-		return fmt.Sprintf("%s: its start scanned each object %.2f times (%.0f syncs)", f.Fleet, per, f.StartSyncs)
+		return fmt.Sprintf("%s: its start walked each object %.2f times (%.0f syncs)", f.Fleet, per, syncs)
 	}
 	bound := float64(f.Replicas + 1)
-	return fmt.Sprintf("%s: its start (every replica at once) scanned each object %.2f times (%.0f syncs): goal ≤ N+1 = %.0f, %s",
-		f.Fleet, per, f.StartSyncs, bound, metText(per <= bound))
+	return fmt.Sprintf("%s: its start (every replica at once) walked each object %.2f times (%.0f syncs): goal ≤ N+1 = %.0f, %s",
+		f.Fleet, per, syncs, bound, metText(per <= bound))
 }
 
 // handoverGoal states a graceful leave's or a crash's settle time against
@@ -299,8 +305,10 @@ func handoverGoal(ev EventResult, lease time.Duration) (string, bool) {
 		return fmt.Sprintf("%s: not settled (%s): goal ≤ %s, not met", ev.Name, ev.Error, goal), true
 	}
 	writes := "object writes not counted"
-	if ev.WritesCounted {
-		writes = fmt.Sprintf("%.0f object writes (goal 0: %s)", ev.ObjectWrites, metText(ev.ObjectWrites == 0))
+	for _, x := range ev.Figures {
+		if x.Name == figEventWrites && x.NoData == "" {
+			writes = fmt.Sprintf("%.0f object writes (goal 0: %s)", x.Value, metText(x.Value == 0))
+		}
 	}
 	return fmt.Sprintf("%s at %s: every moved object (%d in %d shards) reconciled by its new owner %s after the signal: goal ≤ %s, %s; "+
 		"every shard held by its new owner after %s, the last object reconciled %s after that; %s",

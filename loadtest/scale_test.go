@@ -7,15 +7,21 @@ import (
 
 // TestHeapGoalsJudgeTheLiveHeap: the scale scenario's heap goals are judged
 // on the live heap where both fleets have it (the heap in use, which adds
-// uncollected garbage, given beside it), and on the heap in use for a
-// report from before the live heap was read.
+// uncollected garbage, given beside it), and on the heap in use where a
+// fleet has no live heap.
 func TestHeapGoalsJudgeTheLiveHeap(t *testing.T) {
 	const mib = 1 << 20
-	single := &FleetResult{Fleet: "sharding off ×1", Replicas: 1, HeapPeakMax: 800 * mib, HeapEndMax: 500 * mib, HeapEndSum: 500 * mib,
-		HeapLivePeakMax: 600 * mib, HeapLiveEndMax: 400 * mib, HeapLiveEndSum: 400 * mib}
+	figures := func(v ...float64) []Figure {
+		names := []string{figHeapPeak, figHeapEnd, figHeapEndSum, figLiveHeapPeak, figLiveHeapEnd, figLiveHeapEndSum}
+		var out []Figure
+		for i, x := range v {
+			out = append(out, Figure{Name: names[i], Unit: "bytes", Value: x * mib})
+		}
+		return out
+	}
+	single := &FleetResult{Fleet: "sharding off ×1", Replicas: 1, Figures: figures(800, 500, 500, 600, 400, 400)}
 	// In use, the ×4's end reads 0.36× (not met); live, 0.25× (met).
-	sharded := &FleetResult{Fleet: "sharded ×4", Replicas: 4, HeapPeakMax: 300 * mib, HeapEndMax: 180 * mib, HeapEndSum: 600 * mib,
-		HeapLivePeakMax: 170 * mib, HeapLiveEndMax: 100 * mib, HeapLiveEndSum: 440 * mib}
+	sharded := &FleetResult{Fleet: "sharded ×4", Replicas: 4, Figures: figures(300, 180, 600, 170, 100, 440)}
 	got := heapGoals(sharded, single)
 	want := []string{
 		"sharded ×4: largest replica's peak live heap = 0.28× (170.0 MiB against 600.0 MiB) sharding off ×1's: goal ≤ 0.30×, met; heap in use 0.38× (300.0 MiB against 800.0 MiB)",
@@ -26,9 +32,9 @@ func TestHeapGoalsJudgeTheLiveHeap(t *testing.T) {
 		t.Errorf("heap goals:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	// A report without the live heap (before the load tester read it).
+	// Without the live heap (a query that found no data).
 	old := *sharded
-	old.HeapLivePeakMax, old.HeapLiveEndMax, old.HeapLiveEndSum = 0, 0, 0
+	old.Figures = figures(300, 180, 600)
 	got = heapGoals(&old, single)
 	if !strings.Contains(got[1], "largest replica's heap in use at the end of the load = 0.36×") || !strings.Contains(got[1], "not met") || strings.Contains(got[1], "live") {
 		t.Errorf("without the live heap, the heap in use is judged: %q", got[1])

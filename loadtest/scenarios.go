@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 )
 
@@ -54,11 +51,10 @@ type scenario struct {
 	// pods says the scenario runs on a StatefulSet's pods too
 	// (Options.StatefulSet): one sharded fleet, no process-only fault.
 	pods bool
-	// prepare runs before anything starts (reading the HPA).
-	prepare func(*run) error
-	// metric names an extra replica metric to sample (the HPA's).
-	metric func(*run) string
-	run    func(context.Context, *run) error
+	run  func(context.Context, *run) error
+	// findings states the scenario's goals against the run once every
+	// figure is in; nil for none.
+	findings func(context.Context, *run)
 }
 
 // ScenarioInfo names and describes a scenario, for help texts.
@@ -188,16 +184,6 @@ var scenarioList = []*scenario{{
 	},
 	run: func(ctx context.Context, r *run) error { return r.underLoad(ctx, r.opts.Replicas, r.outage) },
 }, {
-	name: "autoscale",
-	doc: "The HPA of deploy/autoscaling runs in process against the replicas' live metric (the objects each " +
-		"replica holds, the sum of kshard_shard_objects, which is what the HPA's custom metric serves): desired = " +
-		"ceil(current × average / target), within its tolerance, stabilization windows and rate policies. The " +
-		"objects grow (the fleet scales up), then most are deleted (it scales down after the stabilization window).",
-	defaults: Options{Duration: 5 * time.Minute, Objects: 3000},
-	prepare:  prepareAutoscale,
-	metric:   func(r *run) string { return r.hpa.ReplicaMetric },
-	run:      runAutoscale,
-}, {
 	name:   "compare-sharding",
 	plain:  hasPlain(shardingFleets),
 	fleets: true,
@@ -243,8 +229,9 @@ var scenarioList = []*scenario{{
 		MemoryLimit: "4Gi",
 		// The first reconcile of 100,000 objects writes 200,000 times.
 		SettleTimeout: 30 * time.Minute},
-	derive: func(o *Options) { defaultUpdates(o, scaleUpdatesPerSec) },
-	run:    runScale,
+	derive:   func(o *Options) { defaultUpdates(o, scaleUpdatesPerSec) },
+	run:      runScale,
+	findings: func(ctx context.Context, r *run) { r.scaleFindings(ctx) },
 }, {
 	name:   "capacity",
 	fleets: true,
@@ -382,13 +369,13 @@ func runResyncStorm(ctx context.Context, r *run) error {
 		return err
 	}
 	r.settle(ctx, f, fmt.Sprintf("spec update of all %d objects at once", r.gen.existing()), at, settleLoad)
-	before := r.markWritesOrLog(ctx)
+	r.scraped(ctx)
 	at = time.Now()
 	r.mark("SIGTERM every replica, start them again")
 	if err := restartAll(ctx, f); err != nil {
 		return err
 	}
-	r.settleFrom(ctx, f, "restart of every replica at once", at, before, settleQuiet)
+	r.settleFrom(ctx, f, "restart of every replica at once", at, true, settleQuiet)
 	r.endLoad(ctx, f)
 	return r.endFleet(ctx, f)
 }
@@ -490,7 +477,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	go func() {
 		defer close(probed)
 		if r.opts.ValueChangeInterval > 0 && r.propagation != nil {
-			f.propagation = r.propagation.run(loadCtx, r.opts.ValueChangeInterval)
+			r.propagation.run(loadCtx, r.opts.ValueChangeInterval)
 		}
 	}()
 	var err error
@@ -509,19 +496,17 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	return err
 }
 
-// beginLoad starts the fleet's measured phase, after reading the object
-// writes so far.
+// beginLoad starts the fleet's measured phase, once Prometheus scraped the
+// quiet before it: its counts start from that scrape.
 func (r *run) beginLoad(ctx context.Context, f *fleet) {
 	r.scraped(ctx)
-	f.loadWritesFrom = r.markWritesOrLog(ctx)
 	f.loadFrom = time.Now()
 }
 
 // endLoad ends the fleet's measured phase, once the load tester's writes
-// of the phase have returned, and reads the object writes then.
-func (r *run) endLoad(ctx context.Context, f *fleet) {
+// of the phase have returned.
+func (r *run) endLoad(_ context.Context, f *fleet) {
 	f.loadTo = time.Now()
-	f.loadWritesTo = r.markWritesOrLog(ctx)
 }
 
 // endFleet waits for the final settle (every latest generation Ready) and
@@ -629,43 +614,43 @@ func runHandover(ctx context.Context, r *run) error {
 // crash (SIGKILL to the second replica, not restarted: the survivors take
 // its shards when its Leases expire) and its rejoin.
 //
-// Each event's object writes count from a mark taken right before it: the
-// load tester writes no ConfigBinding or ConfigMap meanwhile (only the
-// StatefulSet's count), so they are the replicas' handover cost.
+// Each event's object writes count from a scrape of the quiet right before
+// it: the load tester writes no ConfigBinding or ConfigMap meanwhile (only
+// the StatefulSet's count), so they are the replicas' handover cost.
 func (r *run) handovers(ctx context.Context, f *fleet) error {
 	n := f.size()
-	before := r.markWritesOrLog(ctx)
+	r.scraped(ctx)
 	at := time.Now()
 	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
 	if err := f.scaleTo(ctx, n-1); err != nil {
 		return err
 	}
-	r.settleFrom(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, before, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, true, settleQuiet)
 
-	before = r.markWritesOrLog(ctx)
+	r.scraped(ctx)
 	at = time.Now()
 	r.mark("scale %d → %d", n-1, n)
 	if err := f.scaleTo(ctx, n); err != nil {
 		return err
 	}
-	r.settleFrom(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, before, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, true, settleQuiet)
 
 	s := f.slot(1)
-	before = r.markWritesOrLog(ctx)
+	r.scraped(ctx)
 	r.mark("SIGKILL %s", s.id)
 	at, err := f.kill(ctx, s)
 	if err != nil {
 		return err
 	}
-	r.settleFrom(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, before, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, true, settleQuiet)
 
-	before = r.markWritesOrLog(ctx)
+	r.scraped(ctx)
 	at = time.Now()
 	r.mark("restart %s", s.id)
 	if err := f.restart(ctx, s, 0); err != nil {
 		return err
 	}
-	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, before, settleQuiet)
+	r.settleFrom(ctx, f, fmt.Sprintf("rejoin of %s after the crash", s.id), at, true, settleQuiet)
 	return nil
 }
 
@@ -749,112 +734,6 @@ func (o *outageObservation) findings() []string {
 		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable at once (sampled %d times)", o.maxUnavailable, o.samples),
 		fmt.Sprintf("during the outage, every ConfigMap kept its data: %d of %d ConfigMaps empty at worst", o.emptyConfigMaps, o.configMaps),
 	}
-}
-
-func runAutoscale(ctx context.Context, r *run) error {
-	spec := *r.hpa
-	a := newAutoscaler(spec.scaled(r.opts.HPATimeScale))
-	sync := time.Duration(float64(15*time.Second) * r.opts.HPATimeScale)
-	sync = max(sync, time.Second)
-	source := spec.Source
-	if root, err := controlplane.RepoRoot(); err == nil {
-		if rel, err := filepath.Rel(root, source); err == nil && !strings.HasPrefix(rel, "..") {
-			source = rel
-		}
-	}
-	r.addFinding(fmt.Sprintf("HPA from %s: %s target %g per pod%s, replicas %d..%d, scale-up window %s, scale-down window %s; time scale %g (windows, policy periods and the 15 s sync period multiplied by it: sync every %s)",
-		source, spec.Metric, spec.Target, r.hpaTargetNote, spec.MinReplicas, spec.MaxReplicas, spec.Up.Window, spec.Down.Window, r.opts.HPATimeScale, sync))
-	f, err := r.startFleet(ctx, ModeSharded, int(spec.MinReplicas))
-	if err != nil {
-		return err
-	}
-	d := r.opts.Duration
-	ramp, hold, shrink := d*2/5, d/5, d/5
-	keep := r.opts.Objects / 5
-	hpaCtx, stopHPA := context.WithCancel(ctx)
-	hpaDone := make(chan error, 1)
-	go func() { hpaDone <- r.hpaLoop(hpaCtx, f, a, sync) }()
-	err = r.withLoad(ctx, f, d, func(ctx context.Context) error {
-		perSecond := float64(r.opts.Objects) / ramp.Seconds()
-		// The ramp is the fleet's create storm; no spec update runs in it
-		// (the load's rate was set from the objects existing at its start:
-		// none).
-		storm, err := r.measureStorm(ctx, stormRamp, r.opts.Objects, perSecond, func(time.Time) (bool, error) {
-			r.mark("grow to %d objects", r.opts.Objects)
-			return false, r.gen.createRange(ctx, 0, r.opts.Objects, perSecond, true)
-		})
-		f.storm = storm
-		if err != nil {
-			return err
-		}
-		if err := sleep(ctx, hold); err != nil {
-			return err
-		}
-		r.mark("shrink to %d objects", keep)
-		return r.gen.deleteNewest(ctx, r.opts.Objects-keep, float64(r.opts.Objects-keep)/shrink.Seconds())
-	})
-	stopHPA()
-	if herr := <-hpaDone; err == nil {
-		err = herr
-	}
-	if err != nil {
-		return err
-	}
-	return r.endFleet(ctx, f)
-}
-
-// hpaLoop applies the HPA every sync period until ctx ends.
-func (r *run) hpaLoop(ctx context.Context, f *fleet, a *autoscaler, sync time.Duration) error {
-	for {
-		if err := sleep(ctx, sync); err != nil {
-			return nil
-		}
-		slots := f.runningSlots()
-		if len(slots) == 0 {
-			continue
-		}
-		var sum float64
-		f.mu.Lock()
-		for _, s := range slots {
-			if last, ok := s.current().at(time.Now()); ok {
-				sum += last.Metric
-			}
-		}
-		f.mu.Unlock()
-		current := int32(len(slots))
-		avg := sum / float64(current)
-		next := a.decide(time.Now(), current, avg)
-		if next == current {
-			continue
-		}
-		at := time.Now()
-		r.mark("HPA %d → %d (average %.0f, target %g)", current, next, avg, a.spec.Target)
-		r.addFinding(fmt.Sprintf("at %s the HPA scaled %d → %d: average %s %.0f per pod, target %g",
-			round(at.Sub(r.begin)), current, next, a.spec.Metric, avg, a.spec.Target))
-		if err := f.scaleTo(ctx, int(next)); err != nil {
-			return err
-		}
-		kind := "scale-up"
-		if next < current {
-			kind = "scale-down"
-		}
-		r.handover(ctx, f, fmt.Sprintf("HPA %s %d → %d", kind, current, next), at)
-	}
-}
-
-// prepareAutoscale reads the HPA the scenario follows, with the target the
-// options may replace.
-func prepareAutoscale(r *run) error {
-	spec, err := readHPA(r.opts.HPAFile)
-	if err != nil {
-		return err
-	}
-	if r.opts.HPATarget > 0 {
-		r.hpaTargetNote = fmt.Sprintf(" (replaced by --hpa-target; the file says %g)", spec.Target)
-		spec.Target = r.opts.HPATarget
-	}
-	r.hpa = spec
-	return nil
 }
 
 // addFinding records a scenario's observation.

@@ -29,7 +29,7 @@ func TestSettingsText(t *testing.T) {
 		{scenario: "resync-storm", set: func(o *Options) { o.MemoryLimit = "0" }},
 		{scenario: "external-outage"},
 	} {
-		o := Options{Scenario: tc.scenario, Out: t.TempDir(), HPAFile: "x", Command: "loadtest"}
+		o := Options{Scenario: tc.scenario, Out: t.TempDir(), Command: "loadtest"}
 		if tc.set != nil {
 			tc.set(&o)
 		}

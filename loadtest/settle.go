@@ -37,19 +37,16 @@ type EventResult struct {
 	// Handover says the event changed the ring's members; otherwise (a
 	// storm of writes) Held is not meaningful.
 	Handover bool
-	// WritesCounted says the object writes were counted: for events
-	// without load whose start was marked, as under load the spec
-	// updates' writes would drown the handover's. ObjectWrites is then the
-	// mutating requests on ConfigBindings and ConfigMaps (any subresource)
-	// the API server served from the mark until the fleet settled, less
-	// the load tester's own (OwnWrites); WritesPerMoved is ObjectWrites
-	// per object of the moved shards, -1 when not counted or nothing
-	// moved. A handover that keeps each object's ConfigMap and status as
-	// they are writes none.
-	WritesCounted  bool
-	ObjectWrites   float64
-	OwnWrites      int64
-	WritesPerMoved float64
+	// WritesCounted says the event's writes were counted: for events
+	// without load whose start was marked (the run waited for a scrape of
+	// the quiet before them), as under load the spec updates' writes would
+	// drown the handover's. Figures are then the events queries of
+	// queries/fleets.yaml over the event, from it until the first scrape
+	// after the fleet settled: the object writes the API server served,
+	// less the load tester's own. A handover that keeps each object's
+	// ConfigMap and status as they are writes none.
+	WritesCounted bool
+	Figures       []Figure `json:",omitempty"`
 	// Error says why it did not settle within the settle timeout.
 	Error string `json:",omitempty"`
 }
@@ -75,11 +72,6 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	f.sizes = []int{n}
 	r.awaitScansStill(ctx)
 	r.scraped(ctx)
-	before, err := r.markWrites(ctx)
-	if err != nil {
-		return nil, err
-	}
-	f.apiStart, f.ownSyncsStart = before.api, r.tracker.ownSyncs.Load()
 	r.mu.Lock()
 	r.fleet = f
 	f.id = fmt.Sprintf("fleet-%d", len(r.fleets)+1)
@@ -91,23 +83,11 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	if err := f.scaleTo(ctx, n); err != nil {
 		return f, err
 	}
-	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, before, settleQuiet)
+	ev := r.settleFrom(ctx, f, "start of "+f.label(), f.started, true, settleQuiet)
 	f.startEvent, f.startObjects = ev, r.tracker.count()
-	// A consistency check of the API server's (scrape.go) that began in the
-	// start counts its scans at once and itself only when done: read the
-	// count once it holds still, so that the check is subtracted whole. At
-	// 100,000 objects one still running at the singleton's settle read 2.10
-	// scans per object for its one sync (the cache's list and one page of
-	// etcd's), 1.00 over its whole life.
-	r.awaitScansStill(ctx)
-	if api, err := scrapeAPIServer(ctx, r.rc); err == nil {
-		f.startSettledAPI, f.startOwnSyncs = api, r.tracker.ownSyncs.Load()
-	} else {
-		r.log.Error(err, "Reading the API server's metrics at the end of a fleet's start")
-	}
 	// Objects that existed before the fleet make its start its create
 	// storm; without any, the scenario's creates will.
-	f.storm = r.withServerCPU(stormOfStart(ev, f.started, f.startObjects), f.started)
+	f.storm = stormOfStart(ev, f.started, f.startObjects)
 	if ev.Error != "" {
 		return f, fmt.Errorf("%s: %s", ev.Name, ev.Error)
 	}
@@ -120,12 +100,6 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 func (r *run) stopFleet(ctx context.Context, f *fleet) {
 	r.ring.setGuard(false)
 	f.stopped = time.Now()
-	if api, err := scrapeAPIServer(ctx, r.rc); err == nil {
-		f.apiEnd = api
-	} else {
-		r.log.Error(err, "Reading the API server's metrics at the end of a fleet")
-	}
-	f.ownSyncsEnd = r.tracker.ownSyncs.Load()
 	r.setPhase("stopping %s", f.label())
 	if err := f.scaleTo(ctx, 0); err != nil {
 		r.progress.printf("stopping %s: %v", f.label(), err)
@@ -161,14 +135,15 @@ const (
 // records the event. It gives up after the settle timeout and says what was
 // missing.
 func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time, kind settleKind) EventResult {
-	return r.settleFrom(ctx, f, name, since, writeMark{}, kind)
+	return r.settleFrom(ctx, f, name, since, false, kind)
 }
 
-// settleFrom is settle for an event whose object writes count from before,
-// a mark taken right before the event (none counted without one).
-func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, before writeMark, kind settleKind) EventResult {
+// settleFrom is settle for an event whose object writes are counted when
+// countWrites (its caller waited for a scrape of the quiet before it, see
+// run.scraped).
+func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, countWrites bool, kind settleKind) EventResult {
 	allReady := kind != settleHandover
-	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, WritesPerMoved: -1, MovedToOther: -1}
+	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, MovedToOther: -1, WritesCounted: countWrites}
 	var holdersBefore map[int32]string
 	if f.mode.Sharded() {
 		holdersBefore = r.ring.holdersAt(since)
@@ -182,7 +157,7 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 		var ok bool
 		var detail string
 		if f.mode.Sharded() {
-			ok, detail, heldAt, ev = r.settledSharded(f, since, now, heldAt, ev)
+			ok, detail, heldAt, ev = r.settledSharded(ctx, f, since, now, heldAt, ev)
 		} else {
 			ok, detail, heldAt = r.settledSingle(ctx, hc, f, since, now, heldAt)
 		}
@@ -195,7 +170,6 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 			ev.Held = heldAt.Sub(since)
 			ev.Reconciled = now.Sub(since)
 			ev.MovedToOther = r.movedSince(holdersBefore, now)
-			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
 			return ev
@@ -206,7 +180,6 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 				ev.Held = heldAt.Sub(since)
 			}
 			ev.MovedToOther = r.movedSince(holdersBefore, now)
-			ev = r.countEventWrites(ctx, ev, before)
 			r.addEvent(ev)
 			return ev
 		}
@@ -226,23 +199,8 @@ func (r *run) movedSince(before map[int32]string, now time.Time) int {
 	return movedToOther(before, r.ring.holdersNow(now))
 }
 
-// countEventWrites counts an event's object writes from before until now,
-// when it was marked.
-func (r *run) countEventWrites(ctx context.Context, ev EventResult, before writeMark) EventResult {
-	if !before.valid() {
-		return ev
-	}
-	writes, own, ok := controllerWrites(before, r.markWritesOrLog(ctx))
-	if !ok {
-		return ev
-	}
-	ev.WritesCounted, ev.ObjectWrites, ev.OwnWrites = true, writes, own
-	ev.WritesPerMoved = perCause(writes, true, ev.Objects)
-	return ev
-}
-
 // settledSharded checks a sharded fleet.
-func (r *run) settledSharded(f *fleet, since, now, heldAt time.Time, ev EventResult) (bool, string, time.Time, EventResult) {
+func (r *run) settledSharded(ctx context.Context, f *fleet, since, now, heldAt time.Time, ev EventResult) (bool, string, time.Time, EventResult) {
 	var running []string
 	for _, s := range f.runningSlots() {
 		running = append(running, s.id)
@@ -280,7 +238,7 @@ func (r *run) settledSharded(f *fleet, since, now, heldAt time.Time, ev EventRes
 		// wait; the values' arrival requeues the objects. The fleet has
 		// settled when that second wave is done too, or its measured phase
 		// would count the fleet's own warm-up.
-		if depth := f.queueDepth(now); depth > 0 {
+		if depth := r.queueDepth(ctx, f); depth > 0 {
 			return false, fmt.Sprintf("%.0f requests queued in the replicas", depth), heldAt, ev
 		}
 	}
@@ -309,21 +267,18 @@ func (r *run) settledSingle(ctx context.Context, hc *http.Client, f *fleet, sinc
 	if !since.Equal(f.started) {
 		return true, "", heldAt
 	}
-	var reconciles float64
-	f.mu.Lock()
-	for _, s := range slots {
-		reconciles += s.current().delta(since, now, func(x replicaSample) float64 { return x.Reconciles })
-	}
-	f.mu.Unlock()
-	depth := f.queueDepth(now)
+	// Counted since the processes started, with the fleet.
+	reconciles, _ := r.live(ctx, f.selector("controller_runtime_reconcile_total", `controller="`+controllerName+`"`))
+	depth := r.queueDepth(ctx, f)
 	objects := r.tracker.count()
 	if reconciles < float64(objects) || depth > 0 {
 		return false, fmt.Sprintf("%.0f reconciles of %d objects since the event, %.0f queued", reconciles, objects, depth), heldAt
 	}
-	if fetching := f.fetching(now); fetching != 0 {
-		if fetching < 0 {
-			return false, "no sample of " + metricFetches + " from a replica: its warm-up cannot be seen", heldAt
-		}
+	fetching, ok := r.live(ctx, f.selector(metricFetches, `state=~"queued|calling|backoff"`))
+	switch {
+	case !ok && f.mode.externalCache():
+		return false, "no " + metricFetches + " from the replicas: their warm-up cannot be seen", heldAt
+	case fetching > 0:
 		return false, fmt.Sprintf("%.0f keys still being fetched into the external caches", fetching), heldAt
 	}
 	return true, "", heldAt
@@ -347,40 +302,62 @@ func (r *run) addEvent(ev EventResult) {
 	r.report.Events = append(r.report.Events, ev)
 }
 
-// fetching is the sum of the running replicas' external-cache fetches under
-// way in their latest samples; -1 when a replica with an external cache
-// exports none (the plain controller and a replica of
-// --external-mode=direct have no cache).
-func (f *fleet) fetching(now time.Time) float64 {
-	slots := f.runningSlots()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var n float64
-	for _, s := range slots {
-		last, ok := s.current().at(now)
-		switch {
-		case !ok:
-			return -1
-		case last.Fetching < 0 && f.mode.externalCache():
-			return -1
-		case last.Fetching > 0:
-			n += last.Fetching
-		}
-	}
-	return n
+// queueDepth is the fleet's work-queue depth, summed over its replicas.
+func (r *run) queueDepth(ctx context.Context, f *fleet) float64 {
+	depth, _ := r.live(ctx, f.selector("workqueue_depth", `name="`+controllerName+`"`))
+	return depth
 }
 
-// queueDepth is the sum of the running replicas' work-queue depths in their
-// latest samples.
-func (f *fleet) queueDepth(now time.Time) float64 {
-	slots := f.runningSlots()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var depth float64
-	for _, s := range slots {
-		if last, ok := s.current().at(now); ok {
-			depth += last.QueueDepth
+// ready reports whether a replica's /readyz answers 200.
+func ready(ctx context.Context, hc *http.Client, addr string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// The replicas' metrics the load tester's own logic reads.
+const (
+	controllerName = "configbinding"
+	metricFetches  = "kshard_external_fetches_in_flight"
+)
+
+// Bounds of awaitScansStill: how long the count must hold, and how long
+// to wait for that at most.
+const (
+	scansStillFor    = 3 * time.Second
+	scansStillWithin = time.Minute
+)
+
+// awaitScansStill waits, at most scansStillWithin, until the API server's
+// count of ConfigBindings walked has held still for scansStillFor, so a
+// fleet's start does not inherit the walks of the fleet before it: the
+// server counts a watch-list's walk after its client is gone, and a
+// consistency check its walks as it goes.
+func (r *run) awaitScansStill(ctx context.Context) {
+	q := `sum(apiserver_storage_list_fetched_objects_total{job="apiserver",resource="configbindings"}) or vector(0)`
+	var last float64
+	since, deadline := time.Now(), time.Now().Add(scansStillWithin)
+	for time.Now().Before(deadline) {
+		n, err := r.prom.scalar(ctx, q, time.Now())
+		if err != nil {
+			r.log.Error(err, "Reading the API server's walks before a fleet's start")
+			return
+		}
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= scansStillFor {
+			return
+		}
+		if err := sleep(ctx, r.opts.SampleInterval); err != nil {
+			return
 		}
 	}
-	return depth
+	r.progress.printf("%s  the API server's count of ConfigBindings walked still moved after %s; going on", r.elapsed(), scansStillWithin)
 }

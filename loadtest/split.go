@@ -33,15 +33,15 @@ func splitLatencies(samples []latencySample, byObject map[string][]audit.Interva
 		sorted[k] = iv
 	}
 	split := &LatencySplit{Updates: len(samples)}
-	before, after := &histogram{}, &histogram{}
+	var before, after durations
 	for _, s := range samples {
 		sent := s.Done.Add(-s.Latency)
 		for _, iv := range sorted[s.Key] {
 			if iv.Start.Before(sent) || iv.Generation < s.Gen || iv.Start.After(s.Done) {
 				continue
 			}
-			before.Observe(iv.Start.Sub(sent))
-			after.Observe(s.Done.Sub(iv.Start))
+			before = append(before, iv.Start.Sub(sent))
+			after = append(after, s.Done.Sub(iv.Start))
 			split.Joined++
 			break
 		}
@@ -49,6 +49,6 @@ func splitLatencies(samples []latencySample, byObject map[string][]audit.Interva
 	if split.Joined == 0 {
 		return nil
 	}
-	split.ToReconcile, split.FromReconcile = summarize(before), summarize(after)
+	split.ToReconcile, split.FromReconcile = before.summary(), after.summary()
 	return split
 }

@@ -2,11 +2,12 @@ package loadtest
 
 import (
 	"encoding/json"
-	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -29,13 +30,11 @@ func TestCeilingRate(t *testing.T) {
 }
 
 func TestStormOfStart(t *testing.T) {
-	ev := EventResult{Reconciled: 40 * time.Second, WritesCounted: true, ObjectWrites: 15000, OwnWrites: 0}
-	s := stormOfStart(ev, time.Time{}, 5000)
-	if s.Kind != stormStart || s.Objects != 5000 || s.Duration != 40*time.Second || !s.Settled || !s.WritesCounted || s.Writes != 15000 {
+	ev := EventResult{Reconciled: 40 * time.Second}
+	began := time.Now()
+	s := stormOfStart(ev, began, 5000)
+	if s.Kind != stormStart || s.Objects != 5000 || s.Duration != 40*time.Second || !s.Settled || !s.Began.Equal(began) {
 		t.Fatalf("storm of a start = %+v", s)
-	}
-	if f := s.figures(750); f.ReadyPerSec != 125 || f.WritesPerSec != 375 || f.OfCeiling != 0.5 {
-		t.Errorf("figures = %+v, want 125 Ready/s, 375 writes/s, half the ceiling", f)
 	}
 	ev.Error = "not settled after 5m"
 	if s := stormOfStart(ev, time.Time{}, 5000); s.Settled {
@@ -89,8 +88,11 @@ func TestHoldersAt(t *testing.T) {
 }
 
 func TestLabelLatenciesPerFleet(t *testing.T) {
-	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
+	o := testObservations(t)
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}, obs: o}
 	t0 := time.Now()
+	// The fleet started 10 s before the labels showed.
+	o.setFleet("fleet-1", t0.Add(-10*time.Second))
 	unlabeled := func(name string) *configv1alpha1.ConfigBinding {
 		cb := binding(1, 0, false, "")
 		cb.Name, cb.Labels = name, nil
@@ -101,7 +103,7 @@ func TestLabelLatenciesPerFleet(t *testing.T) {
 		cb.Name = name
 		return cb
 	}
-	// a: created by the load tester (timed), labeled by the fleet.
+	// a: created by the load tester an hour before the fleet, labeled by it.
 	tr.wrote("ns/a", 1, t0.Add(-time.Hour), writeCreate)
 	tr.observe(unlabeled("a"))
 	// b: created before any fleet ran (not timed), seen unlabeled.
@@ -110,24 +112,19 @@ func TestLabelLatenciesPerFleet(t *testing.T) {
 	tr.observe(labeled("c"))
 	tr.observe(labeled("a"))
 	tr.observe(labeled("b"))
-	now := time.Now()
 
-	if h := tr.labelLatencies(); h.Count() != 1 || h.Max() < time.Hour {
-		t.Errorf("create → labeled over the run: %d samples, max %s; want only a's, about an hour", h.Count(), h.Max())
+	// Both clocks start at the fleet's start: the objects waited for a
+	// labeler to exist, not for one to keep up.
+	var m dto.Metric
+	if err := o.labeled.WithLabelValues("fleet-1").(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
 	}
-	// For a fleet that started 10 s before the labels showed, the clock of
-	// b (and of a, created earlier still) starts at the fleet's start.
-	from := now.Add(-10 * time.Second)
-	h := tr.labelLatenciesBetween(from, now.Add(time.Second))
-	if h.Count() != 2 {
-		t.Fatalf("%d samples in the fleet, want a and b (not c)", h.Count())
+	h := m.GetHistogram()
+	if h.GetSampleCount() != 2 {
+		t.Fatalf("%d labels observed, want a and b (not c)", h.GetSampleCount())
 	}
-	if q := h.Quantile(1); q < 9*time.Second || q > 10*time.Second {
-		t.Errorf("fleet start → labeled = %s, want just under 10s (the labels showed right before now)", q)
-	}
-	// Outside the fleet's life: none.
-	if h := tr.labelLatenciesBetween(now.Add(time.Second), now.Add(time.Minute)); h.Count() != 0 {
-		t.Errorf("%d samples after the labels showed", h.Count())
+	if sum := h.GetSampleSum(); sum < 19 || sum > 21 {
+		t.Errorf("create → labeled sums to %.1f s, want about 2 × 10 s", sum)
 	}
 }
 
@@ -167,52 +164,5 @@ func TestCeilingText(t *testing.T) {
 	}
 	if txt := ceilingText(&Calibration{Error: "no status patch succeeded"}); !strings.Contains(txt, "not measured: no status patch succeeded") {
 		t.Errorf("failed: %q", txt)
-	}
-}
-
-func TestOverClaim(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	at := func(s int, objects float64) replicaSample {
-		return replicaSample{At: t0.Add(time.Duration(s) * time.Second), Objects: objects}
-	}
-	samples := []replicaSample{at(-5, 900), at(1, 300), at(2, 900), at(3, 300), at(4, 300), at(20, 5000)}
-	if r, ok := overClaim(samples, t0, t0.Add(4*time.Second)); !ok || r != 3 {
-		t.Errorf("overClaim = %v, %v; want 3 (900 held on the way to a share of 300)", r, ok)
-	}
-	if r, ok := overClaim(samples[1:2], t0, t0.Add(4*time.Second)); !ok || r != 1 {
-		t.Errorf("overClaim of a steady replica = %v, %v; want 1", r, ok)
-	}
-	if _, ok := overClaim([]replicaSample{at(1, 0)}, t0, t0.Add(4*time.Second)); ok {
-		t.Error("a replica holding nothing at the end has no share to compare with")
-	}
-}
-
-// TestServerCPUPerWrite: a storm's API server CPU per controller write is
-// the server's cores between the samples inside the storm over the storm's
-// write rate; without two samples of one process inside it, or without
-// counted writes, there is none.
-func TestServerCPUPerWrite(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	sample := func(sec, cpu float64, pid int) controlPlaneSample {
-		return controlPlaneSample{At: t0.Add(time.Duration(sec * float64(time.Second))), APIServerCPU: cpu, EtcdCPU: 0, APIServerPID: pid}
-	}
-	// 1.5 cores from 1 s to 9 s; the samples outside the storm do not count.
-	r := &run{controlPlane: []controlPlaneSample{sample(-1, 0, 1), sample(1, 10, 1), sample(9, 22, 1), sample(11, 100, 1)}}
-	storm := CreateStorm{Kind: stormStart, Objects: 1000, Duration: 10 * time.Second, Settled: true, WritesCounted: true, Writes: 3000}
-	// 300 writes/s at 1.5 cores: 5 ms per write.
-	if got := r.withServerCPU(storm, t0).ServerCPUPerWrite; math.Abs(got-0.005) > 1e-9 {
-		t.Errorf("CPU per write %v s, want 0.005", got)
-	}
-	for name, c := range map[string]struct {
-		r *run
-		s CreateStorm
-	}{
-		"no writes counted": {r, CreateStorm{Kind: stormStart, Objects: 1000, Duration: 10 * time.Second}},
-		"one sample":        {&run{controlPlane: []controlPlaneSample{sample(1, 10, 1)}}, storm},
-		"a restart between": {&run{controlPlane: []controlPlaneSample{sample(1, 10, 1), sample(9, 2, 2)}}, storm},
-	} {
-		if got := c.r.withServerCPU(c.s, t0).ServerCPUPerWrite; got != 0 {
-			t.Errorf("%s: CPU per write %v, want none (0)", name, got)
-		}
 	}
 }

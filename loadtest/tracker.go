@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"sort"
@@ -55,14 +56,6 @@ type tracker struct {
 	mu      sync.Mutex
 	objects map[string]*objectState
 	samples []latencySample
-	writes  []pendingWrite
-	// labeled are the moments the watch showed an object's first shard
-	// label, which the labeler stamps (or the API server at CREATE).
-	labeled []labelSample
-	// flaps are the moments an object's Ready condition went from True to
-	// not True while its generation stayed the same: a status change no
-	// spec change explains (a handover, an outage).
-	flaps []time.Time
 
 	// ownSyncs counts the initial syncs of ConfigBindings (LISTs and
 	// watch-lists) the tracker's informer made, so the API server's counts
@@ -87,14 +80,6 @@ type objectState struct {
 	seenUnlabeled bool
 	reason        string // the Ready condition's reason
 	pending       []pendingWrite
-}
-
-// labelSample is one object's first shard label seen by the watch.
-type labelSample struct {
-	At time.Time
-	// Created is when the load tester sent the object's create, zero when it
-	// did not track it (objects created before any fleet ran).
-	Created time.Time
 }
 
 type pendingWrite struct {
@@ -141,6 +126,17 @@ func newTracker(ctx context.Context, cfg *rest.Config, shards int32, obs *observ
 	}
 	return t, nil
 }
+
+// The resources the load tester counts its own requests of.
+const (
+	resourceBindings   = "configbindings"
+	resourceConfigMaps = "configmaps"
+)
+
+// objectResources are the resources whose writes the object-write counts
+// take in: the objects the controller reconciles and the ones it writes
+// for them.
+var objectResources = []string{resourceBindings, resourceConfigMaps}
 
 // syncCounter counts initial syncs: GETs of a ConfigBinding collection that
 // are LISTs, or watches that ask for the initial state (watch-list).
@@ -233,7 +229,6 @@ func (t *tracker) observe(obj any) {
 		s.shard = n
 	}
 	if was < 0 && s.shard >= 0 && (!s.createdAt.IsZero() || s.seenUnlabeled) {
-		t.labeled = append(t.labeled, labelSample{At: now, Created: s.createdAt})
 		t.obs.labeledAt(now, s.createdAt)
 	}
 	if s.shard < 0 {
@@ -248,7 +243,6 @@ func (t *tracker) observe(obj any) {
 	// change the condition still says True for the previous one.
 	ready := cond != nil && cond.Status == "True" && cond.ObservedGeneration == cb.Generation
 	if s.ready && !ready && s.seenGen == cb.Generation {
-		t.flaps = append(t.flaps, now)
 		t.obs.flapped()
 	}
 	s.ready, s.seenGen = ready, cb.Generation
@@ -268,7 +262,6 @@ func (t *tracker) wrote(key string, gen int64, start time.Time, kind writeKind) 
 		s.createdAt = start
 	}
 	s.pending = append(s.pending, pendingWrite{gen: gen, at: start, kind: kind})
-	t.writes = append(t.writes, pendingWrite{at: start, kind: kind})
 	t.obs.wrote(kind.String())
 	// The watch may have shown it Ready before the write's response arrived.
 	t.complete(key, s)
@@ -296,19 +289,6 @@ func (t *tracker) forget(key string) {
 	delete(t.objects, key)
 }
 
-// latencies returns the samples completed within [from, to), by kind.
-func (t *tracker) latencies(from, to time.Time, kind writeKind) *histogram {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	h := &histogram{}
-	for _, s := range t.samples {
-		if s.Kind == kind && !s.Done.Before(from) && s.Done.Before(to) {
-			h.Observe(s.Latency)
-		}
-	}
-	return h
-}
-
 // samplesBetween returns the samples of a kind completed within [from, to).
 func (t *tracker) samplesBetween(from, to time.Time, kind writeKind) []latencySample {
 	t.mu.Lock()
@@ -320,74 +300,6 @@ func (t *tracker) samplesBetween(from, to time.Time, kind writeKind) []latencySa
 		}
 	}
 	return out
-}
-
-// flapsBetween counts the Ready flaps within [from, to).
-func (t *tracker) flapsBetween(from, to time.Time) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, at := range t.flaps {
-		if !at.Before(from) && at.Before(to) {
-			n++
-		}
-	}
-	return n
-}
-
-// writesBetween counts the writes of a kind sent within [from, to).
-func (t *tracker) writesBetween(from, to time.Time, kind writeKind) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	n := 0
-	for _, w := range t.writes {
-		if w.kind == kind && !w.at.Before(from) && w.at.Before(to) {
-			n++
-		}
-	}
-	return n
-}
-
-// labelLatencies returns the create-to-labeled times so far, of the
-// objects whose create the tracker timed.
-func (t *tracker) labelLatencies() *histogram {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	h := &histogram{}
-	for _, l := range t.labeled {
-		if !l.Created.IsZero() {
-			h.Observe(l.At.Sub(l.Created))
-		}
-	}
-	return h
-}
-
-// labelLatenciesBetween returns the times to label of the objects first
-// labeled within [from, to): from their create, or from `from` (a fleet's
-// start) for an object created before it, which waited for a labeler to
-// exist rather than for one to keep up.
-func (t *tracker) labelLatenciesBetween(from, to time.Time) *histogram {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	h := &histogram{}
-	for _, l := range t.labeled {
-		if l.At.Before(from) || !l.At.Before(to) {
-			continue
-		}
-		start := l.Created
-		if start.Before(from) {
-			start = from
-		}
-		h.Observe(l.At.Sub(start))
-	}
-	return h
-}
-
-// samplesCopy returns every sample so far.
-func (t *tracker) samplesCopy() []latencySample {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return append([]latencySample(nil), t.samples...)
 }
 
 // notReady lists the objects whose latest generation is not Ready yet, with
@@ -451,4 +363,23 @@ func (t *tracker) pendingCount() int {
 		n += len(s.pending)
 	}
 	return n
+}
+
+// durations are latencies the load tester measured itself, outside what it
+// publishes: its calibration's patches, the reconcile split of the audit
+// log, the API server probe.
+type durations []time.Duration
+
+// summary is the durations' count, median, p99 and maximum (the smallest
+// sample at or above which that share of them lies).
+func (d durations) summary() LatencySummary {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	q := func(f float64) time.Duration {
+		if len(s) == 0 {
+			return 0
+		}
+		return s[min(max(int(math.Ceil(f*float64(len(s))))-1, 0), len(s)-1)]
+	}
+	return LatencySummary{Count: len(s), P50: q(0.5), P99: q(0.99), Max: q(1)}
 }

@@ -1,9 +1,12 @@
 package loadtest
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -25,15 +28,40 @@ func binding(gen, observed int64, ready bool, reason string) *configv1alpha1.Con
 	return cb
 }
 
+// testObservations are observations of a fleet "fleet-1" started now.
+func testObservations(t *testing.T) *observations {
+	t.Helper()
+	var writes, syncs atomic.Int64
+	o, err := newObservations(&writes, &syncs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.close)
+	o.setFleet("fleet-1", time.Now())
+	return o
+}
+
+// observed is what one series of the observations holds: a histogram's
+// count, or a counter's value.
+func observed(t *testing.T, c any) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if h := m.GetHistogram(); h != nil {
+		return float64(h.GetSampleCount())
+	}
+	return m.GetCounter().GetValue()
+}
+
 func TestTrackerLatency(t *testing.T) {
-	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
+	o := testObservations(t)
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}, obs: o}
 	t0 := time.Now()
 	// Created at generation 1, seen Ready at 1.
 	tr.wrote("ns/x", 1, t0, writeCreate)
 	tr.observe(binding(1, 1, true, configbinding.ReasonSynced))
-	if h := tr.labelLatencies(); h.Count() != 1 {
-		t.Errorf("%d label samples, want the create's", h.Count())
-	}
 	// Two updates; the status skips generation 2 and shows 3 Ready: both
 	// complete then.
 	tr.wrote("ns/x", 2, t0, writeUpdate)
@@ -46,11 +74,14 @@ func TestTrackerLatency(t *testing.T) {
 	if n := tr.pendingCount(); n != 0 {
 		t.Fatalf("%d pending after generation 3 was Ready", n)
 	}
-	if h := tr.latencies(t0, time.Now().Add(time.Second), writeUpdate); h.Count() != 2 {
-		t.Errorf("%d update samples, want 2", h.Count())
+	if n := observed(t, o.ready.WithLabelValues("fleet-1", "update")); n != 2 {
+		t.Errorf("%v updates Ready, want 2", n)
 	}
-	if h := tr.latencies(t0, time.Now().Add(time.Second), writeCreate); h.Count() != 1 {
-		t.Errorf("%d create samples, want 1", h.Count())
+	if n := observed(t, o.ready.WithLabelValues("fleet-1", "create")); n != 1 {
+		t.Errorf("%v creates Ready, want 1", n)
+	}
+	if n := observed(t, o.sent.WithLabelValues("fleet-1", "update")); n != 2 {
+		t.Errorf("%v updates sent, want 2", n)
 	}
 	// The watch can show a generation Ready before the write's response
 	// arrives: the write completes at once.
@@ -78,22 +109,22 @@ func TestTrackerLatency(t *testing.T) {
 const reasonNotReady = "Fetching"
 
 func TestTrackerFlaps(t *testing.T) {
-	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}}
-	t0 := time.Now()
+	o := testObservations(t)
+	tr := &tracker{shards: sharding.DefaultShards, objects: map[string]*objectState{}, obs: o}
 	tr.observe(binding(1, 1, true, configbinding.ReasonSynced))
 	// A spec change: the stale True for generation 1, then Fetching for 2,
 	// then Synced. Not a flap: the generation changed.
 	tr.observe(binding(2, 1, true, configbinding.ReasonSynced))
 	tr.observe(binding(2, 2, false, reasonNotReady))
 	tr.observe(binding(2, 2, true, configbinding.ReasonSynced))
-	if n := tr.flapsBetween(t0, time.Now().Add(time.Second)); n != 0 {
-		t.Fatalf("%d flaps for a spec change", n)
+	if n := observed(t, o.flaps.WithLabelValues("fleet-1")); n != 0 {
+		t.Fatalf("%v flaps for a spec change", n)
 	}
 	// Ready goes False at the same generation (a new holder's empty cache):
 	// a flap.
 	tr.observe(binding(2, 2, false, reasonNotReady))
-	if n := tr.flapsBetween(t0, time.Now().Add(time.Second)); n != 1 {
-		t.Errorf("%d flaps, want 1", n)
+	if n := observed(t, o.flaps.WithLabelValues("fleet-1")); n != 1 {
+		t.Errorf("%v flaps, want 1", n)
 	}
 	if r := tr.reasons(); r[reasonNotReady] != 1 {
 		t.Errorf("reasons %v", r)

@@ -90,9 +90,6 @@ func bindFlags(fs *flag.FlagSet, o *loadtest.Options, fl *flags) {
 	fs.DurationVar(&o.SettleTimeout, "settle-timeout", 0, "bound of every wait for the fleet to settle (default 5m"+scenarioDefault+")")
 	fs.DurationVar(&fl.calibrateFor, "calibrate-for", 5*time.Second, "how long to measure the API server's write ceiling before the first fleet; 0 turns it off")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", 0, "grace period of a replica after SIGTERM before SIGKILL (default 45s)")
-	fs.StringVar(&o.HPAFile, "hpa-file", "", "autoscale: the HorizontalPodAutoscaler to follow (default deploy/autoscaling/hpa.yaml)")
-	fs.Float64Var(&o.HPATimeScale, "hpa-time-scale", 0, "autoscale: multiply the HPA's windows, policy periods and sync period by this, in (0, 1] (default 1)")
-	fs.Float64Var(&o.HPATarget, "hpa-target", 0, "autoscale: replace the HPA's target average value (the report says so)")
 	fs.StringVar(&o.Fleets, "fleets", "", "compare-*: the fleets to compare, as mode:replicas,… of sharded, off, plain, cache, mirror, direct (e.g. off:1,sharded:4)")
 	fs.Func("replica-args", "flags appended to every kshard replica's command line, space-separated (e.g. \"--max-concurrent-reconciles=16\")", func(v string) error {
 		o.ReplicaArgs = append(o.ReplicaArgs, strings.Fields(v)...)
