@@ -208,7 +208,7 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 	if err := r.prom.caughtUp(ctx, done.Add(r.opts.SampleInterval)); err != nil {
 		return w, err
 	}
-	qw := queryWindow{fleet: f.id, step: r.opts.SampleInterval, spans: map[string]span{"window": {from: from, to: done}}}
+	qw := queryWindow{fleet: f.id, step: r.opts.SampleInterval, sharded: f.mode.Sharded(), spans: map[string]span{"window": {from: from, to: done}}}
 	fig := map[string]Figure{}
 	for _, x := range r.prom.figures(ctx, r.queries.Windows, qw) {
 		fig[x.Name] = x

@@ -96,6 +96,15 @@ func identityRows() []fleetRow {
 			return code(f.Args)
 		}},
 		{"measured phase", func(f *FleetResult) string { return fmtDur(f.Window) }},
+		{"shard table at the fleet's start: domains labeled at CREATE", func(f *FleetResult) string {
+			switch {
+			case !f.Sharded:
+				return "n/a (no labeler)"
+			case f.ShardTableDomains < 0:
+				return "none (cold)"
+			}
+			return fmt.Sprint(f.ShardTableDomains)
+		}},
 	}
 }
 

@@ -178,7 +178,7 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 		limit = 0
 	}
 	objects := r.tracker.count()
-	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), spans: map[string]span{
+	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), sharded: f.mode.Sharded(), spans: map[string]span{
 		"life":  {from: f.started, to: f.stopped, objects: objects},
 		"phase": {from: f.loadFrom, to: f.loadTo, objects: objects},
 	}}
@@ -207,7 +207,7 @@ func (r *run) measureEvents(ctx context.Context) {
 			continue
 		}
 		at := r.begin.Add(ev.At)
-		w := queryWindow{step: r.opts.SampleInterval, spans: map[string]span{"event": {from: at, to: at.Add(ev.Reconciled), objects: ev.Objects}}}
+		w := queryWindow{step: r.opts.SampleInterval, sharded: true, spans: map[string]span{"event": {from: at, to: at.Add(ev.Reconciled), objects: ev.Objects}}}
 		if err := r.prom.caughtUp(ctx, at.Add(ev.Reconciled+r.opts.SampleInterval)); err != nil {
 			r.log.Error(err, "Waiting for Prometheus to scrape an event's end")
 		}

@@ -30,6 +30,9 @@ type query struct {
 	Unit string `json:"unit"`
 	// Query is PromQL with the variables queries/fleets.yaml lists.
 	Query string `json:"query"`
+	// Sharded says only a sharded fleet has the figure (its labeler, its
+	// shards): n/a for the others.
+	Sharded bool `json:"sharded,omitempty"`
 }
 
 // querySet is a queries file: the Fleets table's rows, and the columns of
@@ -120,6 +123,8 @@ type queryWindow struct {
 	spans                map[string]span
 	step                 time.Duration
 	memoryLimit, ceiling float64
+	// sharded says the fleet is sharded (query.Sharded).
+	sharded bool
 }
 
 // expand fills in q's variables for w, and says when to evaluate it:
@@ -191,6 +196,11 @@ func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []F
 			out = append(out, f)
 			continue
 		}
+		if q.Sharded && !w.sharded {
+			f.NoData = notApplicable
+			out = append(out, f)
+			continue
+		}
 		if strings.Contains(q.Query, "$objects") && w.spans[q.Over].objects == 0 {
 			f.NoData = noObjects
 			out = append(out, f)
@@ -217,7 +227,7 @@ func (p *promServer) replicaFigures(ctx context.Context, qs []query, w queryWind
 	byReplica := map[string][]Figure{}
 	for i, q := range qs {
 		expanded, at, ok := w.expand(q)
-		if !ok {
+		if !ok || (q.Sharded && !w.sharded) {
 			continue
 		}
 		f := Figure{Name: q.Name, Unit: q.Unit, Query: expanded, At: at, NoData: "no data"}
@@ -281,6 +291,10 @@ const noSpan = "the fleet had no "
 // noSpan says the figure is over a span the fleet did not have.
 func (f Figure) noSpan() bool { return strings.HasPrefix(f.NoData, noSpan) }
 
+// notApplicable is the NoData of a figure the fleet cannot have (a
+// labeler's, of a fleet with sharding off).
+const notApplicable = "n/a"
+
 // noObjects is the NoData of a figure per object of a span that had none
 // (an event that moved no shard): not a lack of data.
 const noObjects = "no objects"
@@ -290,6 +304,8 @@ func (f Figure) text() string {
 	switch {
 	case f.NoData == noObjects:
 		return "—"
+	case f.NoData == notApplicable:
+		return "n/a"
 	case f.NoData != "":
 		return "no data"
 	}

@@ -110,7 +110,10 @@ type FleetResult struct {
 	Args  []string
 	// Plain says the fleet ran cmd/plaincontroller (no kshard code), not
 	// `kshard controller`: it has no audit log and no kshard_* metrics.
-	Plain    bool `json:",omitempty"`
+	Plain bool `json:",omitempty"`
+	// Sharded says the fleet ran sharded: a ring of shard Leases and a
+	// labeler.
+	Sharded  bool
 	Replicas int
 	// Window is the measured phase.
 	Window time.Duration
@@ -123,6 +126,12 @@ type FleetResult struct {
 	StartSettled time.Duration
 	StartError   string `json:",omitempty"`
 	StartObjects int
+	// ShardTableDomains is the domains in the labeler's shard table when a
+	// sharded fleet started: those whose objects the shard-label policy
+	// labels at their CREATE. -1 for no table (a cold start: the labeler
+	// labels every object of a new domain), and for fleets without a
+	// labeler.
+	ShardTableDomains int
 	// Storm is the fleet's create storm: the objects created while it ran,
 	// or the ones it found at its start.
 	Storm CreateStorm
@@ -147,9 +156,13 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 	if !f.mode.Plain {
 		args = append(slices.Clone(args), r.opts.ReplicaArgs...)
 	}
-	return &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Replicas: slices.Max(append([]int{0}, f.sizes...)),
+	res := &FleetResult{Fleet: label, Mode: f.mode.Name, Args: args, Plain: f.mode.Plain, Replicas: slices.Max(append([]int{0}, f.sizes...)),
 		Window: f.loadTo.Sub(f.loadFrom), Storm: f.storm,
-		StartSettled: f.startEvent.Reconciled, StartError: f.startEvent.Error, StartObjects: f.startObjects}
+		StartSettled: f.startEvent.Reconciled, StartError: f.startEvent.Error, StartObjects: f.startObjects, ShardTableDomains: -1}
+	if res.Sharded = f.mode.Sharded(); res.Sharded {
+		res.ShardTableDomains = f.tableDomains
+	}
+	return res
 }
 
 // newReport starts the run's report: what it is, where it runs, and its
