@@ -7,10 +7,6 @@ import (
 	"time"
 )
 
-// capacityFleets are the columns of the capacity scenario: one sharded
-// replica, whose capacity the others are divided by, and 2, 4 and 5.
-var capacityFleets = []fleetSpec{{Mode: ModeSharded, Replicas: 1}, {Mode: ModeSharded, Replicas: 2}, {Mode: ModeSharded, Replicas: 4}, {Mode: ModeSharded, Replicas: 5}}
-
 // The capacity search and its objectives.
 const (
 	// capacityObjective bounds both the p99 of update → Ready and the p99
@@ -27,9 +23,6 @@ const (
 	// capacityMinRate is the lowest rate tried: a fleet that misses the
 	// objectives below it has no capacity worth searching.
 	capacityMinRate = 0.5
-	// capacityStartRate is the first fleet's first rate (updates/s), unless
-	// --update-rate (per object) sets it.
-	capacityStartRate = 10
 	// capacityStartShare starts a later fleet at this share of n times the
 	// first fleet's capacity: below it, so that its first window likely
 	// holds and the next (× capacityStep) misses.
@@ -95,10 +88,7 @@ type CapacityWindow struct {
 
 // runCapacity finds each fleet's capacity in turn, on the same objects.
 func runCapacity(ctx context.Context, r *run) error {
-	specs := capacityFleets
-	if r.chosen != nil {
-		specs = r.chosen
-	}
+	specs := r.chosen
 	defer r.capacityFindings()
 	if err := r.createAll(ctx, nil); err != nil {
 		return err

@@ -177,49 +177,35 @@ func signed(d time.Duration) string {
 	return d.String()
 }
 
-// runChaos injects a fault every chaos interval under continuous updates:
-// kill, pause and clock offset in rotation, each on a random running
-// replica, and measures each as a handover. The next interval starts when
-// the fleet settled after the last fault.
-func runChaos(ctx context.Context, r *run) error {
-	f, err := r.startFleet(ctx, ModeSharded, r.opts.Replicas)
-	if err != nil {
-		return err
-	}
-	if err := r.createAll(ctx, f); err != nil {
-		return err
-	}
+// chaosFaults injects a fault on a random running replica every chaos
+// interval, in rotation, until the duration ends, each settled before the
+// next interval counts.
+func (r *run) chaosFaults(ctx context.Context, f *fleet) error {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
 	plan := faultPlan{rotation: r.chaos, offset: r.opts.ClockOffset}
 	var done []injected
-	err = r.withLoad(ctx, f, r.opts.Duration, func(ctx context.Context) error {
-		end := time.Now().Add(r.opts.Duration)
-		for {
-			ft := plan.next()
-			next := time.Now().Add(r.opts.ChaosInterval)
-			if next.Add(ft.lasts(r.opts)).After(end) {
-				return nil
-			}
-			if err := sleep(ctx, time.Until(next)); err != nil {
-				return err
-			}
-			victims := f.runningSlots()
-			if len(victims) == 0 {
-				return fmt.Errorf("no replica runs")
-			}
-			s := victims[rng.IntN(len(victims))]
-			in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
-			if err := r.inject(ctx, f, s, ft); err != nil {
-				return err
-			}
-			done = append(done, in)
+	defer func() { r.addFinding(faultsFinding(plan.rotation, done)) }()
+	end := time.Now().Add(r.opts.Duration)
+	for {
+		ft := plan.next()
+		next := time.Now().Add(r.opts.ChaosInterval)
+		if next.Add(ft.lasts(r.opts)).After(end) {
+			return nil
 		}
-	})
-	r.addFinding(faultsFinding(plan.rotation, done))
-	if err != nil {
-		return err
+		if err := sleep(ctx, time.Until(next)); err != nil {
+			return err
+		}
+		victims := f.runningSlots()
+		if len(victims) == 0 {
+			return fmt.Errorf("no replica runs")
+		}
+		s := victims[rng.IntN(len(victims))]
+		in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
+		if err := r.inject(ctx, f, s, ft); err != nil {
+			return err
+		}
+		done = append(done, in)
 	}
-	return r.endFleet(ctx, f)
 }
 
 // injected is a fault that ran: on which replica, and when into the run.

@@ -395,7 +395,7 @@ func (f *fleet) connect(ctx context.Context, s *slot) error {
 		return nil
 	}
 	server := ""
-	if (slices.Contains(r.chaos, faultDelay) || slices.Contains(r.chaos, faultPartition)) && r.sc.faults {
+	if (slices.Contains(r.chaos, faultDelay) || slices.Contains(r.chaos, faultPartition)) && r.sc.Faults {
 		p, err := netfault.Listen(r.apiAddr)
 		if err != nil {
 			return fmt.Errorf("the proxy of %s: %w", s.id, err)

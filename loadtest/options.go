@@ -254,9 +254,7 @@ func fillZero(o *Options, d Options) {
 // load tester's, and validates the result.
 func (o *Options) setDefaults(sc *scenario) error {
 	fillZero(o, sc.defaults)
-	if sc.derive != nil {
-		sc.derive(o)
-	}
+	sc.derive(o)
 	fillZero(o, defaultOptions)
 	// The faults' lengths follow the Lease timing.
 	fillZero(o, Options{PauseFor: o.LeaseDuration + 2*o.RetryPeriod, DelayFor: o.LeaseDuration + 2*o.RetryPeriod})
@@ -313,14 +311,14 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.ChaosInterval <= 0 || o.RestartDelay < 0 || o.RestartDelay >= o.ChaosInterval, "restart delay %s must be below the chaos interval %s", o.RestartDelay, o.ChaosInterval)
 	// Pauses and clock offsets are faults of replica processes; pods get
 	// none (checkPodTarget).
-	processFaults := sc.faults && o.StatefulSet == ""
+	processFaults := sc.Faults && o.StatefulSet == ""
 	check(processFaults && (o.PauseFor <= o.LeaseDuration || o.PauseFor >= o.ChaosInterval), "pause %s must outlast the lease duration %s and fit the chaos interval %s", o.PauseFor, o.LeaseDuration, o.ChaosInterval)
 	check(processFaults && (o.DelayFor <= o.LeaseDuration || o.DelayFor >= o.ChaosInterval), "delay %s must outlast the lease duration %s and fit the chaos interval %s", o.DelayFor, o.LeaseDuration, o.ChaosInterval)
 	check(o.NodeFaults != "" && o.StatefulSet == "", "node faults (%s) are for a StatefulSet's pods (--statefulset)", o.NodeFaults)
 	if _, err := parseFaults(o.Faults, o.StatefulSet != "", o.NodeFaults != ""); err != nil {
 		errs = append(errs, err)
 	}
-	check(o.Faults != "" && !sc.faults, "faults %q: scenario %s injects none (chaos does)", o.Faults, sc.name)
+	check(o.Faults != "" && !sc.Faults, "faults %q: scenario %s injects none (chaos does)", o.Faults, sc.name)
 	check(o.NoFencing && o.StatefulSet != "", "the fencing of a StatefulSet's pods is the cluster's: --no-fencing is for replica processes the load tester starts")
 	check(processFaults && o.ClockOffset <= o.LeaseDuration, "clock offset %s must exceed the lease duration %s", o.ClockOffset, o.LeaseDuration)
 	if _, err := o.memoryLimitBytes(); err != nil {
@@ -333,7 +331,7 @@ func (o *Options) validate(sc *scenario) error {
 		errs = append(errs, err)
 	}
 	check(o.APIServerAuditLog != "" && o.Kubeconfig == "", "the API server audit log %s is for a cluster of --kubeconfig: the control plane a run starts writes its own", o.APIServerAuditLog)
-	check(o.Fleets != "" && !sc.fleets, "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
+	check(o.Fleets != "" && !sc.compares(), "fleets %q: scenario %s compares no fleets (compare-sharding and compare-external do)", o.Fleets, sc.name)
 	check(o.CalibrateFor > 10*time.Minute, "calibration time %s must be at most 10m (seconds measure the ceiling)", o.CalibrateFor)
 	check(o.SettleTimeout <= 0 || o.StopTimeout <= 0 || o.SampleInterval <= 0, "timeouts and the sample interval must be positive")
 	return errors.Join(errs...)
@@ -348,7 +346,7 @@ func (o *Options) checkPodTarget(sc *scenario) error {
 			errs = append(errs, fmt.Errorf(format, args...))
 		}
 	}
-	check(!sc.pods, "scenario %s starts replica processes of its own; on a StatefulSet's pods, basic and chaos run", sc.name)
+	check(!sc.Pods, "scenario %s starts replica processes of its own; on a StatefulSet's pods, basic and chaos run", sc.name)
 	check(o.Kubeconfig == "", "the StatefulSet %s needs the cluster that runs it (--kubeconfig)", o.StatefulSet)
 	check(o.LeaseDuration != 0 || o.RenewDeadline != 0 || o.RetryPeriod != 0, "the lease timing is the StatefulSet's (its pods' flags), not the load tester's")
 	check(len(o.ReplicaArgs) > 0 || o.Profile || o.BinDir != "" || o.ReplicaCPU != "", "replica arguments, CPU quotas, profiles and a binary folder are for replica processes the load tester starts")
@@ -409,16 +407,17 @@ func parseFleets(s string) ([]fleetSpec, error) {
 	var out []fleetSpec
 	for _, item := range strings.Split(s, ",") {
 		name, n, ok := strings.Cut(strings.TrimSpace(item), ":")
+		n, cold := strings.CutSuffix(n, ":cold")
 		mode, known := fleetModes[name]
 		replicas, err := strconv.Atoi(n)
-		if !ok || !known || err != nil || replicas < 1 || replicas > 64 {
+		if !ok || !known || err != nil || replicas < 1 || replicas > 64 || (cold && !mode.Sharded()) {
 			modes := slices.Sorted(maps.Keys(fleetModes))
-			return nil, fmt.Errorf("fleet %q must be mode:replicas, mode one of %s and replicas within 1..64", item, strings.Join(modes, ", "))
+			return nil, fmt.Errorf("fleet %q must be mode:replicas, mode one of %s and replicas within 1..64, or sharded:replicas:cold (on a cold shard table)", item, strings.Join(modes, ", "))
 		}
 		if mode.Plain && replicas != 1 {
 			return nil, fmt.Errorf("fleet %q: the plain controller runs one active replica", item)
 		}
-		out = append(out, fleetSpec{Mode: mode, Replicas: replicas})
+		out = append(out, fleetSpec{Mode: mode, Replicas: replicas, ColdTable: cold})
 	}
 	return out, nil
 }

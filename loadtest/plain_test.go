@@ -75,10 +75,17 @@ func TestPlainModeIsNotSharded(t *testing.T) {
 	if ModePlain.Sharded() {
 		t.Error("the plain mode has no ring")
 	}
-	if last := shardingFleets[len(shardingFleets)-1]; !hasPlain(shardingFleets) || !last.Mode.Plain {
+	specs, err := scenarios["compare-sharding"].fleets(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := specs[len(specs)-1]; !last.Mode.Plain {
 		t.Errorf("compare-sharding's last column is %s, want the plain controller (it runs last)", last.Mode.Name)
 	}
-	if !scenarios["compare-sharding"].plain || scenarios["basic"].plain {
+	if !specs[1].ColdTable || specs[2].ColdTable {
+		t.Errorf("compare-sharding's first sharded fleet starts on a cold shard table, the next on a filled one: %+v", specs)
+	}
+	if !scenarios["compare-sharding"].plain() || scenarios["basic"].plain() {
 		t.Error("only compare-sharding builds the plain controller")
 	}
 }

@@ -107,3 +107,31 @@ func promqlSelectors(t *testing.T, exprs []string) []selected {
 	}
 	return res
 }
+
+// TestScenariosLoad: every scenario file reads, its defaults name Options
+// fields, its steps exist, and the scenarios that run on a StatefulSet's
+// pods are the ones the pod target allows.
+func TestScenariosLoad(t *testing.T) {
+	m, err := loadScenarios()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []string
+	for name, sc := range m {
+		if sc.Pods {
+			pods = append(pods, name)
+		}
+	}
+	slices.Sort(pods)
+	if !slices.Equal(pods, []string{"basic", "chaos"}) {
+		t.Errorf("scenarios on pods: %v, want basic and chaos", pods)
+	}
+	bad := &scenario{Doc: "x", Steps: []string{"start", "dance"}}
+	if err := bad.check(); err == nil || !strings.Contains(err.Error(), `step "dance"`) {
+		t.Errorf("an unknown step: %v", err)
+	}
+	bad = &scenario{Doc: "x", Steps: []string{"start"}, Defaults: map[string]any{"Objectz": 1}}
+	if err := bad.check(); err == nil || !strings.Contains(err.Error(), "Objectz") {
+		t.Errorf("an unknown default: %v", err)
+	}
+}

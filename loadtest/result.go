@@ -176,10 +176,10 @@ func (r *run) newReport(ctx context.Context) *Report {
 	rep := &Report{
 		Source:      src,
 		Scenario:    o.Scenario,
-		Description: r.sc.doc,
+		Description: r.sc.Doc,
 		Command:     o.Command,
 		Started:     time.Now(),
-		Gated:       r.sc.gate,
+		Gated:       r.sc.Gate,
 		Machine: Machine{
 			CPUs: runtime.NumCPU(), CPUModel: cpuModel(), GoVersion: runtime.Version(),
 			OS: runtime.GOOS + "/" + runtime.GOARCH, KubeAPIServer: r.serverVersion,
@@ -214,7 +214,7 @@ func (r *run) settings() [][2]string {
 	if o.OutageFor > 0 {
 		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
 	}
-	if r.sc.faults {
+	if r.sc.Faults {
 		var rotation []string
 		for _, k := range r.chaos {
 			rotation = append(rotation, r.faultText(k))
@@ -238,7 +238,7 @@ func (r *run) loadSetting() string {
 	switch {
 	case r.sc.name == "capacity":
 		return fmt.Sprintf("creates at %g/s; spec updates to random objects in windows of %s, the first fleet's first at %g/s (--update-rate × objects), a later fleet's first at %.1f × its replicas × the first fleet's capacity per replica", o.CreateRate, o.Duration, o.UpdateRate*float64(o.Objects), capacityStartShare)
-	case r.sc.noLoad:
+	case r.sc.NoLoad:
 		return fmt.Sprintf("creates at %g/s; no continuous updates: the scenario's storms are the load", o.CreateRate)
 	}
 	return fmt.Sprintf("creates at %g/s; spec updates at %g per object per second (%g/s in all) for %s per measured phase", o.CreateRate, o.UpdateRate, float64(o.Objects)*o.UpdateRate, o.Duration)
@@ -345,8 +345,8 @@ func (r *run) finish(ctx context.Context, runErr error) {
 		sharded = sharded || f.mode.Sharded()
 	}
 	r.measureEvents(ctx)
-	if r.sc.findings != nil {
-		r.sc.findings(ctx, r)
+	for _, conclude := range r.concluders {
+		conclude(ctx)
 	}
 
 	// 1. Writes outside a tenure, from the API server's audit log; 2.

@@ -58,7 +58,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
 	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
-	r.chosen, _ = parseFleets(opts.Fleets)                                               // validated by setDefaults
+	r.chosen, _ = parseFleets(opts.Fleets) // validated by setDefaults
+	if r.chosen == nil {
+		r.chosen, _ = sc.fleets(opts.Replicas) // validated when loaded
+	}
 	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "", opts.NodeFaults != "") // likewise
 	if opts.Faults == "" && opts.Kubeconfig != "" && opts.NodeFaults == "" {
 		// The default rotation on a cluster of the user's: its API server
@@ -72,11 +75,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 // it measured.
 type run struct {
 	opts Options
-	// chosen are the comparison's columns from Options.Fleets; nil for the
-	// scenario's own.
+	// chosen are the comparison's columns: Options.Fleets, else the
+	// scenario's.
 	chosen []fleetSpec
-	sc     *scenario
-	log    logr.Logger
+	// concluders state a scenario's goals against the run once every
+	// figure is in (the scale scenario's findings).
+	concluders []func(context.Context)
+	sc         *scenario
+	log        logr.Logger
 	// chaos is the chaos scenario's fault rotation (Options.Faults).
 	chaos []faultKind
 	// restartAPIServer restarts the control plane's kube-apiserver: nil on
@@ -252,7 +258,7 @@ func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) e
 	r.begin = time.Now()
 	stopFollowing := childproc.GoSafe(ctx, cancel, "Prometheus targets", r.followTargets)
 	defer stopFollowing()
-	err := r.sc.run(ctx, r)
+	err := r.runSteps(ctx)
 	if err == nil && ctx.Err() != nil {
 		err = context.Cause(ctx)
 	}
@@ -321,7 +327,7 @@ func (r *run) watch(ctx context.Context) error {
 		return err
 	}
 	r.audit = newAuditTail()
-	r.set = newObjectSet(r.opts, r.sc.splitKeys)
+	r.set = newObjectSet(r.opts, r.sc.SplitKeys)
 	r.gen = newGenerator(r.c, r.set, r.tracker)
 	if r.opts.ValueChangeInterval > 0 {
 		wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
@@ -363,10 +369,7 @@ func (r *run) conclude(ctx context.Context, scenarioErr error) (*Report, error) 
 // needsPlain says whether a fleet of the run is the plain controller: the
 // scenario's own, or one --fleets lists.
 func (r *run) needsPlain() bool {
-	if r.chosen != nil {
-		return hasPlain(r.chosen)
-	}
-	return r.sc.plain
+	return hasPlain(r.chosen)
 }
 
 // binaries builds kshard and configcenter, and plaincontroller for a

@@ -8,13 +8,6 @@ import (
 	"time"
 )
 
-// scaleFleets are the columns of the scale scenario: the classic single
-// active replica, whose heap the sharded fleets divide, two sharded fleets,
-// and the plain controller-runtime controller last (it leaves its own field
-// manager on every ConfigMap, which a kshard fleet after it would pay to
-// remove).
-var scaleFleets = []fleetSpec{{Mode: ModeSingleton, Replicas: 1}, {Mode: ModeSharded, Replicas: 4}, {Mode: ModeSharded, Replicas: 8}, {Mode: ModePlain, Replicas: 1}}
-
 // scaleFirstReconcile is the fleet that reconciles the scale scenario's new
 // objects once before the compared fleets start: the widest of them, so
 // the storm ends soonest.
@@ -33,10 +26,6 @@ const (
 	goalLeave = 2 * time.Second
 )
 
-// scaleUpdatesPerSec is the scale scenario's default spec-update load,
-// whatever the object count.
-const scaleUpdatesPerSec = 100
-
 // runScale creates the objects with no fleet running, has one sharded fleet
 // reconcile them once (the create storm at this size), then starts each
 // compared fleet on the objects already there, Ready, as a controller that
@@ -46,10 +35,8 @@ const scaleUpdatesPerSec = 100
 // handovers (graceful leave, join, crash, rejoin) with no load, so their
 // writes are counted.
 func runScale(ctx context.Context, r *run) error {
-	specs := scaleFleets
-	if r.chosen != nil {
-		specs = r.chosen
-	}
+	specs := r.chosen
+	r.concluders = append(r.concluders, r.scaleFindings)
 	// The goals of the fleets that ran, also when a later one failed.
 	if err := r.createAll(ctx, nil); err != nil {
 		return err

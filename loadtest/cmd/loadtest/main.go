@@ -1,8 +1,9 @@
 // Command loadtest runs kshard's load-test scenarios on one machine and
 // writes their reports: a control plane (or an existing cluster), the
 // config center and fleets of `kshard controller` processes under a load of
-// ConfigBinding creates and updates, with side-by-side baselines, chaos, and
-// Markdown reports with SVG charts. It is package loadtest plus flags.
+// ConfigBinding creates and updates, with side-by-side baselines and chaos,
+// measured through a Prometheus, and Markdown reports. It is package
+// loadtest plus flags.
 //
 //	go run ./loadtest/cmd/loadtest --scenario basic --duration 30s
 //	go run ./loadtest/cmd/loadtest --list-scenarios
