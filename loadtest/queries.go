@@ -185,6 +185,21 @@ func expandDelta(q, from, to string) string {
 	}
 }
 
+// notApplicable says why the fleet cannot have q's figure, "" when it can:
+// a labeler's figure of a fleet with sharding off, a ratio to a ceiling the
+// run did not calibrate or to a memory limit the replicas did not have.
+func (w queryWindow) notApplicable(q query) string {
+	switch {
+	case q.Sharded && !w.sharded:
+		return "no ring"
+	case strings.Contains(q.Query, "$ceiling") && w.ceiling <= 0:
+		return "not calibrated"
+	case strings.Contains(q.Query, "$memory_limit") && w.memoryLimit <= 0:
+		return "no memory limit"
+	}
+	return ""
+}
+
 // figures evaluates the rows of qs for w.
 func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []Figure {
 	out := make([]Figure, 0, len(qs))
@@ -196,8 +211,8 @@ func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []F
 			out = append(out, f)
 			continue
 		}
-		if q.Sharded && !w.sharded {
-			f.NoData = notApplicable
+		if why := w.notApplicable(q); why != "" {
+			f.NoData = notApplicable + why
 			out = append(out, f)
 			continue
 		}
@@ -291,9 +306,9 @@ const noSpan = "the fleet had no "
 // noSpan says the figure is over a span the fleet did not have.
 func (f Figure) noSpan() bool { return strings.HasPrefix(f.NoData, noSpan) }
 
-// notApplicable is the NoData of a figure the fleet cannot have (a
-// labeler's, of a fleet with sharding off).
-const notApplicable = "n/a"
+// notApplicable begins the NoData of a figure the fleet cannot have
+// (queryWindow.notApplicable says why).
+const notApplicable = "n/a: "
 
 // noObjects is the NoData of a figure per object of a span that had none
 // (an event that moved no shard): not a lack of data.
@@ -304,7 +319,7 @@ func (f Figure) text() string {
 	switch {
 	case f.NoData == noObjects:
 		return "—"
-	case f.NoData == notApplicable:
+	case strings.HasPrefix(f.NoData, notApplicable):
 		return "n/a"
 	case f.NoData != "":
 		return "no data"
