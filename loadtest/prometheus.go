@@ -270,7 +270,7 @@ func (p *promServer) vector(ctx context.Context, q string, t time.Time) (model.V
 }
 
 // scalar evaluates q at t, which must give one sample; errNoData when it
-// gives none or NaN.
+// gives none, NaN or an infinity (a ratio over nothing).
 func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64, error) {
 	v, err := p.vector(ctx, q, t)
 	if err != nil {
@@ -283,6 +283,8 @@ func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64
 		return 0, fmt.Errorf("query %s: %d samples, want one", q, len(v))
 	case math.IsNaN(float64(v[0].Value)):
 		return 0, fmt.Errorf("query %s: %w (NaN)", q, errNoData)
+	case math.IsInf(float64(v[0].Value), 0):
+		return 0, fmt.Errorf("query %s: %w (infinite: a denominator of 0)", q, errNoData)
 	}
 	return float64(v[0].Value), nil
 }

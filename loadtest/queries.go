@@ -256,7 +256,7 @@ func (p *promServer) replicaFigures(ctx context.Context, qs []query, w queryWind
 				byReplica[name] = append(byReplica[name], Figure{Name: qs[len(byReplica[name])].Name, NoData: "no data"})
 			}
 			g := f
-			if math.IsNaN(float64(s.Value)) {
+			if v := float64(s.Value); math.IsNaN(v) || math.IsInf(v, 0) {
 				g.NoData = "no data"
 			} else {
 				g.Value, g.NoData = float64(s.Value), ""
