@@ -10,7 +10,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/time/rate"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // Question asks whether a namespace may read a domain.
@@ -308,18 +309,18 @@ func (c *Cache) Start(ctx context.Context) error {
 // in-memory SpiceDB restarted): every decision goes stale and is checked
 // again fully consistently, and the Watcher starts again from now.
 func (c *Cache) follow(ctx context.Context) {
-	backoff := c.backoff()
+	delays := c.retryPolicy().Delays()
 	from := ""
 	for ctx.Err() == nil {
 		err := c.opts.Watcher.Watch(ctx, from, func(revision string) {
-			backoff = c.backoff()
+			delays.Reset()
 			from = revision
 			c.invalidate(revision)
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		d := backoff.Step()
+		d := delays.Next()
 		c.opts.Log.Info("Following the authorization system's changes failed; every decision is checked again", "error", fmt.Sprint(err), "retryIn", d)
 		from = ""
 		c.invalidate("")
@@ -331,7 +332,7 @@ func (c *Cache) follow(ctx context.Context) {
 
 // checkLoop asks the queued questions in batches.
 func (c *Cache) checkLoop(ctx context.Context) {
-	backoff := c.backoff()
+	delays := c.retryPolicy().Delays()
 	for {
 		batch, atLeast := c.take()
 		if len(batch) == 0 {
@@ -361,7 +362,7 @@ func (c *Cache) checkLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			d := backoff.Step()
+			d := delays.Next()
 			c.opts.Log.Info("Checking authorization failed", "questions", len(batch), "error", err.Error(), "retryIn", d)
 			c.requeue(batch)
 			if !sleep(ctx, d) {
@@ -369,7 +370,7 @@ func (c *Cache) checkLoop(ctx context.Context) {
 			}
 			continue
 		}
-		backoff = c.backoff()
+		delays.Reset()
 		for _, q := range c.store(batch, ds, asked, atLeast) {
 			c.opts.OnChange(q)
 		}
@@ -430,8 +431,10 @@ func (c *Cache) store(qs []Question, ds []Decision, asked time.Time, atLeast str
 	return changed
 }
 
-func (c *Cache) backoff() wait.Backoff {
-	return wait.Backoff{Duration: c.opts.RetryBaseDelay, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: c.opts.RetryMaxDelay}
+// retryPolicy spaces the tries of a failed Check or Watcher: from RetryBaseDelay, doubling up to
+// RetryMaxDelay, each wait up to 20% longer.
+func (c *Cache) retryPolicy() backoff.Policy {
+	return backoff.Policy{Initial: c.opts.RetryBaseDelay, Max: c.opts.RetryMaxDelay, Jitter: 0.2}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // FeedLoop follows one domain's change feed for one consumer: the cache follows with one each
@@ -140,7 +139,8 @@ func (l *FeedLoop) Resume(since int64, epoch string) {
 // make it spin.
 func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 	log := l.opts.Log
-	failed, flapped := l.backoff(), l.backoff()
+	policy := retryPolicy(l.opts.Retry.BaseDelay, l.opts.Retry.MaxDelay)
+	failed, flapped := policy.Delays(), policy.Delays()
 	failures, flaps := 0, 0
 	for ctx.Err() == nil {
 		// The source's Retry-After holds every call, polls included, whoever was told.
@@ -183,7 +183,7 @@ func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 			// Listing the domain at once would list it at every poll while the histories
 			// alternate.
 			flaps++
-			d = flapped.Step()
+			d = flapped.Next()
 			log.V(1).Info("Change feed source's history flaps; listing the domain again after a backoff",
 				"epoch", l.epoch, "flaps", flaps, "retryIn", d)
 		default:
@@ -191,7 +191,8 @@ func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 				log.Info("Change feed recovered", "failures", failures)
 			}
 			failures, flaps = 0, 0
-			failed, flapped = l.backoff(), l.backoff()
+			failed.Reset()
+			flapped.Reset()
 			if changes == 0 {
 				d = l.opts.Retry.MinInterval - time.Since(start)
 			}
@@ -250,11 +251,6 @@ func (l *FeedLoop) poll(ctx context.Context, c FeedConsumer) (p FeedPoll, change
 // names one.
 func lostHistory(since int64, epoch string, cs ChangeSet) bool {
 	return cs.Revision < since || cs.Epoch != epoch && (epoch != "" || since > 0)
-}
-
-// backoff is a fresh backoff for failures or flaps in a row.
-func (l *FeedLoop) backoff() wait.Backoff {
-	return retryBackoff(l.opts.Retry.BaseDelay, l.opts.Retry.MaxDelay)
 }
 
 // holding is how long the cache's Retry-After hold lasts still, if the loop is the cache's.

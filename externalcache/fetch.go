@@ -4,10 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // A flight is the fetch state of one key of one shard while the key is queued, in flight,
@@ -23,7 +22,7 @@ type flight struct {
 	attempts   int
 	roundStart time.Time
 	// retries is the round's backoff, from its first retry on: most flights never retry.
-	retries *wait.Backoff
+	retries *backoff.Delays
 	// err is the last error, reported by Get while the key is pending or stale.
 	err error
 	// retryAt is when a failed key may be fetched again; timer requeues it then, unless the
@@ -327,9 +326,9 @@ func (c *Cache) complete(f *flight, v Value, err error) {
 		c.mu.Unlock()
 	case classCircuitOpen:
 		// Fail fast and come back when the breaker lets probes through.
-		c.fail(f, err, wait.Jitter(c.opts.Breaker.Timeout, 0.2), true)
+		c.fail(f, err, backoff.Jitter(c.opts.Breaker.Timeout, 0.2), true)
 	case classPermanent:
-		c.fail(f, err, wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
+		c.fail(f, err, backoff.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
 	case classRetryable:
 		hint := retryAfterHint(err, c.opts.MaxRetryAfter, c.metrics.retryAfterCapped)
 		if hint > 0 {
@@ -369,7 +368,7 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 	if err := f.sh.set(f.ck, buf); err != nil {
 		c.mu.Unlock()
 		c.fail(f, fmt.Errorf("%w: entry of %s is %d bytes: %v", ErrEntryTooLarge, f.key, len(buf), err),
-			wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
+			backoff.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), false)
 		return
 	}
 	delete(c.flights, f.fk)
@@ -395,11 +394,8 @@ func (c *Cache) store(f *flight, v Value, negative bool) {
 
 // softTTL is SoftTTL ± TTLJitter, so that keys fetched together do not expire together.
 func (c *Cache) softTTL() time.Duration {
-	j := c.opts.TTLJitter
-	if j <= 0 {
-		return c.opts.SoftTTL
-	}
-	return time.Duration(float64(c.opts.SoftTTL) * (1 - j + 2*j*rand.Float64()))
+	d, j := float64(c.opts.SoftTTL), c.opts.TTLJitter
+	return backoff.Between(time.Duration(d*(1-j)), time.Duration(d*(1+j)))
 }
 
 // retry schedules another attempt with backoff, or fails the round when attempts or time are
@@ -413,16 +409,16 @@ func (c *Cache) retry(f *flight, err error, hint time.Duration) {
 	f.err = fmt.Errorf("fetching %s: %w", f.key, err)
 	f.attempts++
 	if f.retries == nil {
-		b := retryBackoff(c.opts.Retry.BaseDelay, c.opts.Retry.MaxDelay)
-		f.retries = &b
+		d := retryPolicy(c.opts.Retry.BaseDelay, c.opts.Retry.MaxDelay).Delays()
+		f.retries = &d
 	}
-	d := max(f.retries.Step(), hint)
+	d := max(f.retries.Next(), hint)
 	if f.attempts < c.opts.Retry.MaxAttempts && time.Since(f.roundStart)+d <= c.opts.Retry.MaxElapsed {
 		c.backoffLocked(f, d)
 		c.mu.Unlock()
 		return
 	}
-	notify := c.failLocked(f, err, max(wait.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), hint), true)
+	notify := c.failLocked(f, err, max(backoff.Jitter(c.opts.Retry.FailureRetryInterval, 0.2), hint), true)
 	c.mu.Unlock()
 	if notify {
 		c.notifier.add(f.fk)
@@ -491,7 +487,7 @@ func (c *Cache) requeue(f *flight) {
 		f.state = stateQueued
 		return
 	}
-	f.timer = time.AfterFunc(wait.Jitter(time.Second, 1), func() { c.requeue(f) })
+	f.timer = time.AfterFunc(backoff.Jitter(time.Second, 1), func() { c.requeue(f) })
 }
 
 // refreshLocked makes sure a cached key is fetched again: its entry stops being fresh (a

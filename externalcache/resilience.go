@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
-	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // failureClass is what a fetch outcome means for caching, retrying and the circuit breaker.
@@ -94,19 +94,20 @@ func retryAfterHint(err error, most time.Duration, capped prometheus.Counter) ti
 	return 0
 }
 
-// retryBackoff is the backoff of the cache's retries and of change-feed loops: from base,
-// doubling, up to maxDelay, with "equal jitter" (each step uniform in [d/2, d)). The jitter
+// retryPolicy is the backoff of the cache's retries and of change-feed loops: from base,
+// doubling, up to maxDelay, with "equal jitter" (each wait uniform in [d/2, d)). The jitter
 // spreads the retries of keys or feeds that failed together; its floor of half the delay keeps a
 // loop from spinning when every call fails at once, which full jitter near zero would allow.
-// wait.Backoff jitters upwards, so it starts and caps at half the delays.
-func retryBackoff(base, maxDelay time.Duration) wait.Backoff {
-	return wait.Backoff{Duration: base / 2, Factor: 2, Jitter: 1, Cap: maxDelay / 2, Steps: math.MaxInt32}
+// The policy jitters upwards, so it starts and caps at half the delays, lengthened by up to all
+// of them.
+func retryPolicy(base, maxDelay time.Duration) backoff.Policy {
+	return backoff.Policy{Initial: base / 2, Max: maxDelay / 2, Jitter: 1}
 }
 
-// retryDelay is b's next step, but never sooner than the Retry-After err carries (capped at
+// retryDelay is d's next wait, but never sooner than the Retry-After err carries (capped at
 // most): the source asked every caller to wait that long.
-func retryDelay(b *wait.Backoff, err error, most time.Duration) time.Duration {
-	return max(b.Step(), retryAfterHint(err, most, nil))
+func retryDelay(d *backoff.Delays, err error, most time.Duration) time.Duration {
+	return max(d.Next(), retryAfterHint(err, most, nil))
 }
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
