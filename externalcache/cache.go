@@ -58,7 +58,7 @@ type Lookup struct {
 	Value []byte
 	// Revision is the source's revision of the value.
 	Revision int64
-	// FetchedAt is when the value (or the not-found answer) was fetched, by Options.Now.
+	// FetchedAt is when the value (or the not-found answer) was fetched, by Options.Clock.
 	FetchedAt time.Time
 	State     State
 	// Err is the last fetch error for the key, so a caller can report the service unavailable
@@ -136,7 +136,7 @@ func New(opts Options) (*Cache, error) {
 	}
 	c := &Cache{
 		opts:    opts,
-		log:     opts.Log,
+		log:     opts.Logger,
 		flights: map[flightKey]*flight{},
 		ttl:     map[flightKey]*ttlTimer{},
 		wake:    make(chan struct{}, opts.Workers),
@@ -146,7 +146,7 @@ func New(opts Options) (*Cache, error) {
 		dead:    map[string]struct{}{},
 	}
 	c.metrics = metricsFor(opts.MetricsPrefix)
-	c.evictions.init(opts.Now, c.metrics.evictions)
+	c.evictions.init(opts.Clock.Now, c.metrics.evictions)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	bc, err := bigcache.New(c.ctx, opts.bigcacheConfig(c.evictions.record))
 	if err != nil {
@@ -225,7 +225,7 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	ck := key.cacheKey()
 	// An entry of a domain the shard does not use (released, and not yet swept) is not trusted:
 	// the read notes the domain, whose change feed then checks it.
-	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
+	if l, ok := sh.lookup(ck, c.opts.Clock.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
 		if l.FeedErr = c.feedErr(key.Domain); l.FeedErr != nil {
 			c.mu.Lock()
 			c.armLocked(sh, key, ck)
@@ -348,7 +348,7 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 			continue
 		}
 		ck := key.cacheKey()
-		if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
+		if l, ok := sh.lookup(ck, c.opts.Clock.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
 			continue
 		}
 		sh.noteDomain(c, key.Domain)

@@ -54,7 +54,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	opts := externalcache.Options{
 		Source:   src,
 		OnUpdate: h.updates.record,
-		Log:      testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+		Logger:   testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
 		// Defaults sized for a controller are too big for many test processes.
 		MaxBytes:       16 << 20,
 		MaxShards:      4,
@@ -67,7 +67,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	if s.fakeClock {
 		h.clock = &fakeClock{}
 		h.clock.now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-		opts.Now = h.clock.Now
+		opts.Clock = h.clock
 	}
 	if s.opts != nil {
 		s.opts(&opts)
@@ -162,8 +162,9 @@ func eventuallyWithin(t *testing.T, within time.Duration, what string, cond func
 
 type fakeClock struct{ now atomic.Int64 }
 
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.now.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
+func (c *fakeClock) Now() time.Time                  { return time.Unix(0, c.now.Load()) }
+func (c *fakeClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+func (c *fakeClock) Advance(d time.Duration)         { c.now.Add(int64(d)) }
 
 type updateLog struct {
 	mu     sync.Mutex

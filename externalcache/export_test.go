@@ -10,7 +10,7 @@ func (c *Cache) StoreForTest(shard int32, key Key, value []byte, revision int64)
 	if err != nil {
 		return err
 	}
-	now := c.opts.Now()
+	now := c.opts.Clock.Now()
 	e := envelope{revision: revision, fetchedAt: now.UnixNano(), value: value,
 		softExpiry: now.Add(c.opts.SoftTTL).UnixNano(), hardExpiry: now.Add(c.opts.HardTTL).UnixNano()}
 	return sh.set(key.cacheKey(), appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(value)), e))

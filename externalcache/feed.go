@@ -68,7 +68,7 @@ func (c *Cache) follow(ctx context.Context, domain string, sub *subscription) {
 	defer c.feedLoops.Add(-1)
 	log := c.log.WithValues("domain", domain)
 	l, err := NewFeedLoop(FeedLoopOptions{Feed: c.opts.Feed, Domain: domain, Retry: c.opts.FeedRetry,
-		MaxRetryAfter: c.opts.MaxRetryAfter, Health: c.opts.FeedHealth, Log: log, hold: &c.hold, capped: c.metrics.retryAfterCapped})
+		MaxRetryAfter: c.opts.MaxRetryAfter, Health: c.opts.FeedHealth, Logger: log, hold: &c.hold, capped: c.metrics.retryAfterCapped})
 	if err != nil {
 		log.Error(err, "Change feed not followed")
 		return
@@ -118,7 +118,7 @@ func (c *Cache) applyChange(domain string, ch Change) {
 		return
 	}
 	ck := key.cacheKey()
-	now := c.opts.Now()
+	now := c.opts.Clock.Now()
 	for _, sh := range *c.shards.Load() {
 		if !sh.usesDomain(domain) {
 			continue

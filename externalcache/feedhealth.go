@@ -250,7 +250,7 @@ func (c *Cache) armLocked(sh *shard, key Key, ck string) {
 		return
 	}
 	tt := &ttlTimer{sh: sh}
-	tt.t = time.AfterFunc(max(0, time.Duration(e.softExpiry-c.opts.Now().UnixNano())), func() { c.ttlExpired(tt, key) })
+	tt.t = time.AfterFunc(max(0, time.Duration(e.softExpiry-c.opts.Clock.Now().UnixNano())), func() { c.ttlExpired(tt, key) })
 	c.ttl[fk] = tt
 }
 
@@ -268,7 +268,7 @@ func (c *Cache) ttlExpired(tt *ttlTimer, key Key) {
 		return
 	}
 	ck := key.cacheKey()
-	if e, ok := tt.sh.envelope(ck); ok && e.softExpiry > c.opts.Now().UnixNano() {
+	if e, ok := tt.sh.envelope(ck); ok && e.softExpiry > c.opts.Clock.Now().UnixNano() {
 		c.armLocked(tt.sh, key, ck)
 		return
 	}

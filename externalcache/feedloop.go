@@ -43,8 +43,8 @@ type FeedLoopOptions struct {
 	// write again a mirror found deleted). A poll ended so is neither answered nor failed: the
 	// loop tells Polled and polls again at once. Default: the loop's context.
 	PollContext func(ctx context.Context) (context.Context, context.CancelFunc)
-	// Log receives the loop's logs. Default: discard.
-	Log logr.Logger
+	// Logger receives the loop's logs. Default: discard.
+	Logger logr.Logger
 
 	// hold is the cache's Retry-After hold, set on the cache's own loops: no poll is made while
 	// it lasts, and a poll's Retry-After extends it, so that the source's "wait" stops fetches
@@ -111,8 +111,8 @@ func NewFeedLoop(opts FeedLoopOptions) (*FeedLoop, error) {
 	}
 	opts.Retry.setDefaults()
 	setDefault(&opts.MaxRetryAfter, time.Minute)
-	if opts.Log.GetSink() == nil {
-		opts.Log = logr.Discard()
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
 	}
 	if opts.capped == nil {
 		opts.capped = metricsFor(DefaultMetricsPrefix).retryAfterCapped
@@ -138,7 +138,7 @@ func (l *FeedLoop) Resume(since int64, epoch string) {
 // without changes by Retry.MinInterval, so that a source that answers long polls at once cannot
 // make it spin.
 func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
-	log := l.opts.Log
+	log := l.opts.Logger
 	policy := retryPolicy(l.opts.Retry.BaseDelay, l.opts.Retry.MaxDelay)
 	failed, flapped := policy.Delays(), policy.Delays()
 	failures, flaps := 0, 0
@@ -224,7 +224,7 @@ func (l *FeedLoop) poll(ctx context.Context, c FeedConsumer) (p FeedPoll, change
 	case lostHistory(l.since, l.epoch, cs):
 		p.Flapped = l.health.historyLost(l.epoch, cs.Epoch)
 		if !p.Flapped {
-			l.opts.Log.Info("Change feed source lost its history (restarted?); listing the domain again",
+			l.opts.Logger.Info("Change feed source lost its history (restarted?); listing the domain again",
 				"hadRevision", l.since, "revision", cs.Revision, "hadEpoch", l.epoch, "epoch", cs.Epoch)
 		}
 		l.since, l.epoch = 0, cs.Epoch

@@ -114,7 +114,7 @@ func (c *Cache) releaseLocked(f *flight, l Lookup) {
 func (c *Cache) admitLocked(sh *shard, key Key, ck string) (l Lookup, f *flight, full bool) {
 	// Read again under the lock: a fetch stores its result before it removes its flight, so
 	// this read cannot miss a result and start a second fetch.
-	l, ok := sh.lookup(ck, c.opts.Now())
+	l, ok := sh.lookup(ck, c.opts.Clock.Now())
 	if ok && (l.State == StateFresh || l.State == StateNotFound) {
 		return l, nil, false
 	}
@@ -341,7 +341,7 @@ func (c *Cache) complete(f *flight, v Value, err error) {
 // store caches a value or a not-found answer, releases the waiters and notifies OnUpdate when the
 // key arrived, changed, or recovered from a reported failure.
 func (c *Cache) store(f *flight, v Value, negative bool) {
-	now := c.opts.Now()
+	now := c.opts.Clock.Now()
 	e := envelope{revision: v.Revision, fetchedAt: now.UnixNano(), negative: negative}
 	if negative {
 		e.revision = 0
@@ -457,7 +457,7 @@ func (c *Cache) failLocked(f *flight, err error, retryIn time.Duration, auto boo
 	f.retries = nil
 	f.roundStart = time.Time{}
 	f.retryAt = time.Now().Add(retryIn)
-	l, ok := f.sh.lookup(f.ck, c.opts.Now())
+	l, ok := f.sh.lookup(f.ck, c.opts.Clock.Now())
 	if !ok {
 		l = Lookup{State: StatePending}
 	}
@@ -500,7 +500,7 @@ func (c *Cache) refreshLocked(sh *shard, key Key, ck string) {
 	if e, ok := sh.envelope(ck); ok {
 		if e.negative {
 			sh.delete(ck)
-		} else if now := c.opts.Now().UnixNano(); e.softExpiry > now {
+		} else if now := c.opts.Clock.Now().UnixNano(); e.softExpiry > now {
 			e.softExpiry = now
 			_ = sh.set(ck, appendEnvelope(make([]byte, 0, envelopeHeaderSize+len(e.value)), e))
 		}

@@ -33,8 +33,9 @@ type Options struct {
 	// domain: they are requeued when the domain's change feed becomes
 	// unhealthy or heals, so that they can say so. Nil requeues none.
 	DomainReaders func(ctx context.Context, shard client.Reader, domain string) ([]types.NamespacedName, error)
-	// Log defaults to a discarding logger.
-	Log logr.Logger
+	// Logger receives the cache's logs, and the external cache's unless Cache.Logger is set.
+	// Default: discard.
+	Logger logr.Logger
 }
 
 // Cache is an external cache whose shards are the tenures of a sharded
@@ -56,10 +57,10 @@ func New(opts Options) (*Cache, error) {
 	if opts.Readers == nil {
 		return nil, errors.New("shard cache: Readers is required")
 	}
-	if opts.Log.GetSink() == nil {
-		opts.Log = logr.Discard()
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
 	}
-	return &Cache{opts: opts, log: opts.Log}, nil
+	return &Cache{opts: opts, log: opts.Logger}, nil
 }
 
 // Bind creates the external cache for the shards' count, adds it to the
@@ -68,8 +69,8 @@ func New(opts Options) (*Cache, error) {
 func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
 	co := c.opts.Cache
 	co.MaxShards, co.OnUpdate, co.OnFeedHealth = int(shards.Count()), c.changed, c.feedHealthChanged
-	if co.Log.GetSink() == nil {
-		co.Log = c.log
+	if co.Logger.GetSink() == nil {
+		co.Logger = c.log
 	}
 	store, err := externalcache.New(co)
 	if err != nil {

@@ -52,7 +52,7 @@ func newSource(opts Options, cc configCenter, rec *configbinding.Reconciler, log
 		// The mirror keeps the values; the cache holds none of them, and
 		// only guards the mirror's fetches (Cache.Fetch).
 		co := opts.Cache
-		co.Source, co.Feed, co.Log = cc, nil, log.WithName("externalcache")
+		co.Source, co.Feed, co.Logger = cc, nil, log.WithName("externalcache")
 		c, err := externalcache.New(co)
 		if err != nil {
 			return nil, fmt.Errorf("creating the external cache the mirror fetches through: %w", err)
@@ -62,7 +62,7 @@ func newSource(opts Options, cc configCenter, rec *configbinding.Reconciler, log
 		co := opts.Cache
 		co.Source, co.Feed = cc, cc
 		c, err := shardcache.New(shardcache.Options{Cache: co, Keys: configbinding.BoundKeys,
-			Readers: configbinding.KeyBindings, DomainReaders: configbinding.DomainBindings, Log: log.WithName("externalcache")})
+			Readers: configbinding.KeyBindings, DomainReaders: configbinding.DomainBindings, Logger: log.WithName("externalcache")})
 		if err != nil {
 			return nil, fmt.Errorf("creating external cache: %w", err)
 		}

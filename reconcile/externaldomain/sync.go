@@ -69,7 +69,7 @@ func (s *syncer) run(ctx context.Context) {
 	}()
 	fl, err := externalcache.NewFeedLoop(externalcache.FeedLoopOptions{
 		Feed: countedFeed{s.m.opts.Feed}, Domain: s.domain, Retry: s.m.opts.FeedRetry,
-		MaxRetryAfter: s.m.opts.MaxRetryAfter, Health: s.m.opts.FeedHealth, Log: s.log,
+		MaxRetryAfter: s.m.opts.MaxRetryAfter, Health: s.m.opts.FeedHealth, Logger: s.log,
 		// Missing ends a poll only when the loop holds a mirror it may have
 		// to write again (loop.pollContext).
 		PollContext: func(ctx context.Context) (context.Context, context.CancelFunc) {
