@@ -1,6 +1,7 @@
 package externalcache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,9 +12,100 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 
 	"github.com/kshard/kshard/internal/backoff"
 )
+
+// guard is the one way to the Source: every call for a key, the cache's fetches and Fetch's
+// alike, goes through the source's Retry-After hold, a single flight per key, the rate limit, a
+// per-call timeout and the circuit breaker, so that no reader of the service gets around what
+// protects it. It also sorts the outcomes (classify) for the retries and the breaker.
+type guard struct {
+	source        Source
+	callTimeout   time.Duration
+	maxRetryAfter time.Duration
+	metrics       *cacheMetrics
+	// ctx is the cache's lifetime: calls run on it rather than a caller's, because a call's
+	// result is shared by every shard waiting for the key; and its end tells our cancellations
+	// (shutdown) from the source timing out.
+	ctx context.Context
+
+	group   singleflight.Group
+	limiter *rate.Limiter
+	breaker *gobreaker.CircuitBreaker[Value]
+	// halfOpens counts the breaker's transitions to half-open, each of which lets
+	// HalfOpenProbes calls through.
+	halfOpens atomic.Int64
+	// hold is the source's Retry-After: no call is made while it lasts, feed polls included.
+	hold hold
+}
+
+func newGuard(ctx context.Context, opts Options, metrics *cacheMetrics, log logr.Logger) *guard {
+	g := &guard{source: opts.Source, callTimeout: opts.CallTimeout, maxRetryAfter: opts.MaxRetryAfter, metrics: metrics, ctx: ctx,
+		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst)}
+	g.breaker = newBreaker(opts.Breaker, ctx, log, &g.halfOpens)
+	return g
+}
+
+// shared is the outcome of one guarded call for key, shared with every other caller asking for
+// the key meanwhile (single flight).
+func (g *guard) shared(key Key) <-chan singleflight.Result {
+	return g.group.DoChan(key.cacheKey(), func() (any, error) { return g.call(key) })
+}
+
+// call makes one protected call: rate limit, timeout, circuit breaker.
+func (g *guard) call(key Key) (Value, error) {
+	if err := g.limiter.Wait(g.ctx); err != nil {
+		return Value{}, fmt.Errorf("waiting for the rate limit: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.callTimeout)
+	defer cancel()
+	v, err := g.breaker.Execute(func() (Value, error) {
+		start := time.Now()
+		v, err := g.source.Fetch(ctx, key)
+		g.metrics.callDuration.Observe(time.Since(start).Seconds())
+		g.metrics.calls.WithLabelValues(callCode(err, g.classify(err))).Inc()
+		return v, err
+	})
+	if g.classify(err) == classCircuitOpen {
+		err = circuitOpen(err)
+	}
+	return v, err
+}
+
+// fetch is Cache.Fetch: one guarded call for a reader that caches nothing, which waits no longer
+// than ctx. A Retry-After it is answered with holds every later call.
+func (g *guard) fetch(ctx context.Context, key Key) (Value, error) {
+	if err := g.hold.err(); err != nil {
+		return Value{}, fmt.Errorf("fetching %s: %w", key, err)
+	}
+	select {
+	case r := <-g.shared(key):
+		if r.Err != nil {
+			if hint := g.retryAfter(r.Err); hint > 0 && g.classify(r.Err) == classRetryable {
+				g.hold.extend(hint)
+			}
+			return Value{}, fmt.Errorf("fetching %s: %w", key, r.Err)
+		}
+		v, _ := r.Val.(Value)
+		// The value is shared with the other callers of the flight.
+		v.Data = bytes.Clone(v.Data)
+		return v, nil
+	case <-ctx.Done():
+		return Value{}, fmt.Errorf("fetching %s: %w", key, ctx.Err())
+	}
+}
+
+// classify sorts an outcome of the source by the cache's lifetime.
+func (g *guard) classify(err error) failureClass { return classify(g.ctx, err) }
+
+// retryAfter is the wait the source asked for with err, capped at MaxRetryAfter (and counted when
+// capped).
+func (g *guard) retryAfter(err error) time.Duration {
+	return retryAfterHint(err, g.maxRetryAfter, g.metrics.retryAfterCapped)
+}
 
 // failureClass is what a fetch outcome means for caching, retrying and the circuit breaker.
 type failureClass int
@@ -112,7 +204,7 @@ func retryDelay(d *backoff.Delays, err error, most time.Duration) time.Duration 
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
 // service answered), retryable ones as failures, and the cache's own shutdown as neither.
-func newBreaker(o BreakerOptions, stopping func() context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
+func newBreaker(o BreakerOptions, stopping context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
 	return gobreaker.NewCircuitBreaker[Value](gobreaker.Settings{
 		Name:        "externalcache",
 		MaxRequests: o.HalfOpenProbes,
@@ -120,13 +212,13 @@ func newBreaker(o BreakerOptions, stopping func() context.Context, log logr.Logg
 		Timeout:     o.Timeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.ConsecutiveFailures },
 		IsSuccessful: func(err error) bool {
-			switch classify(stopping(), err) {
+			switch classify(stopping, err) {
 			case classOK, classNotFound, classPermanent:
 				return true
 			}
 			return false
 		},
-		IsExcluded: func(err error) bool { return classify(stopping(), err) == classCanceled },
+		IsExcluded: func(err error) bool { return classify(stopping, err) == classCanceled },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateHalfOpen {
 				halfOpens.Add(1)
