@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
@@ -43,8 +43,13 @@ type Options struct {
 type Cache struct {
 	opts Options
 	log  logr.Logger
+	// binding is set by Bind; every read loads it without a lock, as a
+	// reconcile reads a value per key.
+	binding atomic.Pointer[binding]
+}
 
-	mu     sync.Mutex
+// binding is what Bind connects: the external cache and the shards.
+type binding struct {
 	store  *externalcache.Cache
 	shards sharding.Shards
 }
@@ -76,9 +81,7 @@ func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
 	if err != nil {
 		return fmt.Errorf("shard cache: %w", err)
 	}
-	c.mu.Lock()
-	c.store, c.shards = store, shards
-	c.mu.Unlock()
+	c.binding.Store(&binding{store: store, shards: shards})
 	if err := mgr.Add(store); err != nil {
 		return fmt.Errorf("shard cache: %w", err)
 	}
@@ -87,16 +90,10 @@ func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
 
 // bound returns the store and the shards, once Bind ran.
 func (c *Cache) bound() (*externalcache.Cache, sharding.Shards) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.store, c.shards
-}
-
-// Store is the external cache, for what reads it beyond Get (an admission
-// check asking whether a key exists); nil before Bind.
-func (c *Cache) Store() *externalcache.Cache {
-	store, _ := c.bound()
-	return store
+	if b := c.binding.Load(); b != nil {
+		return b.store, b.shards
+	}
+	return nil, nil
 }
 
 // Get returns a key's value for a shard's reconcile without blocking: fresh,
@@ -108,6 +105,37 @@ func (c *Cache) Get(shard int32, key externalcache.Key) externalcache.Lookup {
 		return externalcache.Lookup{State: externalcache.StatePending, Err: errors.New("shard cache not bound")}
 	}
 	return store.Get(shard, key)
+}
+
+// KeyExists answers from the change feeds alone whether a key exists
+// (externalcache.Cache.KeyExists), for an admission check that must not
+// call the service on the request path. Unknown before Bind.
+func (c *Cache) KeyExists(key externalcache.Key) (exists, known bool) {
+	store, _ := c.bound()
+	if store == nil {
+		return false, false
+	}
+	return store.KeyExists(key)
+}
+
+// Domains lists the domains a held shard's objects have read: what the
+// cache keeps a change feed and entries for (externalcache.Cache.Domains).
+// None before Bind.
+func (c *Cache) Domains(shard int32) []string {
+	store, _ := c.bound()
+	if store == nil {
+		return nil
+	}
+	return store.Domains(shard)
+}
+
+// ReleaseDomain drops what the cache keeps for a domain of a shard, once
+// the shard's last object that reads it is gone, so that the feeds and
+// entries follow the domains in use (externalcache.Cache.ReleaseDomain).
+func (c *Cache) ReleaseDomain(shard int32, domain string) {
+	if store, _ := c.bound(); store != nil {
+		store.ReleaseDomain(shard, domain)
+	}
 }
 
 // OnAcquire is the runtime's hook (sharding.Options.OnAcquire): the shard

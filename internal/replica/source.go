@@ -83,7 +83,7 @@ func (s *cacheSource) bind(mgr manager.Manager, shards sharding.Shards) error {
 }
 
 func (s *cacheSource) values() configbinding.Values {
-	return configbinding.CachedValues{Cache: s.cache.Store()}
+	return configbinding.CachedValues{Cache: s.cache}
 }
 
 // initialList drops a Ready binding's first event while its keys are on
@@ -93,11 +93,11 @@ func (s *cacheSource) initialList(shardOf func(client.Object) (int32, bool)) pre
 }
 
 func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
-	return configbinding.CacheKnowledge{Cache: s.cache.Store()}
+	return configbinding.CacheKnowledge{Cache: s.cache}
 }
 
 func (s *cacheSource) domains() configbinding.Domains {
-	return configbinding.CachedDomains{Cache: s.cache.Store()}
+	return configbinding.CachedDomains{Cache: s.cache}
 }
 
 func (s *cacheSource) acquired(ctx context.Context, shard int32) { s.cache.OnAcquire(ctx, shard) }
