@@ -129,11 +129,11 @@ type BreakerOptions struct {
 	Interval time.Duration
 }
 
-// RetryOptions configures retries. A fetch is retried with exponential backoff and full jitter,
-// never earlier than the source's Retry-After, at most MaxAttempts times and within MaxElapsed;
-// workers are not held while waiting. After that the key is failed (waiters released, OnUpdate
-// fired) and retried again after FailureRetryInterval, so values come back by themselves when the
-// source recovers.
+// RetryOptions configures retries. A fetch is retried with exponential backoff, each wait
+// jittered down to no less than half of it, never earlier than the source's Retry-After, at most
+// MaxAttempts times and within MaxElapsed; workers are not held while waiting. After that the key
+// is failed (waiters released, OnUpdate fired) and retried again after FailureRetryInterval, so
+// values come back by themselves when the source recovers.
 type RetryOptions struct {
 	// MaxAttempts per round of fetching. Default 4.
 	MaxAttempts int
