@@ -832,9 +832,12 @@ func TestRetryAfterHoldsFeedPolls(t *testing.T) {
 	h.wait(0, watched)
 	eventually(t, "the feed waits on the server", func() bool { return h.srv.WaitingPolls() == 1 })
 
-	// One request every ten seconds; another client takes the token first, so the cache's next
-	// fetch is answered 429 with a Retry-After.
-	h.setFaults(configcenter.Faults{RateLimit: 0.1, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
+	// One request every hundred seconds; another client takes the token first, so the cache's
+	// next fetch is answered 429 with a Retry-After, and so is the feed's next poll, at once. (At
+	// one every ten seconds, a loaded run's fetch retries held the feed long enough for its poll
+	// to find a token again: the server held that poll open, and recorded it only when its long
+	// poll ended, after the wait below.)
+	h.setFaults(configcenter.Faults{RateLimit: 0.01, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
 	if _, err := newClient(t, h.srv.URL(), "other").Get(context.Background(), throttled.Domain, throttled.Name); err != nil {
 		t.Fatalf("taking the token: %v", err)
 	}
