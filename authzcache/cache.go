@@ -10,7 +10,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/time/rate"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // Question asks whether a namespace may read a domain.
@@ -92,17 +94,35 @@ type Options struct {
 	// 5.
 	RateLimit rate.Limit
 	RateBurst int
-	// ConsecutiveFailures opens the circuit breaker; BreakerTimeout is how
-	// long it stays open. Defaults 5 and 10s.
+	// Breaker configures the circuit breaker that stops asking a failing
+	// authorization system.
+	Breaker BreakerOptions
+	// Retry configures the backoff of a failed Check and of a failed
+	// Watcher.
+	Retry RetryOptions
+	// Logger receives the cache's logs. Default: discard.
+	Logger logr.Logger
+	// Clock is the clock of TTL. Default: the system clock.
+	Clock clock.PassiveClock
+}
+
+// BreakerOptions configures the circuit breaker, as externalcache's does.
+type BreakerOptions struct {
+	// ConsecutiveFailures opens the breaker. Default 5.
 	ConsecutiveFailures uint32
-	BreakerTimeout      time.Duration
-	// RetryBaseDelay and RetryMaxDelay bound the backoff of a failed Check
-	// and of a failed Watcher. Defaults 100ms and 30s.
-	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Log receives the cache's logs. Default: discard.
-	Log logr.Logger
-	// Now is the clock of TTL. Default time.Now.
-	Now func() time.Time
+	// Timeout is how long the breaker stays open before letting a probe
+	// through. Default 10s.
+	Timeout time.Duration
+}
+
+// RetryOptions configures the backoff after a failed Check or Watcher:
+// from BaseDelay, doubling up to MaxDelay, each wait up to 20% longer, so
+// that replicas that failed together do not retry together.
+type RetryOptions struct {
+	// BaseDelay is the first wait. Default 100ms.
+	BaseDelay time.Duration
+	// MaxDelay caps the wait, before its jitter. Default 30s.
+	MaxDelay time.Duration
 }
 
 func (o *Options) setDefaults() error {
@@ -121,23 +141,26 @@ func (o *Options) setDefaults() error {
 	if o.RateBurst <= 0 {
 		o.RateBurst = 5
 	}
-	if o.ConsecutiveFailures == 0 {
-		o.ConsecutiveFailures = 5
+	if o.Breaker.ConsecutiveFailures == 0 {
+		o.Breaker.ConsecutiveFailures = 5
 	}
-	if o.BreakerTimeout <= 0 {
-		o.BreakerTimeout = 10 * time.Second
+	if o.Breaker.Timeout <= 0 {
+		o.Breaker.Timeout = 10 * time.Second
 	}
-	if o.RetryBaseDelay <= 0 {
-		o.RetryBaseDelay = 100 * time.Millisecond
+	if o.Retry.BaseDelay <= 0 {
+		o.Retry.BaseDelay = 100 * time.Millisecond
 	}
-	if o.RetryMaxDelay <= 0 {
-		o.RetryMaxDelay = 30 * time.Second
+	if o.Retry.MaxDelay <= 0 {
+		o.Retry.MaxDelay = 30 * time.Second
 	}
 	if o.OnChange == nil {
 		o.OnChange = func(Question) {}
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	return nil
 }
@@ -147,7 +170,7 @@ type entry struct {
 	d       Decision
 	known   bool      // d is an answer
 	stale   bool      // checked again is queued
-	checked time.Time // when d was asked for, by Options.Now
+	checked time.Time // when d was asked for, by Options.Clock
 }
 
 // Cache keeps decisions; Decide never blocks. Run it with Start.
@@ -190,12 +213,12 @@ func New(opts Options) (*Cache, error) {
 	}
 	c.breaker = gobreaker.NewCircuitBreaker[[]Decision](gobreaker.Settings{
 		Name:    "authorization",
-		Timeout: opts.BreakerTimeout,
+		Timeout: opts.Breaker.Timeout,
 		ReadyToTrip: func(counts gobreaker.Counts) bool {
-			return counts.ConsecutiveFailures >= opts.ConsecutiveFailures
+			return counts.ConsecutiveFailures >= opts.Breaker.ConsecutiveFailures
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			opts.Log.Info("Authorization circuit breaker changed state", "from", from.String(), "to", to.String())
+			opts.Logger.Info("Authorization circuit breaker changed state", "from", from.String(), "to", to.String())
 		},
 	})
 	return c, nil
@@ -219,7 +242,7 @@ func (c *Cache) Decide(q Question) (Decision, State) {
 	if !e.known {
 		return Decision{}, Unknown
 	}
-	if !e.stale && c.opts.Now().Sub(e.checked) > c.opts.TTL {
+	if !e.stale && c.opts.Clock.Now().Sub(e.checked) > c.opts.TTL {
 		e.stale = true
 		c.enqueueLocked(q)
 	}
@@ -308,19 +331,19 @@ func (c *Cache) Start(ctx context.Context) error {
 // in-memory SpiceDB restarted): every decision goes stale and is checked
 // again fully consistently, and the Watcher starts again from now.
 func (c *Cache) follow(ctx context.Context) {
-	backoff := c.backoff()
+	delays := c.retryPolicy().Delays()
 	from := ""
 	for ctx.Err() == nil {
 		err := c.opts.Watcher.Watch(ctx, from, func(revision string) {
-			backoff = c.backoff()
+			delays.Reset()
 			from = revision
 			c.invalidate(revision)
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		d := backoff.Step()
-		c.opts.Log.Info("Following the authorization system's changes failed; every decision is checked again", "error", fmt.Sprint(err), "retryIn", d)
+		d := delays.Next()
+		c.opts.Logger.Info("Following the authorization system's changes failed; every decision is checked again", "error", fmt.Sprint(err), "retryIn", d)
 		from = ""
 		c.invalidate("")
 		if !sleep(ctx, d) {
@@ -331,7 +354,7 @@ func (c *Cache) follow(ctx context.Context) {
 
 // checkLoop asks the queued questions in batches.
 func (c *Cache) checkLoop(ctx context.Context) {
-	backoff := c.backoff()
+	delays := c.retryPolicy().Delays()
 	for {
 		batch, atLeast := c.take()
 		if len(batch) == 0 {
@@ -345,7 +368,7 @@ func (c *Cache) checkLoop(ctx context.Context) {
 		if err := c.limiter.Wait(ctx); err != nil {
 			return
 		}
-		asked := c.opts.Now()
+		asked := c.opts.Clock.Now()
 		ds, err := c.breaker.Execute(func() ([]Decision, error) {
 			ds, err := c.opts.Checker.Check(ctx, batch, atLeast)
 			if err == nil && len(ds) != len(batch) {
@@ -361,15 +384,15 @@ func (c *Cache) checkLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			d := backoff.Step()
-			c.opts.Log.Info("Checking authorization failed", "questions", len(batch), "error", err.Error(), "retryIn", d)
+			d := delays.Next()
+			c.opts.Logger.Info("Checking authorization failed", "questions", len(batch), "error", err.Error(), "retryIn", d)
 			c.requeue(batch)
 			if !sleep(ctx, d) {
 				return
 			}
 			continue
 		}
-		backoff = c.backoff()
+		delays.Reset()
 		for _, q := range c.store(batch, ds, asked, atLeast) {
 			c.opts.OnChange(q)
 		}
@@ -430,8 +453,9 @@ func (c *Cache) store(qs []Question, ds []Decision, asked time.Time, atLeast str
 	return changed
 }
 
-func (c *Cache) backoff() wait.Backoff {
-	return wait.Backoff{Duration: c.opts.RetryBaseDelay, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: c.opts.RetryMaxDelay}
+// retryPolicy spaces the tries of a failed Check or Watcher (RetryOptions).
+func (c *Cache) retryPolicy() backoff.Policy {
+	return backoff.Policy{Initial: c.opts.Retry.BaseDelay, Max: c.opts.Retry.MaxDelay, Jitter: 0.2}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

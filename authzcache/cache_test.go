@@ -77,7 +77,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 func start(t *testing.T, g *grants, changed chan Question) *Cache {
 	t.Helper()
-	c, err := New(Options{Checker: g, Watcher: g, OnChange: func(q Question) { changed <- q }, RetryBaseDelay: time.Millisecond})
+	c, err := New(Options{Checker: g, Watcher: g, OnChange: func(q Question) { changed <- q }, Retry: RetryOptions{BaseDelay: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

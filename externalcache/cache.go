@@ -3,21 +3,13 @@ package externalcache
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/allegro/bigcache/v3"
 	"github.com/go-logr/logr"
-	"github.com/sony/gobreaker/v2"
-	"golang.org/x/sync/singleflight"
-	"golang.org/x/time/rate"
 )
 
 // State says how a Lookup may be used.
@@ -58,7 +50,7 @@ type Lookup struct {
 	Value []byte
 	// Revision is the source's revision of the value.
 	Revision int64
-	// FetchedAt is when the value (or the not-found answer) was fetched, by Options.Now.
+	// FetchedAt is when the value (or the not-found answer) was fetched, by Options.Clock.
 	FetchedAt time.Time
 	State     State
 	// Err is the last fetch error for the key, so a caller can report the service unavailable
@@ -73,58 +65,35 @@ type Lookup struct {
 // Cache is a sharded, off-heap cache of an external service's keys with asynchronous,
 // protected fetching. Create it with New and run it with Start; Get, Wait, Warm and DropShard are
 // safe for concurrent use.
+//
+// It composes four parts, each with its own state and lock: the store (the values, off the Go
+// heap), the fetcher (the flights of keys being fetched, their queue and workers), the guard
+// (every call to the Source), and the feeds (one change-feed loop per domain in use, and the
+// verdicts on their health); the notifier tells the controller what changed. The Cache itself
+// keeps the held shards and answers reads by asking the parts in turn.
+//
+// Its life: New returns it serving reads from the store and queueing fetches; Start runs the
+// workers, the notifier, the sweeper and the feeds until its context ends; then every waiter is
+// released with ErrStopped, and no fetch is queued again. It starts once.
 type Cache struct {
-	opts Options
-	log  logr.Logger
-	// bc holds the entries of every held shard, each key prefixed with its shard's tenure, so
-	// that the shards held share MaxBytes however many they are.
-	bc *bigcache.BigCache
-	// tenures numbers the shards' tenures: AddShard takes the next.
-	tenures atomic.Uint64
-	// evictions remembers the entries evicted for room while servable, so that their refill is
-	// told from a change and their Lookups say why they are missing.
-	evictions evictions
-	// metrics are the metrics of the caches of this cache's prefix.
+	opts    Options
+	log     logr.Logger
 	metrics *cacheMetrics
-	// sweep asks the sweeper to delete the entries of dropped tenures.
-	sweep  chan struct{}
-	deadMu sync.Mutex
-	dead   map[string]struct{} // tenure prefixes whose entries are to be deleted
 
 	// ctx is the cache's lifetime: cancelled when Start's context is done.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started atomic.Bool
 
 	shardsMu sync.Mutex
 	shards   atomic.Pointer[map[int32]*shard]
 
-	// mu guards the fetch state: flights, the ready queue and waiting for queue room.
-	mu      sync.Mutex
-	flights map[flightKey]*flight
-	ready   []*flight
-	space   chan struct{}
-	wake    chan struct{}
-
-	feedsMu   sync.Mutex
-	feeds     map[string]*subscription
-	running   bool
-	feedLoops atomic.Int32
-	// troubled holds the domains whose feed is unhealthy, replaced whole under feedsMu, so that
-	// Get reads it without a lock.
-	troubled atomic.Pointer[map[string]feedTrouble]
-	// ttl refreshes keys of troubled domains on their soft TTL. Guarded by mu.
-	ttl map[flightKey]*ttlTimer
-
-	group   singleflight.Group
-	limiter *rate.Limiter
-	breaker *gobreaker.CircuitBreaker[Value]
-	// halfOpens counts the breaker's transitions to half-open, each of which lets
-	// HalfOpenProbes calls through.
-	halfOpens atomic.Int64
-	hold      hold
-	notifier  *notifier
-	started   atomic.Bool
+	store    *store
+	guard    *guard
+	fetcher  *fetcher
+	feeds    *feeds
+	notifier *notifier
 }
 
 // New validates the options, applies defaults and returns a Cache that serves Get at once and
@@ -134,30 +103,19 @@ func New(opts Options) (*Cache, error) {
 	if err := opts.validate(); err != nil {
 		return nil, fmt.Errorf("configuring the external cache: %w", err)
 	}
-	c := &Cache{
-		opts:    opts,
-		log:     opts.Log,
-		flights: map[flightKey]*flight{},
-		ttl:     map[flightKey]*ttlTimer{},
-		wake:    make(chan struct{}, opts.Workers),
-		feeds:   map[string]*subscription{},
-		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst),
-		sweep:   make(chan struct{}, 1),
-		dead:    map[string]struct{}{},
-	}
-	c.metrics = metricsFor(opts.MetricsPrefix)
-	c.evictions.init(opts.Now, c.metrics.evictions)
+	c := &Cache{opts: opts, log: opts.Logger, metrics: metricsFor(opts.MetricsPrefix)}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	bc, err := bigcache.New(c.ctx, opts.bigcacheConfig(c.evictions.record))
+	st, err := newStore(c.ctx, opts, c.metrics.evictions, c.log)
 	if err != nil {
 		c.cancel()
-		return nil, fmt.Errorf("creating the external cache's store: %w", err)
+		return nil, err
 	}
-	c.bc = bc
-	c.breaker = newBreaker(opts.Breaker, func() context.Context { return c.ctx }, c.log, &c.halfOpens)
+	c.store = st
+	c.guard = newGuard(c.ctx, opts, c.metrics, c.log)
 	c.notifier = newNotifier(opts.OnUpdate, opts.OnFeedHealth, opts.NotifyQueueSize, c.log, c.metrics.notificationsDropped)
+	c.feeds = newFeeds(c.ctx, opts, &c.guard.hold, c.metrics.retryAfterCapped, c.log, c.applyChange, c.feedJudged)
+	c.fetcher = newFetcher(c.ctx, opts, c.guard, c.notifier, c.feeds.err, c.metrics, c.log)
 	c.shards.Store(&map[int32]*shard{})
-	c.troubled.Store(&map[string]feedTrouble{})
 	return c, nil
 }
 
@@ -181,30 +139,16 @@ func (c *Cache) Start(ctx context.Context) error {
 	c.log.Info("Starting external cache", "workers", c.opts.Workers, "maxBytes", c.opts.MaxBytes,
 		"maxShards", c.opts.MaxShards, "feed", c.opts.Feed != nil)
 	for range c.opts.Workers {
-		c.wg.Go(c.work)
+		c.wg.Go(c.fetcher.work)
 	}
 	c.wg.Go(func() { c.notifier.run(c.ctx) })
-	c.wg.Go(c.sweeper)
-	c.feedsMu.Lock()
-	c.running = true
-	for domain, sub := range c.feeds {
-		c.startFeedLocked(domain, sub)
-	}
-	c.feedsMu.Unlock()
+	c.wg.Go(func() { c.store.sweeper(c.ctx) })
+	c.feeds.start()
 
 	<-c.ctx.Done()
-	c.feedsMu.Lock()
-	c.running = false
-	c.feedsMu.Unlock()
+	c.feeds.stop()
 	c.wg.Wait()
-	c.mu.Lock()
-	for fk, f := range c.flights {
-		delete(c.flights, fk)
-		c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, ErrStopped)})
-	}
-	c.ready = nil
-	c.disarmLocked(func(flightKey, *ttlTimer) bool { return true })
-	c.mu.Unlock()
+	c.fetcher.stop()
 	c.log.Info("Stopped external cache")
 	return nil
 }
@@ -213,44 +157,44 @@ func (c *Cache) Start(ctx context.Context) error {
 // stale one, with a refresh enqueued; a cached not-found; or Pending, with a fetch enqueued.
 // The controller is told through OnUpdate when a pending key resolves or a value changes.
 func (c *Cache) Get(shard int32, key Key) Lookup {
-	if err := key.validate(); err != nil {
-		c.metrics.miss.Inc()
-		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
-	}
-	sh, err := c.shardFor(shard)
+	sh, err := c.shardForKey(shard, key)
 	if err != nil {
 		c.metrics.miss.Inc()
 		return Lookup{Err: fmt.Errorf("getting %s: %w", key, err)}
 	}
 	ck := key.cacheKey()
-	// An entry of a domain the shard does not use (released, and not yet swept) is not trusted:
-	// the read notes the domain, whose change feed then checks it.
-	if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
-		if l.FeedErr = c.feedErr(key.Domain); l.FeedErr != nil {
-			c.mu.Lock()
-			c.armLocked(sh, key, ck)
-			c.mu.Unlock()
+	if l, ok := sh.fresh(key, ck, c.opts.Clock.Now()); ok {
+		// Served; while its domain's feed is unhealthy, it is refreshed at its soft expiry.
+		if l.FeedErr = c.feeds.err(key.Domain); l.FeedErr != nil {
+			c.fetcher.arm(sh, key, ck)
 		}
 		c.countLookup(l)
 		return l
 	}
-	sh.noteDomain(c, key.Domain)
-	c.mu.Lock()
-	l, _, full := c.admitLocked(sh, key, ck)
-	c.mu.Unlock()
-	l.FeedErr = c.feedErr(key.Domain)
+	c.useDomain(sh, key.Domain)
+	l, full := c.fetcher.admit(sh, key, ck)
+	l.FeedErr = c.feeds.err(key.Domain)
 	if full {
 		c.metrics.queueRejected.Inc()
 		l.Err = fmt.Errorf("fetching %s: %w", key, ErrQueueFull)
 	}
+	// Pending without an error of its own: say why it may take a while.
 	if l.Err == nil && l.State == StatePending {
-		l.Err = c.hold.err()
+		l.Err = c.guard.hold.err()
 	}
 	if l.Err == nil && l.State == StatePending {
-		l.Err = c.evictedErr(sh, key, ck)
+		l.Err = c.store.evictedErr(sh.storeKey(ck), key)
 	}
 	c.countLookup(l)
 	return l
+}
+
+// shardForKey is the held shard that key is read in, once key is valid.
+func (c *Cache) shardForKey(id int32, key Key) (*shard, error) {
+	if err := key.validate(); err != nil {
+		return nil, err
+	}
+	return c.shardFor(id)
 }
 
 func (c *Cache) countLookup(l Lookup) {
@@ -271,21 +215,16 @@ func (c *Cache) countLookup(l Lookup) {
 // waits for the key's fetch on the same path that notifies OnUpdate. A failed fetch returns its
 // error with the Lookup (Stale with the old value, or Pending). A not-found key is not an error.
 func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) {
-	if err := key.validate(); err != nil {
-		return Lookup{Err: err}, fmt.Errorf("waiting for %s: %w", key, err)
-	}
-	sh, err := c.shardFor(shard)
+	sh, err := c.shardForKey(shard, key)
 	if err != nil {
 		return Lookup{Err: err}, fmt.Errorf("waiting for %s: %w", key, err)
 	}
 	ck := key.cacheKey()
-	sh.noteDomain(c, key.Domain)
+	c.useDomain(sh, key.Domain)
 	for {
-		c.mu.Lock()
-		l, f, full := c.admitLocked(sh, key, ck)
-		if full {
-			room := c.roomLocked()
-			c.mu.Unlock()
+		l, res, room := c.fetcher.await(sh, key, ck)
+		switch {
+		case room != nil:
 			select {
 			case <-room:
 				continue
@@ -295,25 +234,20 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 			case <-ctx.Done():
 				return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
 			}
-		}
-		if l.State != StatePending || f == nil || f.state == stateFailed {
-			c.armLocked(sh, key, ck)
-			c.mu.Unlock()
-			l.FeedErr = c.feedErr(key.Domain)
+		case res == nil:
+			l.FeedErr = c.feeds.err(key.Domain)
 			return l, waitErr(l)
 		}
-		r := f.resolution()
-		c.mu.Unlock()
 		select {
-		case <-r.done:
-			if errors.Is(r.lookup.Err, errDomainReleased) {
+		case <-res.done:
+			if errors.Is(res.lookup.Err, errDomainReleased) {
 				// Released under the wait: reading the key uses the domain again.
-				sh.noteDomain(c, key.Domain)
+				c.useDomain(sh, key.Domain)
 				continue
 			}
-			l = r.lookup
+			l = res.lookup
 			l.Value = bytes.Clone(l.Value)
-			l.FeedErr = c.feedErr(key.Domain)
+			l.FeedErr = c.feeds.err(key.Domain)
 			return l, waitErr(l)
 		case <-ctx.Done():
 			return l, fmt.Errorf("waiting for %s: %w", key, ctx.Err())
@@ -348,22 +282,18 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 			continue
 		}
 		ck := key.cacheKey()
-		if l, ok := sh.lookup(ck, c.opts.Now()); ok && (l.State == StateFresh || l.State == StateNotFound) && sh.usesDomain(key.Domain) {
+		if _, ok := sh.fresh(key, ck, c.opts.Clock.Now()); ok {
 			continue
 		}
-		sh.noteDomain(c, key.Domain)
+		c.useDomain(sh, key.Domain)
 		for {
-			c.mu.Lock()
-			l, _, full := c.admitLocked(sh, key, ck)
-			if !full {
-				c.mu.Unlock()
+			l, room := c.fetcher.enqueue(sh, key, ck)
+			if room == nil {
 				if errors.Is(l.Err, ErrShardDropped) || errors.Is(l.Err, ErrStopped) {
 					return fmt.Errorf("warming shard %d: %w", shard, l.Err)
 				}
 				break
 			}
-			room := c.roomLocked()
-			c.mu.Unlock()
 			select {
 			case <-room:
 			case <-sh.ctx.Done():
@@ -376,182 +306,59 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 	return errors.Join(errs...)
 }
 
-// DropShard forgets everything about shard: its entries, its queued and in-flight fetches
-// (waiters get ErrShardDropped, results are discarded) and its share of the change feeds, which
-// stop for domains no other held shard uses. A controller calls it when it releases the shard,
-// after the shard's reconciles have stopped; the shard is held again only by AddShard.
-func (c *Cache) DropShard(shard int32) {
-	c.shardsMu.Lock()
-	held := *c.shards.Load()
-	sh := held[shard]
-	if sh == nil {
-		c.shardsMu.Unlock()
-		return
+// Fetch reads one key from the source now, through the guards of the cache's own fetches: the
+// Retry-After hold, the rate limit, the circuit breaker, and the single flight it shares with
+// the held shards' fetches of the key. It caches nothing. It is for a reader that keeps values
+// elsewhere (the mirror, reconcile/externaldomain), which would otherwise call the source around
+// the guards that protect it. A key that does not exist fails with an error wrapping
+// ErrNotFound; a call the guards stopped, with one wrapping ErrCircuitOpen, or ErrRetryAfterHold
+// with the wait left as its RetryAfterHint.
+func (c *Cache) Fetch(ctx context.Context, key Key) (Value, error) {
+	if err := key.validate(); err != nil {
+		return Value{}, fmt.Errorf("fetching %s: %w", key, err)
 	}
-	next := maps.Clone(held)
-	delete(next, shard)
-	c.shards.Store(&next)
-	c.shardsMu.Unlock()
-
-	// From here on no admission creates a fetch for the shard (admitLocked and refreshLocked
-	// check dropped under c.mu, which the loop below takes after this), so the loop removes
-	// every fetch it will ever have.
-	sh.mu.Lock()
-	sh.dropped.Store(true)
-	sh.mu.Unlock()
-	sh.cancel()
-
-	c.mu.Lock()
-	discarded := 0
-	for fk, f := range c.flights {
-		if f.sh == sh {
-			delete(c.flights, fk)
-			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, ErrShardDropped)})
-			discarded++
-		}
-	}
-	c.ready = slices.DeleteFunc(c.ready, func(f *flight) bool { return f.sh == sh })
-	c.disarmLocked(func(_ flightKey, tt *ttlTimer) bool { return tt.sh == sh })
-	c.roomMadeLocked()
-	c.mu.Unlock()
-
-	var domains []string
-	sh.domains.Range(func(d, _ any) bool {
-		// LoadAndDelete: a ReleaseDomain racing with the drop releases a domain it takes, and
-		// the drop the others, so that each is released once.
-		if _, ok := sh.domains.LoadAndDelete(d); ok {
-			domains = append(domains, d.(string))
-		}
-		return true
-	})
-	for _, d := range domains {
-		c.releaseDomain(d)
-	}
-	// Its entries can no longer be read (a later tenure has another prefix); the sweeper frees
-	// their room in the background, so that dropping stays O(1) on the handover path.
-	c.deadMu.Lock()
-	c.dead[sh.prefix] = struct{}{}
-	c.deadMu.Unlock()
-	select {
-	case c.sweep <- struct{}{}:
-	default:
-	}
-	c.log.Info("Dropped shard from the external cache", "shard", shard, "tenure", sh.tenure,
-		"discardedFetches", discarded, "domains", len(domains))
+	return c.guard.fetch(ctx, key)
 }
 
-// ReleaseDomain forgets domain in shard: the shard no longer uses it, so the domain's change
-// feed stops unless another held shard uses it, the shard's queued and in-flight fetches and TTL
-// refreshes of the domain end (a Wait on one reads the key again), and the sweeper deletes the
-// shard's entries of the domain. A controller calls it when the last object of the shard that
-// reads the domain is gone, so that what the cache keeps per domain (a long poll to the source,
-// above all) follows the domains in use rather than every domain the shard ever read. A later
-// read of the domain in the shard starts afresh: it notes the domain, whose feed lists it again
-// and checks any entry not yet swept. Releasing a domain the shard does not use, or in a shard not
-// held, does nothing.
-func (c *Cache) ReleaseDomain(shard int32, domain string) {
-	sh := (*c.shards.Load())[shard]
-	if sh == nil {
+// KeyExists answers from the change feed alone whether a key exists: known is false unless a
+// feed of the key's domain runs (a held shard uses the domain), has listed the domain and is
+// healthy (an unhealthy feed's list may lack keys or keep deleted ones). It never calls the
+// service, so an admission check can use it on the request path.
+func (c *Cache) KeyExists(key Key) (exists, known bool) { return c.feeds.keyExists(key) }
+
+// FeedDomains lists the domains whose change feed is subscribed, sorted.
+func (c *Cache) FeedDomains() []string { return c.feeds.domains() }
+
+// applyChange applies a change the feed of domain reported to every held shard that uses the
+// domain: it refreshes the key where another revision of it is cached, and tells OnUpdate where
+// nothing servable is. A cached revision higher than the change's is wrong too: the source
+// restarted and lost it (or, rarely, a fetch raced ahead of the feed, and the refresh costs one
+// call).
+func (c *Cache) applyChange(domain string, ch Change) {
+	key := Key{Domain: domain, Name: ch.Name}
+	if key.validate() != nil {
 		return
 	}
-	// Under sh.mu: a noteDomain that stored the domain has subscribed its feed before this takes
-	// it, so subscriptions and releases stay paired.
-	sh.mu.Lock()
-	_, used := sh.domains.LoadAndDelete(domain)
-	sh.mu.Unlock()
-	if !used {
-		return
-	}
-	c.mu.Lock()
-	discarded := 0
-	for fk, f := range c.flights {
-		if f.sh == sh && fk.key.Domain == domain {
-			delete(c.flights, fk)
-			c.releaseLocked(f, Lookup{Err: fmt.Errorf("fetching %s: %w", f.key, errDomainReleased)})
-			discarded++
-		}
-	}
-	if discarded > 0 {
-		c.ready = slices.DeleteFunc(c.ready, func(f *flight) bool { return f.sh == sh && f.key.Domain == domain })
-		c.roomMadeLocked()
-	}
-	c.disarmLocked(func(fk flightKey, tt *ttlTimer) bool { return tt.sh == sh && fk.key.Domain == domain })
-	c.mu.Unlock()
-	c.releaseDomain(domain)
-	c.deadMu.Lock()
-	c.dead[sh.domainPrefix(domain)] = struct{}{}
-	c.deadMu.Unlock()
-	select {
-	case c.sweep <- struct{}{}:
-	default:
-	}
-	c.log.V(1).Info("Released domain in the external cache", "shard", shard, "tenure", sh.tenure, "domain", domain,
-		"discardedFetches", discarded)
-}
-
-// Domains lists the domains shard uses, sorted: those read since the shard was added or since
-// the domain was released. They are what the cache keeps per domain for the shard, and what a
-// controller checks for objects left when one of the shard's objects goes (ReleaseDomain).
-func (c *Cache) Domains(shard int32) []string {
-	sh := (*c.shards.Load())[shard]
-	if sh == nil {
-		return nil
-	}
-	var out []string
-	sh.domains.Range(func(d, _ any) bool {
-		out = append(out, d.(string))
-		return true
-	})
-	slices.Sort(out)
-	return out
-}
-
-// usedDomains counts the distinct domains the held shards use.
-func (c *Cache) usedDomains() int {
-	seen := map[string]struct{}{}
+	ck := key.cacheKey()
+	now := c.opts.Clock.Now()
 	for _, sh := range *c.shards.Load() {
-		sh.domains.Range(func(d, _ any) bool {
-			seen[d.(string)] = struct{}{}
-			return true
-		})
-	}
-	return len(seen)
-}
-
-// sweeper deletes the entries of dropped tenures and released domains, one pass over the store
-// per batch of them.
-func (c *Cache) sweeper() {
-	for {
-		select {
-		case <-c.sweep:
-		case <-c.ctx.Done():
-			return
+		if sh.usesDomain(domain) {
+			c.fetcher.changed(sh, key, ck, ch, now)
 		}
-		c.deadMu.Lock()
-		dead := c.dead
-		c.dead = map[string]struct{}{}
-		c.deadMu.Unlock()
-		if len(dead) == 0 {
-			continue
-		}
-		removed := 0
-		for it := c.bc.Iterator(); it.SetNext() && c.ctx.Err() == nil; {
-			e, err := it.Value()
-			if err != nil {
-				continue
-			}
-			if isDead(dead, e.Key()) && c.bc.Delete(e.Key()) == nil {
-				removed++
-			}
-		}
-		c.evictions.forget(dead)
-		c.log.V(1).Info("Deleted the entries of dropped shards and released domains", "prefixes", len(dead), "entries", removed)
 	}
 }
 
-// Shards lists the held shards, sorted.
-func (c *Cache) Shards() []int32 {
-	return slices.Sorted(maps.Keys(*c.shards.Load()))
+// feedJudged acts on a new verdict on domain's feed: every held shard that uses the domain is
+// told (OnFeedHealth), and a healed feed's fallback refreshes stop.
+func (c *Cache) feedJudged(domain string, healed bool) {
+	if healed {
+		c.fetcher.feedHealed(domain)
+	}
+	for _, sh := range *c.shards.Load() {
+		if sh.usesDomain(domain) {
+			c.notifier.addDomain(sh.id, domain)
+		}
+	}
 }
 
 // Stats is a point-in-time summary of a Cache, for status commands and tests.
@@ -577,156 +384,8 @@ type Stats struct {
 
 // Stats summarises the cache.
 func (c *Cache) Stats() Stats {
-	s := Stats{Breaker: c.breaker.State().String(), FeedLoops: int(c.feedLoops.Load()),
-		Shards: len(*c.shards.Load()), Entries: c.bc.Len(), Bytes: c.bc.Capacity(), UnhealthyFeeds: len(*c.troubled.Load())}
-	c.mu.Lock()
-	s.QueueDepth = len(c.ready)
-	s.Flights = len(c.flights)
-	c.mu.Unlock()
+	s := Stats{Breaker: c.guard.breaker.State().String(), FeedLoops: int(c.feeds.loops.Load()),
+		Shards: len(*c.shards.Load()), Entries: c.store.entries(), Bytes: c.store.bytes(), UnhealthyFeeds: len(*c.feeds.troubled.Load())}
+	s.QueueDepth, s.Flights = c.fetcher.counts()
 	return s
-}
-
-// FeedDomains lists the domains whose change feed is subscribed, sorted.
-func (c *Cache) FeedDomains() []string {
-	c.feedsMu.Lock()
-	defer c.feedsMu.Unlock()
-	return slices.Sorted(maps.Keys(c.feeds))
-}
-
-func (c *Cache) queueDepth() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.ready)
-}
-
-// shard is one tenure of a held kshard shard: its entries in the cache's store (under its own
-// prefix, so that a later tenure never reads them), its context, and the domains it has asked
-// for, which keep their change feeds alive.
-type shard struct {
-	id     int32
-	tenure uint64
-	// prefix is the tenure, 8 bytes big endian, before every key of the shard in the store.
-	prefix string
-	bc     *bigcache.BigCache
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	// mu orders noteDomain against DropShard's reading of domains and ReleaseDomain.
-	mu sync.RWMutex
-	// dropped is set by DropShard before it removes the shard's fetches; read under Cache.mu
-	// it means no fetch may be created for the shard any more.
-	dropped atomic.Bool
-	domains sync.Map // string → struct{}
-}
-
-// AddShard makes the cache hold shard id: a new tenure (its entries' key prefix in the shared
-// store), its fetches and its share of the change feeds. A controller calls it when it starts a
-// shard, before the shard's first Get, and DropShard when the shard ends; adding a held shard
-// again does nothing. Get, Wait and Warm for a shard not added report ErrShardNotHeld, so a
-// warm-up racing a release never brings a dropped shard back (with feed loops nobody would
-// stop).
-func (c *Cache) AddShard(id int32) error {
-	if id < 0 {
-		return fmt.Errorf("adding shard %d: shard is negative", id)
-	}
-	c.shardsMu.Lock()
-	defer c.shardsMu.Unlock()
-	held := *c.shards.Load()
-	if held[id] != nil {
-		return nil
-	}
-	if len(held) >= c.opts.MaxShards {
-		return fmt.Errorf("adding shard %d: %w: %d are held, MaxShards is %d", id, ErrTooManyShards, len(held), c.opts.MaxShards)
-	}
-	tenure := c.tenures.Add(1)
-	sh := &shard{id: id, tenure: tenure, prefix: string(binary.BigEndian.AppendUint64(nil, tenure)), bc: c.bc}
-	sh.ctx, sh.cancel = context.WithCancel(c.ctx)
-	next := maps.Clone(held)
-	next[id] = sh
-	c.shards.Store(&next)
-	c.log.V(1).Info("Holding shard in the external cache", "shard", id, "tenure", tenure)
-	return nil
-}
-
-// shardFor returns a held shard.
-func (c *Cache) shardFor(id int32) (*shard, error) {
-	if sh := (*c.shards.Load())[id]; sh != nil {
-		return sh, nil
-	}
-	return nil, fmt.Errorf("shard %d: %w", id, ErrShardNotHeld)
-}
-
-// tenurePrefixLen is the length of a shard's prefix in the store's keys.
-const tenurePrefixLen = 8
-
-// domainPrefix is the prefix of the store keys of domain in the shard's tenure.
-func (s *shard) domainPrefix(domain string) string { return s.prefix + domain + "\x00" }
-
-// isDead reports whether a store key is of a dropped tenure or of a released domain of a tenure:
-// dead holds tenure prefixes and domain prefixes (domainPrefix).
-func isDead(dead map[string]struct{}, storeKey string) bool {
-	if len(storeKey) < tenurePrefixLen {
-		return false
-	}
-	if _, ok := dead[storeKey[:tenurePrefixLen]]; ok {
-		return true
-	}
-	i := strings.IndexByte(storeKey[tenurePrefixLen:], 0)
-	if i < 0 {
-		return false
-	}
-	_, ok := dead[storeKey[:tenurePrefixLen+i+1]]
-	return ok
-}
-
-// storeKey is the key of ck in the store.
-func (s *shard) storeKey(ck string) string { return s.prefix + ck }
-
-func (s *shard) set(ck string, b []byte) error { return s.bc.Set(s.storeKey(ck), b) }
-
-func (s *shard) delete(ck string) { _ = s.bc.Delete(s.storeKey(ck)) }
-
-func (s *shard) envelope(ck string) (envelope, bool) {
-	b, err := s.bc.Get(s.storeKey(ck))
-	if err != nil {
-		return envelope{}, false
-	}
-	e, err := decodeEnvelope(b)
-	if err != nil {
-		return envelope{}, false
-	}
-	return e, true
-}
-
-func (s *shard) lookup(ck string, now time.Time) (Lookup, bool) {
-	e, ok := s.envelope(ck)
-	if !ok {
-		return Lookup{}, false
-	}
-	return e.lookup(now)
-}
-
-// noteDomain records that the shard uses domain, subscribing the domain's change feed the first
-// time.
-func (s *shard) noteDomain(c *Cache, domain string) {
-	if _, ok := s.domains.Load(domain); ok {
-		return
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.dropped.Load() {
-		return
-	}
-	if _, loaded := s.domains.LoadOrStore(domain, struct{}{}); !loaded {
-		// Used again after a release: a sweep not yet begun must not delete its new entries.
-		c.deadMu.Lock()
-		delete(c.dead, s.domainPrefix(domain))
-		c.deadMu.Unlock()
-		c.acquireDomain(domain)
-	}
-}
-
-func (s *shard) usesDomain(domain string) bool {
-	_, ok := s.domains.Load(domain)
-	return ok
 }

@@ -54,7 +54,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	opts := externalcache.Options{
 		Source:   src,
 		OnUpdate: h.updates.record,
-		Log:      testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
+		Logger:   testr.NewWithOptions(t, testr.Options{Verbosity: 1}),
 		// Defaults sized for a controller are too big for many test processes.
 		MaxBytes:       16 << 20,
 		MaxShards:      4,
@@ -67,7 +67,7 @@ func newHarness(t *testing.T, s setup) *harness {
 	if s.fakeClock {
 		h.clock = &fakeClock{}
 		h.clock.now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-		opts.Now = h.clock.Now
+		opts.Clock = h.clock
 	}
 	if s.opts != nil {
 		s.opts(&opts)
@@ -162,8 +162,9 @@ func eventuallyWithin(t *testing.T, within time.Duration, what string, cond func
 
 type fakeClock struct{ now atomic.Int64 }
 
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.now.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
+func (c *fakeClock) Now() time.Time                  { return time.Unix(0, c.now.Load()) }
+func (c *fakeClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+func (c *fakeClock) Advance(d time.Duration)         { c.now.Add(int64(d)) }
 
 type updateLog struct {
 	mu     sync.Mutex
@@ -831,9 +832,12 @@ func TestRetryAfterHoldsFeedPolls(t *testing.T) {
 	h.wait(0, watched)
 	eventually(t, "the feed waits on the server", func() bool { return h.srv.WaitingPolls() == 1 })
 
-	// One request every ten seconds; another client takes the token first, so the cache's next
-	// fetch is answered 429 with a Retry-After.
-	h.setFaults(configcenter.Faults{RateLimit: 0.1, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
+	// One request every hundred seconds; another client takes the token first, so the cache's
+	// next fetch is answered 429 with a Retry-After, and so is the feed's next poll, at once. (At
+	// one every ten seconds, a loaded run's fetch retries held the feed long enough for its poll
+	// to find a token again: the server held that poll open, and recorded it only when its long
+	// poll ended, after the wait below.)
+	h.setFaults(configcenter.Faults{RateLimit: 0.01, RateBurst: 1, RetryAfter: configcenter.Duration{Duration: retryAfter}})
 	if _, err := newClient(t, h.srv.URL(), "other").Get(context.Background(), throttled.Domain, throttled.Name); err != nil {
 		t.Fatalf("taking the token: %v", err)
 	}

@@ -16,8 +16,8 @@
 //
 // Calls to the source go through, in order: dedupe at enqueue (a key already queued or in flight
 // is not queued again), single flight per key, a rate limit, a per-call timeout, a circuit
-// breaker, and bounded retries with exponential backoff (k8s.io/apimachinery's wait.Backoff,
-// jittered) that honour the source's Retry-After. Fetch offers the same guards to a reader that
+// breaker, and bounded retries with exponential backoff (jittered) that honour the source's
+// Retry-After. Fetch offers the same guards to a reader that
 // keeps values elsewhere. A cache is partitioned by kshard shard, so releasing a shard drops
 // exactly its entries, pending fetches and change-feed subscriptions.
 //

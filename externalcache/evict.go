@@ -1,7 +1,6 @@
 package externalcache
 
 import (
-	"fmt"
 	"github.com/prometheus/client_golang/prometheus"
 	"sync"
 	"time"
@@ -85,16 +84,4 @@ func (e *evictions) forget(dead map[string]struct{}) {
 			delete(e.byKey, k)
 		}
 	}
-}
-
-// evictedErr says why a pending key of sh has no value when the store evicted it for room: the
-// values the replica reads do not fit in MaxBytes together. Nil when it was not evicted.
-func (c *Cache) evictedErr(sh *shard, key Key, ck string) error {
-	ev, ok := c.evictions.peek(sh.storeKey(ck))
-	if !ok {
-		return nil
-	}
-	return fmt.Errorf("%w: the value of %s (%d bytes with its key) did not fit beside the others in its part of the cache "+
-		"(MaxBytes %d over %d internal shards of %d bytes); it is being fetched again",
-		ErrEvicted, key, ev.bytes, c.opts.MaxBytes, c.opts.InternalShards, c.opts.internalShardBytes())
 }

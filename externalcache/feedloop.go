@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // FeedLoop follows one domain's change feed for one consumer: the cache follows with one each
@@ -44,8 +43,8 @@ type FeedLoopOptions struct {
 	// write again a mirror found deleted). A poll ended so is neither answered nor failed: the
 	// loop tells Polled and polls again at once. Default: the loop's context.
 	PollContext func(ctx context.Context) (context.Context, context.CancelFunc)
-	// Log receives the loop's logs. Default: discard.
-	Log logr.Logger
+	// Logger receives the loop's logs. Default: discard.
+	Logger logr.Logger
 
 	// hold is the cache's Retry-After hold, set on the cache's own loops: no poll is made while
 	// it lasts, and a poll's Retry-After extends it, so that the source's "wait" stops fetches
@@ -112,8 +111,8 @@ func NewFeedLoop(opts FeedLoopOptions) (*FeedLoop, error) {
 	}
 	opts.Retry.setDefaults()
 	setDefault(&opts.MaxRetryAfter, time.Minute)
-	if opts.Log.GetSink() == nil {
-		opts.Log = logr.Discard()
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
 	}
 	if opts.capped == nil {
 		opts.capped = metricsFor(DefaultMetricsPrefix).retryAfterCapped
@@ -139,8 +138,9 @@ func (l *FeedLoop) Resume(since int64, epoch string) {
 // without changes by Retry.MinInterval, so that a source that answers long polls at once cannot
 // make it spin.
 func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
-	log := l.opts.Log
-	failed, flapped := l.backoff(), l.backoff()
+	log := l.opts.Logger
+	policy := retryPolicy(l.opts.Retry.BaseDelay, l.opts.Retry.MaxDelay)
+	failed, flapped := policy.Delays(), policy.Delays()
 	failures, flaps := 0, 0
 	for ctx.Err() == nil {
 		// The source's Retry-After holds every call, polls included, whoever was told.
@@ -183,7 +183,7 @@ func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 			// Listing the domain at once would list it at every poll while the histories
 			// alternate.
 			flaps++
-			d = flapped.Step()
+			d = flapped.Next()
 			log.V(1).Info("Change feed source's history flaps; listing the domain again after a backoff",
 				"epoch", l.epoch, "flaps", flaps, "retryIn", d)
 		default:
@@ -191,7 +191,8 @@ func (l *FeedLoop) Run(ctx context.Context, c FeedConsumer) {
 				log.Info("Change feed recovered", "failures", failures)
 			}
 			failures, flaps = 0, 0
-			failed, flapped = l.backoff(), l.backoff()
+			failed.Reset()
+			flapped.Reset()
 			if changes == 0 {
 				d = l.opts.Retry.MinInterval - time.Since(start)
 			}
@@ -223,7 +224,7 @@ func (l *FeedLoop) poll(ctx context.Context, c FeedConsumer) (p FeedPoll, change
 	case lostHistory(l.since, l.epoch, cs):
 		p.Flapped = l.health.historyLost(l.epoch, cs.Epoch)
 		if !p.Flapped {
-			l.opts.Log.Info("Change feed source lost its history (restarted?); listing the domain again",
+			l.opts.Logger.Info("Change feed source lost its history (restarted?); listing the domain again",
 				"hadRevision", l.since, "revision", cs.Revision, "hadEpoch", l.epoch, "epoch", cs.Epoch)
 		}
 		l.since, l.epoch = 0, cs.Epoch
@@ -250,11 +251,6 @@ func (l *FeedLoop) poll(ctx context.Context, c FeedConsumer) (p FeedPoll, change
 // names one.
 func lostHistory(since int64, epoch string, cs ChangeSet) bool {
 	return cs.Revision < since || cs.Epoch != epoch && (epoch != "" || since > 0)
-}
-
-// backoff is a fresh backoff for failures or flaps in a row.
-func (l *FeedLoop) backoff() wait.Backoff {
-	return retryBackoff(l.opts.Retry.BaseDelay, l.opts.Retry.MaxDelay)
 }
 
 // holding is how long the cache's Retry-After hold lasts still, if the loop is the cache's.

@@ -46,7 +46,7 @@ func TestShardLifecycleKeysResolve(t *testing.T) {
 		steps  = 250 // operations per round: 5,000 in all
 	)
 	h := newHarness(t, setup{feed: true, opts: func(o *externalcache.Options) {
-		o.Log = logr.Discard() // hundreds of drops; a failure names the seed to replay
+		o.Logger = logr.Discard() // hundreds of drops; a failure names the seed to replay
 		o.MaxShards = shards
 		o.Workers, o.QueueSize = 2, 3
 		o.RateLimit = 10000

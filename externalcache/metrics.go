@@ -83,15 +83,15 @@ func metricsFor(prefix string) *cacheMetrics {
 	})
 	metrics.Registry.MustRegister(requests, m.calls, m.callDuration, m.notificationsDropped, m.queueRejected, m.retryAfterCapped, m.evictions, m.fallbackRefreshes,
 		m.gauge(prefix+"_externalcache_retry_after_hold_seconds", "How long no call is made to the source yet, because it answered with a Retry-After (capped at MaxRetryAfter).",
-			nil, func(c *Cache) float64 { return max(0, c.hold.remaining().Seconds()) }, maxOf),
+			nil, func(c *Cache) float64 { return max(0, c.guard.hold.remaining().Seconds()) }, maxOf),
 		m.gauge(prefix+"_externalcache_entries", "Entries held by the cache, all shards.",
 			nil, func(c *Cache) float64 { return float64(c.Stats().Entries) }, sum),
 		m.gauge(prefix+"_externalcache_bytes", "Bytes allocated for entries, all shards; bounded by MaxBytes.",
 			nil, func(c *Cache) float64 { return float64(c.Stats().Bytes) }, sum),
 		m.gauge(prefix+"_external_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open (the worst of the process's caches).",
-			nil, func(c *Cache) float64 { return float64(c.breaker.State()) }, maxOf),
+			nil, func(c *Cache) float64 { return float64(c.guard.breaker.State()) }, maxOf),
 		m.gauge(prefix+"_external_fetch_queue_depth", "Fetches waiting for a worker.",
-			nil, func(c *Cache) float64 { return float64(c.queueDepth()) }, sum),
+			nil, func(c *Cache) float64 { queued, _ := c.fetcher.counts(); return float64(queued) }, sum),
 		m.gauge(prefix+"_externalcache_domains", "Domains the held shards use: each has one change-feed long poll. "+
 			"A domain is released when the last object of its shard that reads it goes, so this follows the domains in use.",
 			nil, func(c *Cache) float64 { return float64(c.usedDomains()) }, sum),
@@ -100,13 +100,13 @@ func metricsFor(prefix string) *cacheMetrics {
 		metrics.Registry.MustRegister(m.gauge(prefix+"_externalcache_unhealthy_feeds",
 			"Domains whose change feed is unhealthy, by reason: failing (polls fail), short_polls (long polls come back at once with no changes), "+
 				"epoch_flapping (answers from more than one history). Their values are refreshed on their soft TTL instead.",
-			prometheus.Labels{"reason": why.String()}, func(c *Cache) float64 { return float64(c.unhealthyFeeds(why)) }, sum))
+			prometheus.Labels{"reason": why.String()}, func(c *Cache) float64 { return float64(c.feeds.unhealthy(why)) }, sum))
 	}
 	for state := range stateFailed + 1 {
 		metrics.Registry.MustRegister(m.gauge(prefix+"_external_fetches_in_flight",
 			"Keys of held shards with a fetch under way, by state: queued (waiting for a worker), calling (a worker calls the source), "+
 				"backoff (waiting for a retry) and failed (waiting for the next round after a failed one). A count that never falls is a stuck key.",
-			prometheus.Labels{"state": state.String()}, func(c *Cache) float64 { return float64(c.flightsIn(state)) }, sum))
+			prometheus.Labels{"state": state.String()}, func(c *Cache) float64 { return float64(c.fetcher.flightsIn(state)) }, sum))
 	}
 	metricsByPrefix[prefix] = m
 	return m

@@ -8,6 +8,7 @@ import (
 	"github.com/allegro/bigcache/v3"
 	"github.com/go-logr/logr"
 	"golang.org/x/time/rate"
+	"k8s.io/utils/clock"
 )
 
 const mib = 1 << 20
@@ -30,11 +31,12 @@ type Options struct {
 	// unhealthy their Lookups carry FeedErr, and a key read (or fetched) then is refreshed on its
 	// soft TTL, which a key the cache no longer holds cannot be without a read. Optional.
 	OnFeedHealth func(shard int32, domain string)
-	// Log receives the cache's logs. Default: discard.
-	Log logr.Logger
-	// Now is the clock for TTLs. Default time.Now. Tests inject a clock to expire entries
-	// without waiting; timers for retries and the breaker always use real time.
-	Now func() time.Time
+	// Logger receives the cache's logs. Default: discard.
+	Logger logr.Logger
+	// Clock is the clock of TTLs: when a value was fetched and when it expires. Default: the
+	// system clock. Tests inject one to expire entries without waiting; timers for retries and
+	// the breaker always use real time.
+	Clock clock.PassiveClock
 
 	// MaxBytes bounds the bytes of all entries across all shards (whole MiB, at least 1).
 	// Default 256 MiB.
@@ -127,11 +129,11 @@ type BreakerOptions struct {
 	Interval time.Duration
 }
 
-// RetryOptions configures retries. A fetch is retried with exponential backoff and full jitter,
-// never earlier than the source's Retry-After, at most MaxAttempts times and within MaxElapsed;
-// workers are not held while waiting. After that the key is failed (waiters released, OnUpdate
-// fired) and retried again after FailureRetryInterval, so values come back by themselves when the
-// source recovers.
+// RetryOptions configures retries. A fetch is retried with exponential backoff, each wait
+// jittered down to no less than half of it, never earlier than the source's Retry-After, at most
+// MaxAttempts times and within MaxElapsed; workers are not held while waiting. After that the key
+// is failed (waiters released, OnUpdate fired) and retried again after FailureRetryInterval, so
+// values come back by themselves when the source recovers.
 type RetryOptions struct {
 	// MaxAttempts per round of fetching. Default 4.
 	MaxAttempts int
@@ -204,14 +206,14 @@ func (o *FeedHealthOptions) setDefaults() {
 }
 
 func (o *Options) setDefaults() {
-	if o.Log.GetSink() == nil {
-		o.Log = logr.Discard()
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
 	}
 	if o.MetricsPrefix == "" {
 		o.MetricsPrefix = DefaultMetricsPrefix
 	}
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	setDefault(&o.MaxBytes, 256*mib)
 	setDefault(&o.MaxShards, 64)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
@@ -33,8 +33,9 @@ type Options struct {
 	// domain: they are requeued when the domain's change feed becomes
 	// unhealthy or heals, so that they can say so. Nil requeues none.
 	DomainReaders func(ctx context.Context, shard client.Reader, domain string) ([]types.NamespacedName, error)
-	// Log defaults to a discarding logger.
-	Log logr.Logger
+	// Logger receives the cache's logs, and the external cache's unless Cache.Logger is set.
+	// Default: discard.
+	Logger logr.Logger
 }
 
 // Cache is an external cache whose shards are the tenures of a sharded
@@ -42,8 +43,13 @@ type Options struct {
 type Cache struct {
 	opts Options
 	log  logr.Logger
+	// binding is set by Bind; every read loads it without a lock, as a
+	// reconcile reads a value per key.
+	binding atomic.Pointer[binding]
+}
 
-	mu     sync.Mutex
+// binding is what Bind connects: the external cache and the shards.
+type binding struct {
 	store  *externalcache.Cache
 	shards sharding.Shards
 }
@@ -56,10 +62,10 @@ func New(opts Options) (*Cache, error) {
 	if opts.Readers == nil {
 		return nil, errors.New("shard cache: Readers is required")
 	}
-	if opts.Log.GetSink() == nil {
-		opts.Log = logr.Discard()
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
 	}
-	return &Cache{opts: opts, log: opts.Log}, nil
+	return &Cache{opts: opts, log: opts.Logger}, nil
 }
 
 // Bind creates the external cache for the shards' count, adds it to the
@@ -68,16 +74,14 @@ func New(opts Options) (*Cache, error) {
 func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
 	co := c.opts.Cache
 	co.MaxShards, co.OnUpdate, co.OnFeedHealth = int(shards.Count()), c.changed, c.feedHealthChanged
-	if co.Log.GetSink() == nil {
-		co.Log = c.log
+	if co.Logger.GetSink() == nil {
+		co.Logger = c.log
 	}
 	store, err := externalcache.New(co)
 	if err != nil {
 		return fmt.Errorf("shard cache: %w", err)
 	}
-	c.mu.Lock()
-	c.store, c.shards = store, shards
-	c.mu.Unlock()
+	c.binding.Store(&binding{store: store, shards: shards})
 	if err := mgr.Add(store); err != nil {
 		return fmt.Errorf("shard cache: %w", err)
 	}
@@ -86,16 +90,10 @@ func (c *Cache) Bind(mgr manager.Manager, shards sharding.Shards) error {
 
 // bound returns the store and the shards, once Bind ran.
 func (c *Cache) bound() (*externalcache.Cache, sharding.Shards) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.store, c.shards
-}
-
-// Store is the external cache, for what reads it beyond Get (an admission
-// check asking whether a key exists); nil before Bind.
-func (c *Cache) Store() *externalcache.Cache {
-	store, _ := c.bound()
-	return store
+	if b := c.binding.Load(); b != nil {
+		return b.store, b.shards
+	}
+	return nil, nil
 }
 
 // Get returns a key's value for a shard's reconcile without blocking: fresh,
@@ -107,6 +105,37 @@ func (c *Cache) Get(shard int32, key externalcache.Key) externalcache.Lookup {
 		return externalcache.Lookup{State: externalcache.StatePending, Err: errors.New("shard cache not bound")}
 	}
 	return store.Get(shard, key)
+}
+
+// KeyExists answers from the change feeds alone whether a key exists
+// (externalcache.Cache.KeyExists), for an admission check that must not
+// call the service on the request path. Unknown before Bind.
+func (c *Cache) KeyExists(key externalcache.Key) (exists, known bool) {
+	store, _ := c.bound()
+	if store == nil {
+		return false, false
+	}
+	return store.KeyExists(key)
+}
+
+// Domains lists the domains a held shard's objects have read: what the
+// cache keeps a change feed and entries for (externalcache.Cache.Domains).
+// None before Bind.
+func (c *Cache) Domains(shard int32) []string {
+	store, _ := c.bound()
+	if store == nil {
+		return nil
+	}
+	return store.Domains(shard)
+}
+
+// ReleaseDomain drops what the cache keeps for a domain of a shard, once
+// the shard's last object that reads it is gone, so that the feeds and
+// entries follow the domains in use (externalcache.Cache.ReleaseDomain).
+func (c *Cache) ReleaseDomain(shard int32, domain string) {
+	if store, _ := c.bound(); store != nil {
+		store.ReleaseDomain(shard, domain)
+	}
 }
 
 // OnAcquire is the runtime's hook (sharding.Options.OnAcquire): the shard

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -14,10 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
+	"github.com/kshard/kshard/internal/backoff"
 	"github.com/kshard/kshard/sharding/ring"
 )
 
@@ -332,7 +331,7 @@ func (c *coordinator) startShard(ctx context.Context, n int32, reason string) {
 // the next renewals are due. A replica held to 50m of CPU fenced its own
 // shards 449 times in a start that way, and never settled (docs/scale.md).
 type acquireBackoff struct {
-	delays wait.Backoff
+	delays backoff.Delays
 	// fenced says delays are a fence's, counted from its first fence: the
 	// delays of failed takes before it were shorter.
 	fenced    bool
@@ -370,16 +369,14 @@ func (c *coordinator) noteTenureLocked(n int32, end tenureEnd, err error) {
 	b := c.backoff[n]
 	switch fenced := end == endFenced; {
 	case fenced && (b == nil || !b.fenced):
-		b = &acquireBackoff{fenced: true, delays: wait.Backoff{Duration: c.opts.RetryPeriod, Factor: 2,
-			Cap: c.opts.LeaseDuration, Steps: math.MaxInt32}}
+		b = &acquireBackoff{fenced: true, delays: backoff.Policy{Initial: c.opts.RetryPeriod, Max: c.opts.LeaseDuration}.Delays()}
 		c.backoff[n] = b
 	case b == nil:
-		b = &acquireBackoff{delays: wait.Backoff{Duration: min(100*time.Millisecond, c.opts.RetryPeriod), Factor: 2,
-			Cap: c.opts.RetryPeriod, Steps: math.MaxInt32}}
+		b = &acquireBackoff{delays: backoff.Policy{Initial: min(100*time.Millisecond, c.opts.RetryPeriod), Max: c.opts.RetryPeriod}.Delays()}
 		c.backoff[n] = b
 	}
 	b.failures++
-	delay := b.delays.Step()
+	delay := b.delays.Next()
 	b.notBefore = time.Now().Add(delay)
 	switch {
 	case end == endFenced:

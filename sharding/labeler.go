@@ -12,7 +12,6 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/leaderelection"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	ctrlsource "sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/kshard/kshard/internal/backoff"
 	"github.com/kshard/kshard/sharding/lease"
 )
 
@@ -185,7 +185,7 @@ func (l *labeler) campaign(ctx context.Context) (failed bool, err error) {
 			if l.inRing() != nil {
 				return false, nil
 			}
-		case <-time.After(wait.Jitter(e.opts.RetryPeriod, leaderelection.JitterFactor)):
+		case <-time.After(backoff.Jitter(e.opts.RetryPeriod, leaderelection.JitterFactor)):
 		}
 	}
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/kshard/kshard/internal/backoff"
 	"github.com/kshard/kshard/sharding/lease"
 )
 
@@ -292,7 +292,7 @@ func (s *shard) run(parent context.Context, reason string) {
 	// every period that the API server serves at once and that a replica
 	// held to a CPU limit pays with its reconciles stalled. Every renewal
 	// still comes within the renew deadline (above 1.2 × the period).
-	next := time.Now().Add(time.Duration(rand.Int64N(int64(s.c.opts.RetryPeriod))) + 1)
+	next := time.Now().Add(backoff.Between(0, s.c.opts.RetryPeriod) + 1)
 	renewal := time.NewTimer(time.Until(next))
 	defer renewal.Stop()
 	var drained chan bool

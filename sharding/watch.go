@@ -2,13 +2,13 @@ package sharding
 
 import (
 	"context"
-	"math"
 	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // A watch of the few objects the ring's decisions rest on: its Leases and
@@ -40,9 +40,8 @@ type objectWatch struct {
 func startWatch(ctx context.Context, name string, lw toolscache.ListerWatcher, expected runtime.Object, retry time.Duration, changed func(old, new any)) (w *objectWatch, done <-chan struct{}) {
 	w = &objectWatch{Store: toolscache.NewStore(toolscache.MetaNamespaceKeyFunc), changed: changed, synced: make(chan struct{})}
 	r := toolscache.NewReflectorWithOptions(lw, expected, w, toolscache.ReflectorOptions{
-		Name: name,
-		Backoff: &wait.Backoff{Duration: min(100*time.Millisecond, retry), Factor: 2, Jitter: 0.2, Cap: retry,
-			Steps: math.MaxInt32},
+		Name:    name,
+		Backoff: backoff.Policy{Initial: min(100*time.Millisecond, retry), Max: retry, Jitter: 0.2}.Wait(),
 	})
 	finished := make(chan struct{})
 	go func() { defer close(finished); r.RunWithContext(ctx) }()

@@ -123,7 +123,7 @@ func cacheOn(t *testing.T, c *authzed.Client) (*authzcache.Cache, chan authzcach
 		t.Fatal(err)
 	}
 	changed := make(chan authzcache.Question, 100)
-	cache, err := authzcache.New(authzcache.Options{Checker: s, Watcher: s, RetryBaseDelay: 50 * time.Millisecond, RetryMaxDelay: time.Second,
+	cache, err := authzcache.New(authzcache.Options{Checker: s, Watcher: s, Retry: authzcache.RetryOptions{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
 		OnChange: func(q authzcache.Question) { changed <- q }})
 	if err != nil {
 		t.Fatal(err)

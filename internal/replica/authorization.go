@@ -39,7 +39,7 @@ func newAuthorization(opts Options, rec *configbinding.Reconciler, log logr.Logg
 	}
 	alog := log.WithName("authorization")
 	cache, err := authzcache.New(authzcache.Options{
-		Checker: src, Watcher: src, Log: alog,
+		Checker: src, Watcher: src, Logger: alog,
 		OnChange: func(q authzcache.Question) {
 			// rec.Shards is set before the manager starts the cache.
 			if err := rec.AuthorizationChanged(context.Background(), rec.Shards, q); err != nil {

@@ -52,7 +52,7 @@ func newSource(opts Options, cc configCenter, rec *configbinding.Reconciler, log
 		// The mirror keeps the values; the cache holds none of them, and
 		// only guards the mirror's fetches (Cache.Fetch).
 		co := opts.Cache
-		co.Source, co.Feed, co.Log = cc, nil, log.WithName("externalcache")
+		co.Source, co.Feed, co.Logger = cc, nil, log.WithName("externalcache")
 		c, err := externalcache.New(co)
 		if err != nil {
 			return nil, fmt.Errorf("creating the external cache the mirror fetches through: %w", err)
@@ -62,7 +62,7 @@ func newSource(opts Options, cc configCenter, rec *configbinding.Reconciler, log
 		co := opts.Cache
 		co.Source, co.Feed = cc, cc
 		c, err := shardcache.New(shardcache.Options{Cache: co, Keys: configbinding.BoundKeys,
-			Readers: configbinding.KeyBindings, DomainReaders: configbinding.DomainBindings, Log: log.WithName("externalcache")})
+			Readers: configbinding.KeyBindings, DomainReaders: configbinding.DomainBindings, Logger: log.WithName("externalcache")})
 		if err != nil {
 			return nil, fmt.Errorf("creating external cache: %w", err)
 		}
@@ -83,7 +83,7 @@ func (s *cacheSource) bind(mgr manager.Manager, shards sharding.Shards) error {
 }
 
 func (s *cacheSource) values() configbinding.Values {
-	return configbinding.CachedValues{Cache: s.cache.Store()}
+	return configbinding.CachedValues{Cache: s.cache}
 }
 
 // initialList drops a Ready binding's first event while its keys are on
@@ -93,11 +93,11 @@ func (s *cacheSource) initialList(shardOf func(client.Object) (int32, bool)) pre
 }
 
 func (s *cacheSource) knowledge() configbinding.KeyKnowledge {
-	return configbinding.CacheKnowledge{Cache: s.cache.Store()}
+	return configbinding.CacheKnowledge{Cache: s.cache}
 }
 
 func (s *cacheSource) domains() configbinding.Domains {
-	return configbinding.CachedDomains{Cache: s.cache.Store()}
+	return configbinding.CachedDomains{Cache: s.cache}
 }
 
 func (s *cacheSource) acquired(ctx context.Context, shard int32) { s.cache.OnAcquire(ctx, shard) }

@@ -133,7 +133,14 @@ func (a *Admission) authorize(ctx context.Context, cb *configv1alpha1.ConfigBind
 // used by a shard this replica holds is listed by its feed, so any key of it
 // is known to exist or not; other domains are unknown.
 type CacheKnowledge struct {
-	Cache *externalcache.Cache
+	Cache FeedKeys
+}
+
+// FeedKeys answers from change feeds alone whether a key exists, never
+// calling the service; *shardcache.Cache and *externalcache.Cache
+// implement it.
+type FeedKeys interface {
+	KeyExists(key externalcache.Key) (exists, known bool)
 }
 
 // Exists implements KeyKnowledge.

@@ -15,7 +15,7 @@ import (
 // ExternalDomain. The reconciler releases a domain's state when the shard's
 // last binding of the domain is deleted, so that the state follows the
 // domains in use instead of growing with every domain the shard ever had.
-// *externalcache.Cache (through CachedDomains) and *externaldomain.Mirror
+// An external cache (through CachedDomains) and *externaldomain.Mirror
 // implement it.
 type Domains interface {
 	// Domains lists the domains it keeps state for in shard, including

@@ -51,7 +51,7 @@ func ConfigMapPredicate() predicate.Predicate {
 }
 
 // Fetcher looks a key up without waiting, and starts its fetch when it is
-// not held; *externalcache.Cache implements it.
+// not held; *shardcache.Cache and *externalcache.Cache implement it.
 type Fetcher interface {
 	Get(shard int32, key externalcache.Key) externalcache.Lookup
 }

@@ -25,9 +25,9 @@ type Values interface {
 	Get(ctx context.Context, shard int32, key externalcache.Key) externalcache.Lookup
 }
 
-// CachedValues reads through an externalcache.Cache: no network I/O on the
-// reconcile path.
-type CachedValues struct{ Cache *externalcache.Cache }
+// CachedValues reads through an external cache (a shardcache.Cache): no
+// network I/O on the reconcile path.
+type CachedValues struct{ Cache Fetcher }
 
 // Get implements Values.
 func (v CachedValues) Get(_ context.Context, shard int32, key externalcache.Key) externalcache.Lookup {
@@ -35,7 +35,15 @@ func (v CachedValues) Get(_ context.Context, shard int32, key externalcache.Key)
 }
 
 // CachedDomains releases the cache's per-domain state (Domains).
-type CachedDomains struct{ Cache *externalcache.Cache }
+type CachedDomains struct{ Cache DomainCache }
+
+// DomainCache is what an external cache keeps per domain of a shard: a
+// change feed and entries. *shardcache.Cache and *externalcache.Cache
+// implement it.
+type DomainCache interface {
+	Domains(shard int32) []string
+	ReleaseDomain(shard int32, domain string)
+}
 
 // Domains implements Domains.
 func (d CachedDomains) Domains(_ context.Context, shard int32) ([]string, error) {

@@ -3,7 +3,6 @@ package externaldomain
 import (
 	"context"
 	"errors"
-	"math"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -11,10 +10,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/externalcache"
+	"github.com/kshard/kshard/internal/backoff"
 )
 
 // syncer keeps one domain's mirror current while its shard is held: it is the consumer of the
@@ -70,7 +69,7 @@ func (s *syncer) run(ctx context.Context) {
 	}()
 	fl, err := externalcache.NewFeedLoop(externalcache.FeedLoopOptions{
 		Feed: countedFeed{s.m.opts.Feed}, Domain: s.domain, Retry: s.m.opts.FeedRetry,
-		MaxRetryAfter: s.m.opts.MaxRetryAfter, Health: s.m.opts.FeedHealth, Log: s.log,
+		MaxRetryAfter: s.m.opts.MaxRetryAfter, Health: s.m.opts.FeedHealth, Logger: s.log,
 		// Missing ends a poll only when the loop holds a mirror it may have
 		// to write again (loop.pollContext).
 		PollContext: func(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -190,7 +189,7 @@ func (s *syncer) Polled(ctx context.Context, p externalcache.FeedPoll) error {
 // once the cap is reached (six tries, about half a minute), and the mirror
 // stopped for good (TestRefusedMirrorWriteIsRetried).
 func (s *syncer) writeRetrying(ctx context.Context) error {
-	delays := writeBackoff
+	delays := writeBackoff.Delays()
 	for tries := 1; ; tries++ {
 		err := s.write(ctx, nil)
 		if err == nil || errors.Is(err, errLost) {
@@ -202,7 +201,7 @@ func (s *syncer) writeRetrying(ctx context.Context) error {
 		if tries == 1 {
 			s.log.Info("Writing the mirror failed; trying again", "error", err.Error())
 		}
-		t := time.NewTimer(delays.Step())
+		t := time.NewTimer(delays.Next())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -214,7 +213,7 @@ func (s *syncer) writeRetrying(ctx context.Context) error {
 
 // writeBackoff spaces the tries of a mirror's write: from half a second,
 // doubling up to half a minute, each jittered up to half again.
-var writeBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: 30 * time.Second, Steps: math.MaxInt32}
+var writeBackoff = backoff.Policy{Initial: 500 * time.Millisecond, Max: 30 * time.Second, Jitter: 0.5}
 
 // resume starts from the mirror in the shard's cache when it is complete,
 // at its revision in its epoch: a revision means nothing in another history

@@ -81,9 +81,9 @@ func TestClassifyDecidesRetryAndBreaker(t *testing.T) {
 // its cap, each step jittered down to no less than half of it, so that a loop cannot spin.
 func TestBackoffStaysWithinItsCap(t *testing.T) {
 	for range 50 {
-		b := retryBackoff(100*time.Millisecond, 2*time.Second)
+		b := retryPolicy(100*time.Millisecond, 2*time.Second).Delays()
 		for n := range 70 {
-			d := b.Step()
+			d := b.Next()
 			if limit := min(2*time.Second, 100*time.Millisecond<<min(n, 20)); d < limit/2 || d >= limit {
 				t.Fatalf("step %d = %s, outside [%s, %s)", n, d, limit/2, limit)
 			}
@@ -95,14 +95,14 @@ func TestBackoffStaysWithinItsCap(t *testing.T) {
 // "Retry-After: 86400" held a mirror's sync for a day), and a shorter one still delays the next
 // call past the backoff.
 func TestRetryDelayCapsRetryAfter(t *testing.T) {
-	b := retryBackoff(500*time.Millisecond, 30*time.Second)
+	b := retryPolicy(500*time.Millisecond, 30*time.Second).Delays()
 	if d := retryDelay(&b, fmt.Errorf("polling: %w", statusErr{code: 503, ra: 24 * time.Hour}), time.Minute); d != time.Minute {
 		t.Errorf("Retry-After 24h: next call in %s, want the cap of 1m", d)
 	}
 	if d := retryDelay(&b, statusErr{code: 503, ra: 10 * time.Second}, time.Minute); d != 10*time.Second {
 		t.Errorf("Retry-After 10s: next call in %s, want 10s", d)
 	}
-	b = retryBackoff(500*time.Millisecond, 30*time.Second)
+	b = retryPolicy(500*time.Millisecond, 30*time.Second).Delays()
 	if d := retryDelay(&b, errors.New("connection refused"), time.Minute); d > 500*time.Millisecond {
 		t.Errorf("first failure without Retry-After: next call in %s, want at most the base 500ms", d)
 	}

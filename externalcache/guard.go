@@ -1,19 +1,111 @@
 package externalcache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
-	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
+
+	"github.com/kshard/kshard/internal/backoff"
 )
+
+// guard is the one way to the Source: every call for a key, the cache's fetches and Fetch's
+// alike, goes through the source's Retry-After hold, a single flight per key, the rate limit, a
+// per-call timeout and the circuit breaker, so that no reader of the service gets around what
+// protects it. It also sorts the outcomes (classify) for the retries and the breaker.
+type guard struct {
+	source        Source
+	callTimeout   time.Duration
+	maxRetryAfter time.Duration
+	metrics       *cacheMetrics
+	// ctx is the cache's lifetime: calls run on it rather than a caller's, because a call's
+	// result is shared by every shard waiting for the key; and its end tells our cancellations
+	// (shutdown) from the source timing out.
+	ctx context.Context
+
+	group   singleflight.Group
+	limiter *rate.Limiter
+	breaker *gobreaker.CircuitBreaker[Value]
+	// halfOpens counts the breaker's transitions to half-open, each of which lets
+	// HalfOpenProbes calls through.
+	halfOpens atomic.Int64
+	// hold is the source's Retry-After: no call is made while it lasts, feed polls included.
+	hold hold
+}
+
+func newGuard(ctx context.Context, opts Options, metrics *cacheMetrics, log logr.Logger) *guard {
+	g := &guard{source: opts.Source, callTimeout: opts.CallTimeout, maxRetryAfter: opts.MaxRetryAfter, metrics: metrics, ctx: ctx,
+		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst)}
+	g.breaker = newBreaker(opts.Breaker, ctx, log, &g.halfOpens)
+	return g
+}
+
+// shared is the outcome of one guarded call for key, shared with every other caller asking for
+// the key meanwhile (single flight).
+func (g *guard) shared(key Key) <-chan singleflight.Result {
+	return g.group.DoChan(key.cacheKey(), func() (any, error) { return g.call(key) })
+}
+
+// call makes one protected call: rate limit, timeout, circuit breaker.
+func (g *guard) call(key Key) (Value, error) {
+	if err := g.limiter.Wait(g.ctx); err != nil {
+		return Value{}, fmt.Errorf("waiting for the rate limit: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.callTimeout)
+	defer cancel()
+	v, err := g.breaker.Execute(func() (Value, error) {
+		start := time.Now()
+		v, err := g.source.Fetch(ctx, key)
+		g.metrics.callDuration.Observe(time.Since(start).Seconds())
+		g.metrics.calls.WithLabelValues(callCode(err, g.classify(err))).Inc()
+		return v, err
+	})
+	if g.classify(err) == classCircuitOpen {
+		err = circuitOpen(err)
+	}
+	return v, err
+}
+
+// fetch is Cache.Fetch: one guarded call for a reader that caches nothing, which waits no longer
+// than ctx. A Retry-After it is answered with holds every later call.
+func (g *guard) fetch(ctx context.Context, key Key) (Value, error) {
+	if err := g.hold.err(); err != nil {
+		return Value{}, fmt.Errorf("fetching %s: %w", key, err)
+	}
+	select {
+	case r := <-g.shared(key):
+		if r.Err != nil {
+			if hint := g.retryAfter(r.Err); hint > 0 && g.classify(r.Err) == classRetryable {
+				g.hold.extend(hint)
+			}
+			return Value{}, fmt.Errorf("fetching %s: %w", key, r.Err)
+		}
+		v, _ := r.Val.(Value)
+		// The value is shared with the other callers of the flight.
+		v.Data = bytes.Clone(v.Data)
+		return v, nil
+	case <-ctx.Done():
+		return Value{}, fmt.Errorf("fetching %s: %w", key, ctx.Err())
+	}
+}
+
+// classify sorts an outcome of the source by the cache's lifetime.
+func (g *guard) classify(err error) failureClass { return classify(g.ctx, err) }
+
+// retryAfter is the wait the source asked for with err, capped at MaxRetryAfter (and counted when
+// capped).
+func (g *guard) retryAfter(err error) time.Duration {
+	return retryAfterHint(err, g.maxRetryAfter, g.metrics.retryAfterCapped)
+}
 
 // failureClass is what a fetch outcome means for caching, retrying and the circuit breaker.
 type failureClass int
@@ -94,24 +186,25 @@ func retryAfterHint(err error, most time.Duration, capped prometheus.Counter) ti
 	return 0
 }
 
-// retryBackoff is the backoff of the cache's retries and of change-feed loops: from base,
-// doubling, up to maxDelay, with "equal jitter" (each step uniform in [d/2, d)). The jitter
+// retryPolicy is the backoff of the cache's retries and of change-feed loops: from base,
+// doubling, up to maxDelay, with "equal jitter" (each wait uniform in [d/2, d)). The jitter
 // spreads the retries of keys or feeds that failed together; its floor of half the delay keeps a
 // loop from spinning when every call fails at once, which full jitter near zero would allow.
-// wait.Backoff jitters upwards, so it starts and caps at half the delays.
-func retryBackoff(base, maxDelay time.Duration) wait.Backoff {
-	return wait.Backoff{Duration: base / 2, Factor: 2, Jitter: 1, Cap: maxDelay / 2, Steps: math.MaxInt32}
+// The policy jitters upwards, so it starts and caps at half the delays, lengthened by up to all
+// of them.
+func retryPolicy(base, maxDelay time.Duration) backoff.Policy {
+	return backoff.Policy{Initial: base / 2, Max: maxDelay / 2, Jitter: 1}
 }
 
-// retryDelay is b's next step, but never sooner than the Retry-After err carries (capped at
+// retryDelay is d's next wait, but never sooner than the Retry-After err carries (capped at
 // most): the source asked every caller to wait that long.
-func retryDelay(b *wait.Backoff, err error, most time.Duration) time.Duration {
-	return max(b.Step(), retryAfterHint(err, most, nil))
+func retryDelay(d *backoff.Delays, err error, most time.Duration) time.Duration {
+	return max(d.Next(), retryAfterHint(err, most, nil))
 }
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
 // service answered), retryable ones as failures, and the cache's own shutdown as neither.
-func newBreaker(o BreakerOptions, stopping func() context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
+func newBreaker(o BreakerOptions, stopping context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
 	return gobreaker.NewCircuitBreaker[Value](gobreaker.Settings{
 		Name:        "externalcache",
 		MaxRequests: o.HalfOpenProbes,
@@ -119,13 +212,13 @@ func newBreaker(o BreakerOptions, stopping func() context.Context, log logr.Logg
 		Timeout:     o.Timeout,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.ConsecutiveFailures },
 		IsSuccessful: func(err error) bool {
-			switch classify(stopping(), err) {
+			switch classify(stopping, err) {
 			case classOK, classNotFound, classPermanent:
 				return true
 			}
 			return false
 		},
-		IsExcluded: func(err error) bool { return classify(stopping(), err) == classCanceled },
+		IsExcluded: func(err error) bool { return classify(stopping, err) == classCanceled },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateHalfOpen {
 				halfOpens.Add(1)
