@@ -51,9 +51,10 @@ type promServer struct {
 	interval time.Duration
 	// targets is the replicas' file_sd file.
 	targets string
-	// absent are the jobs it does not scrape (no etcd of a cluster the
-	// load tester did not start): their figures are not a lack of data.
-	absent []string
+	// static are the jobs of one fixed target each; absent are the jobs
+	// it does not scrape (no etcd of a cluster the load tester did not
+	// start): their figures are not a lack of data.
+	static, absent []string
 
 	mu      sync.Mutex
 	written []byte
@@ -102,9 +103,11 @@ func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOpt
 		return nil, fmt.Errorf("creating Prometheus's folder: %w", err)
 	}
 	p := &promServer{interval: o.interval, targets: filepath.Join(o.dir, "replicas.json")}
-	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter} {
+	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobLoadTester: o.tester} {
 		if s.addr == "" {
 			p.absent = append(p.absent, job)
+		} else {
+			p.static = append(p.static, job)
 		}
 	}
 	if err := p.setReplicas(nil); err != nil {
@@ -289,21 +292,29 @@ func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64
 	return float64(v[0].Value), nil
 }
 
-// caughtUp waits until Prometheus has scraped (or tried) every target at
-// least once after t, so a query at t reads the moment t: a figure at a
-// phase's edge must not be the scrape before it. It gives up after ten
-// scrape intervals: a target that answers no more is no reason to wait.
+// caughtUp waits until Prometheus has scraped (or tried) every target,
+// each fixed one included, at least once after t, so a query at t reads
+// the moment t: a figure at a phase's edge must not be the scrape before
+// it. It gives up after ten scrape intervals, or 10 s if longer:
+// a target that answers no more is no reason to wait.
 func (p *promServer) caughtUp(ctx context.Context, t time.Time) error {
-	deadline := time.Now().Add(10 * p.interval)
+	deadline := time.Now().Add(max(10*p.interval, 10*time.Second))
 	for {
 		targets, err := p.api.Targets(ctx)
 		if err != nil {
 			return fmt.Errorf("reading Prometheus's targets: %w", err)
 		}
 		behind := 0
+		seen := map[string]bool{}
 		for _, at := range targets.Active {
 			if at.LastScrape.Before(t) {
 				behind++
+			}
+			seen[at.ScrapePool] = true
+		}
+		for _, job := range p.static {
+			if !seen[job] {
+				behind++ // not a target yet: Prometheus applies its config
 			}
 		}
 		if behind == 0 || time.Now().After(deadline) {
