@@ -13,7 +13,8 @@ import exec from 'k6/execution';
 import { Counter, Rate, Trend } from 'k6/metrics';
 
 // The ConfigBinding API (api/v1alpha1: GroupVersion, and the CRD's plural in
-// deploy/crd). The Go test of this folder serves the scripts only these paths.
+// deploy/crd). The Go test of this folder sends the scripts' bodies to these
+// paths on a real API server with deploy/crd installed.
 export const GROUP = 'config.kshard.dev';
 export const VERSION = 'v1alpha1';
 export const PLURAL = 'configbindings';
@@ -203,11 +204,12 @@ function mutateParams(name, contentType, extra) {
   return p;
 }
 
-function collectionPath(s) {
+// collectionPath and objectPath are the URLs of the run's ConfigBindings.
+export function collectionPath(s) {
   return `${s.api}/apis/${GROUP}/${VERSION}/namespaces/${s.namespace}/${PLURAL}`;
 }
 
-function objectPath(s, name) {
+export function objectPath(s, name) {
   return `${collectionPath(s)}/${name}`;
 }
 
@@ -235,6 +237,12 @@ export function bindingKeys(s, i, round) {
     keys.push(seedKey((i + round + k) % s.keysPerDomain));
   }
   return keys;
+}
+
+// keysPatch is the merge patch that gives binding i the keys of round
+// `round`: it replaces the whole list, as a merge patch does with arrays.
+export function keysPatch(s, i, round) {
+  return { spec: { keys: bindingKeys(s, i, round) } };
 }
 
 // binding is the i-th object of a run; domains are spread uniformly.
@@ -324,7 +332,7 @@ export function updateBinding(s, data) {
   const i = n % s.objects;
   const round = Math.floor(n / s.objects) + 1;
   const name = bindingName(data.runId, i);
-  const patch = { spec: { keys: bindingKeys(s, i, round) } };
+  const patch = keysPatch(s, i, round);
   const start = Date.now();
   const res = http.patch(objectPath(s, name), JSON.stringify(patch), mutateParams('update configbinding', 'application/merge-patch+json'));
   if (!check(res, { 'update: 200 OK': (r) => r.status === 200 })) {
@@ -333,6 +341,13 @@ export function updateBinding(s, data) {
     return;
   }
   waitReady(s, name, res.json().metadata.generation, start, 'update');
+}
+
+// podDeleteOptions is the body of a pod deletion: null keeps the pod's own
+// grace period, CHAOS_GRACE_SECONDS=0 makes the deletion a crash.
+export function podDeleteOptions(s) {
+  return s.chaosGraceSeconds === null ? null
+    : { apiVersion: 'v1', kind: 'DeleteOptions', gracePeriodSeconds: s.chaosGraceSeconds };
 }
 
 // deleteRandomPod deletes one random pod of the kshard StatefulSet, the way
@@ -351,8 +366,8 @@ export function deleteRandomPod(s) {
     return;
   }
   const pod = `${s.statefulSet}-${Math.floor(Math.random() * replicas)}`;
-  const body = s.chaosGraceSeconds === null ? null
-    : JSON.stringify({ apiVersion: 'v1', kind: 'DeleteOptions', gracePeriodSeconds: s.chaosGraceSeconds });
+  const opts = podDeleteOptions(s);
+  const body = opts === null ? null : JSON.stringify(opts);
   // 404: the pod was deleted a moment ago and is not back yet; not an error.
   const res = http.del(`${s.api}/api/v1/namespaces/${s.controllerNamespace}/pods/${pod}`, body,
     mutateParams('delete pod', 'application/json', { responseCallback: http.expectedStatuses(200, 202, 404) }));
@@ -378,6 +393,11 @@ export function requireStatefulSet(s) {
   console.log(`StatefulSet ${s.controllerNamespace}/${s.statefulSet}: ${sts.status.readyReplicas || 0}/${sts.spec.replicas} replicas ready`);
 }
 
+// namespaceObject is the namespace setupRun creates when it is missing.
+export function namespaceObject(s) {
+  return { apiVersion: 'v1', kind: 'Namespace', metadata: { name: s.namespace } };
+}
+
 // setupRun checks that the API server serves ConfigBindings, makes the
 // namespace the objects go to, and picks the run's id.
 export function setupRun(s) {
@@ -397,7 +417,7 @@ export function setupRun(s) {
   const ns = http.get(`${nsPath}/${s.namespace}`,
     params('read', 'get namespace', { responseCallback: http.expectedStatuses(200, 404) }));
   if (ns.status === 404) {
-    const created = http.post(nsPath, JSON.stringify({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: s.namespace } }),
+    const created = http.post(nsPath, JSON.stringify(namespaceObject(s)),
       mutateParams('create namespace', 'application/json'));
     if (created.status !== 201) {
       throw new Error(`creating namespace ${s.namespace}: ${describe(created)}`);
