@@ -244,29 +244,6 @@ func (g *generator) touchAll(ctx context.Context) error {
 	})
 }
 
-// deleteNewest deletes the n most recently created objects.
-func (g *generator) deleteNewest(ctx context.Context, n int, perSecond float64) error {
-	g.mu.Lock()
-	n = min(n, len(g.live))
-	victims := append([]int(nil), g.live[len(g.live)-n:]...)
-	g.live = g.live[:len(g.live)-n]
-	for _, i := range victims {
-		g.created[i] = false
-	}
-	g.mu.Unlock()
-	lim := rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond/10)))
-	return g.parallel(ctx, len(victims), lim, func(ctx context.Context, k int) error {
-		cb := &configv1alpha1.ConfigBinding{}
-		cb.Namespace, cb.Name = Namespace, g.set.names[victims[k]]
-		if err := g.c.Delete(ctx, cb); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("deleting ConfigBinding %s: %w", cb.Name, err)
-		}
-		g.stats.deletes.Add(1)
-		g.tracker.forget(Namespace + "/" + cb.Name)
-		return nil
-	})
-}
-
 // deleteAll deletes every ConfigBinding and ConfigMap of the namespace (the
 // ConfigMaps too: no garbage collector runs on the load tester's control
 // plane) and forgets the objects, so that createRange makes them anew: no

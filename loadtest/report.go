@@ -263,15 +263,6 @@ func coresText(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// perCauseText writes a perCause figure with two decimals, or none where
-// there is no figure.
-func perCauseText(v float64, none string) string {
-	if v < 0 {
-		return none
-	}
-	return fmt.Sprintf("%.2f", v)
-}
-
 func ratio(a, b float64) string {
 	if b <= 0 {
 		return "n/a"
@@ -285,48 +276,6 @@ func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
 // sample, a zero denominator), where a 0, a 0 ms or a 100 % would read as
 // a measurement.
 const noData = "no data"
-
-// dur writes one of the summary's latencies, "no data" without samples.
-func (s LatencySummary) dur(d time.Duration) string {
-	if s.Count == 0 {
-		return noData
-	}
-	return fmtDur(d)
-}
-
-// share writes one of the summary's shares, "no data" without samples.
-func (s LatencySummary) share(v float64) string {
-	if s.Count == 0 || v < 0 {
-		return noData
-	}
-	return pct(v)
-}
-
-// memoryText writes a process's memory figure; 0 is no sample, as a running
-// process always has some.
-func memoryText(b float64) string {
-	if b <= 0 {
-		return noData
-	}
-	return formatBytes(b)
-}
-
-// memoryRatio divides two memory figures, "no data" unless both were
-// measured.
-func memoryRatio(a, b float64) string {
-	if a <= 0 || b <= 0 {
-		return noData
-	}
-	return ratio(a, b)
-}
-
-// countText writes a count that is -1 without samples.
-func countText(v float64) string {
-	if v < 0 {
-		return noData
-	}
-	return fmt.Sprintf("%.0f", v)
-}
 
 func orUnknown(s string) string {
 	if s == "" {

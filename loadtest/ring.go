@@ -36,7 +36,7 @@ const (
 )
 
 // ringPoll is how often the ring watcher evaluates ownership: the
-// resolution of unowned intervals and of the ownership chart.
+// resolution of unowned intervals.
 const ringPoll = 100 * time.Millisecond
 
 // ringWatch follows the ring's Leases and judges ownership the way it
@@ -94,10 +94,6 @@ type ringWatch struct {
 	guarded      int
 	unownedSince map[int32]time.Time
 	intervals    []unownedInterval
-	// ownership is the shards owned per replica (and "unowned") over time,
-	// one point per change.
-	ownership []ownershipPoint
-	lastCount map[string]int
 	// holderHistory is each shard's running holder over time, one entry per
 	// change seen by a tick ("" while unowned), so an event's holders
 	// before it can be read after the fact: a signal's sender does not wait
@@ -136,14 +132,6 @@ type unownedInterval struct {
 	Shard    int32
 	From, To time.Time
 }
-
-type ownershipPoint struct {
-	At    time.Time
-	Count map[string]int
-}
-
-// unowned is the pseudo-holder of unowned shards in ownership points.
-const unowned = "<unowned>"
 
 // newRingWatch follows the Leases of ring in namespace ns.
 func newRingWatch(ctx context.Context, cfg *rest.Config, ns, ring string, count int32, processOf func(string, time.Time) *instance, byHolder func(string) *instance) (*ringWatch, error) {
@@ -390,14 +378,8 @@ func (w *ringWatch) tick(now time.Time) {
 	if w.guard {
 		w.guarded++
 	}
-	count := map[string]int{}
 	for n := range w.count {
 		h := w.owner(n, now)
-		if h == "" {
-			count[unowned]++
-		} else {
-			count[h]++
-		}
 		if hist := w.holderHistory[n]; len(hist) == 0 || hist[len(hist)-1].Holder != h {
 			w.holderHistory[n] = append(hist, holderChange{At: now, Holder: h})
 		}
@@ -413,22 +395,6 @@ func (w *ringWatch) tick(now time.Time) {
 			delete(w.unownedSince, n)
 		}
 	}
-	if !sameCounts(count, w.lastCount) {
-		w.ownership = append(w.ownership, ownershipPoint{At: now, Count: count})
-		w.lastCount = count
-	}
-}
-
-func sameCounts(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // setGuard turns the unowned check on or off. Turning it off closes the
@@ -520,13 +486,6 @@ func movedToOther(before, after map[int32]string) int {
 		}
 	}
 	return n
-}
-
-// ownershipSeries returns the ownership points so far.
-func (w *ringWatch) ownershipSeries() []ownershipPoint {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]ownershipPoint(nil), w.ownership...)
 }
 
 // balance says whether every running replica is a live ring member and

@@ -188,16 +188,6 @@ func (c *ControlPlane) EtcdURL() string {
 // somewhere of their own.
 func (c *ControlPlane) KubeconfigBytes() []byte { return c.env.KubeConfig }
 
-// AddUser returns a client configuration authenticated as the given user and
-// groups, for tests that check what a non-admin identity may do.
-func (c *ControlPlane) AddUser(name string, groups ...string) (*rest.Config, error) {
-	u, err := c.env.AddUser(envtest.User{Name: name, Groups: groups}, rest.CopyConfig(c.Config))
-	if err != nil {
-		return nil, fmt.Errorf("adding user %s: %w", name, err)
-	}
-	return u.Config(), nil
-}
-
 // Metrics reads the API server's own /metrics, by family: what tests count
 // costs with (requests by verb and resource, objects scanned), as the server
 // counted them rather than as a client thinks it sent them.

@@ -175,21 +175,3 @@ func procStrings(pid int, file string) ([]string, error) {
 	}
 	return out, nil
 }
-
-// ProcessIDs gives the pids of the kube-apiserver and etcd this process
-// started, by command name, so that a caller can read what they use
-// (/proc/<pid>/status): the control plane's memory is part of what a fleet
-// costs. A process not found is left out; a control plane this process did
-// not start has none.
-func (c *ControlPlane) ProcessIDs() map[string]int {
-	out := map[string]int{}
-	if c.env == nil || existing(c.env.UseExistingCluster) {
-		return out
-	}
-	for _, name := range []string{"kube-apiserver", "etcd"} {
-		if pid, err := childNamed(name); err == nil {
-			out[name] = pid
-		}
-	}
-	return out
-}

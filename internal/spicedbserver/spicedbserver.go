@@ -87,9 +87,6 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 // Endpoint is the gRPC address, host:port (plaintext).
 func (s *Server) Endpoint() string { return s.grpc }
 
-// MetricsURL is SpiceDB's Prometheus endpoint.
-func (s *Server) MetricsURL() string { return "http://" + s.metrics + "/metrics" }
-
 // Token is the preshared key.
 func (s *Server) Token() string { return s.opts.Token }
 
