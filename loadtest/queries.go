@@ -31,8 +31,10 @@ type query struct {
 	// Query is PromQL with the variables queries/fleets.yaml lists.
 	Query string `json:"query"`
 	// Sharded says only a sharded fleet has the figure (its labeler, its
-	// shards): n/a for the others.
+	// shards): n/a for the others. Cache says only a fleet with an external
+	// cache has it.
 	Sharded bool `json:"sharded,omitempty"`
+	Cache   bool `json:"cache,omitempty"`
 }
 
 // querySet is a queries file: the Fleets table's rows, and the columns of
@@ -123,8 +125,9 @@ type queryWindow struct {
 	spans                map[string]span
 	step                 time.Duration
 	memoryLimit, ceiling float64
-	// sharded says the fleet is sharded (query.Sharded).
-	sharded bool
+	// sharded says the fleet is sharded (query.Sharded), cache that it
+	// has an external cache (query.Cache).
+	sharded, cache bool
 }
 
 // expand fills in q's variables for w, and says when to evaluate it:
@@ -192,6 +195,8 @@ func (w queryWindow) notApplicable(q query) string {
 	switch {
 	case q.Sharded && !w.sharded:
 		return "no ring"
+	case q.Cache && !w.cache:
+		return "no external cache"
 	case strings.Contains(q.Query, "$ceiling") && w.ceiling <= 0:
 		return "not calibrated"
 	case strings.Contains(q.Query, "$memory_limit") && w.memoryLimit <= 0:
@@ -242,7 +247,7 @@ func (p *promServer) replicaFigures(ctx context.Context, qs []query, w queryWind
 	byReplica := map[string][]Figure{}
 	for i, q := range qs {
 		expanded, at, ok := w.expand(q)
-		if !ok || (q.Sharded && !w.sharded) {
+		if !ok || w.notApplicable(q) != "" {
 			continue
 		}
 		f := Figure{Name: q.Name, Unit: q.Unit, Query: expanded, At: at, NoData: "no data"}
