@@ -171,23 +171,27 @@ func listScenarios() {
 // printChecks prints the report's checks and returns the exit code: 1 when
 // a check of a gated scenario failed.
 func printChecks(rep *loadtest.Report) int {
-	failed := 0
+	var failed []loadtest.Check
 	for _, c := range rep.Checks {
 		mark := "pass"
 		switch {
 		case !c.Passed:
-			mark, failed = "FAIL", failed+1
+			mark, failed = "FAIL", append(failed, c)
 		case c.NotApplicable:
 			mark = "n/a"
 		}
 		fmt.Printf("%-4s  %s: %s\n", mark, c.Name, c.Detail)
 	}
-	if failed > 0 && rep.Gated {
-		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed\n", failed)
-		return 1
+	// The last lines name what failed, so a log's tail says why.
+	for _, c := range failed {
+		fmt.Fprintf(os.Stderr, "loadtest: FAILED %s: %s\n", c.Name, c.Detail)
 	}
-	if failed > 0 {
-		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed (reported; %s does not gate on them)\n", failed, rep.Scenario)
+	switch {
+	case len(failed) > 0 && rep.Gated:
+		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed\n", len(failed))
+		return 1
+	case len(failed) > 0:
+		fmt.Fprintf(os.Stderr, "loadtest: %d checks failed (reported; %s does not gate on them)\n", len(failed), rep.Scenario)
 	}
 	return 0
 }
