@@ -254,7 +254,7 @@ func (r *run) cpuSeconds(ctx context.Context, job string, from, to time.Time) (f
 // export it (work queues, fetches, reconciles), at most a scrape interval
 // old, for the settle's waits. ok is false when q selects nothing.
 func (r *run) live(ctx context.Context, q string) (float64, bool) {
-	v, err := r.prom.vector(ctx, fmt.Sprintf("sum(last_over_time((%s)[%dms]))", q, (2*r.opts.SampleInterval).Milliseconds()), time.Now())
+	v, err := r.prom.vector(ctx, liveQuery(q, 2*r.opts.SampleInterval), time.Now())
 	if err != nil {
 		r.log.Error(err, "Reading the fleet's state from Prometheus")
 		return 0, false
@@ -263,6 +263,11 @@ func (r *run) live(ctx context.Context, q string) (float64, bool) {
 		return 0, false
 	}
 	return float64(v[0].Value), true
+}
+
+// liveQuery sums the last value within window of what selector selects.
+func liveQuery(selector string, window time.Duration) string {
+	return fmt.Sprintf("sum(last_over_time(%s[%dms]))", selector, window.Milliseconds())
 }
 
 // selector selects the fleet's replicas' series of metric, with more

@@ -54,6 +54,12 @@ func TestQueriesParse(t *testing.T) {
 		}
 		exprs = append(exprs, e)
 	}
+	// And the queries the settle reads a fleet's state with.
+	f := &fleet{id: "fleet-1"}
+	for _, sel := range []string{f.selector("workqueue_depth", `name="configbinding"`), f.selector(metricFetches, "")} {
+		all = append(all, query{Name: "live " + sel})
+		exprs = append(exprs, liveQuery(sel, 2*time.Second))
+	}
 	for i, r := range promqlSelectors(t, exprs) {
 		switch {
 		case r.Error != "":
