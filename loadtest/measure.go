@@ -89,7 +89,8 @@ func apiServerScrape(cfg *rest.Config, addr, dir string) (promScrape, error) {
 }
 
 // followTargets keeps Prometheus's replica targets and the load tester's
-// gauges current, every scrape interval until ctx ends.
+// gauges and the progress line current, twice a scrape interval, until
+// ctx ends.
 func (r *run) followTargets(ctx context.Context) {
 	t := time.NewTicker(r.opts.SampleInterval / 2)
 	defer t.Stop()
