@@ -163,8 +163,9 @@ type replicaConfig struct {
 	restConfig          *rest.Config
 	// clockSkew shifts the wall clock the replica writes into Leases.
 	clockSkew time.Duration
-	// ownedSelector narrows the owned ConfigMaps' informers.
-	ownedSelector labels.Selector
+	// ownedSelector narrows the owned ConfigMaps' informers, forSelector
+	// the ConfigBindings'.
+	ownedSelector, forSelector labels.Selector
 	// tenures, when set, records the replica's OnAcquire and OnRelease.
 	tenures *tenureLog
 	// everyNamespace watches every namespace, as a controller deployed
@@ -271,7 +272,7 @@ func newReplica(rc replicaConfig) (*replica, manager.Manager, error) {
 		LeaseDuration:  rc.timing.lease,
 		RenewDeadline:  rc.timing.renew,
 		RetryPeriod:    rc.timing.retry,
-		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}},
+		For:            sharding.Kind{Object: &configv1alpha1.ConfigBinding{}, Selector: rc.forSelector},
 		Owns:           []sharding.Kind{{Object: &corev1.ConfigMap{}, Selector: rc.ownedSelector}},
 		Domain:         func(o client.Object) string { return o.(*configv1alpha1.ConfigBinding).Spec.Domain },
 		StatefulSet:    rc.statefulSet,

@@ -255,6 +255,17 @@ func (l *labeler) lead(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Only the objects the replicas would cache: one For's Selector leaves
+	// out is never any shard's, so labeling it would only widen what the
+	// ServiceAccount must be allowed to patch (every ConfigMap of the
+	// cluster, for a controller of some of them). For's Predicates are not
+	// applied: they filter events, and one that drops an object's create
+	// may pass its next update; say which objects are the controller's with
+	// the Selector.
+	if s := e.opts.For.Selector; s != nil {
+		reqs, _ := s.Requirements()
+		sel = sel.Add(reqs...)
+	}
 	mgr := e.mgr
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		HTTPClient:           mgr.GetHTTPClient(),

@@ -48,7 +48,8 @@ type Kind struct {
 	// Selector, when set, narrows the kind's informers beyond the shard
 	// label, for example to the objects the controller marks as its own:
 	// an object that merely copies a shard label never reaches the cache,
-	// nor the replica's memory.
+	// nor the replica's memory. For's Selector also narrows what the
+	// labeler labels: an object it leaves out is never labeled.
 	Selector labels.Selector
 	// Transform, when set, runs on each object of the kind before the shard
 	// caches store it, after managed fields are stripped: drop what the

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/sharding"
 )
@@ -68,6 +69,50 @@ func TestOwnedKindSelector(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestLabelerKeepsToForSelector: the labeler labels the objects For's
+// Selector selects, and leaves the others of the kind alone: they are no
+// shard's, and the ServiceAccount need not be allowed to patch them.
+func TestLabelerKeepsToForSelector(t *testing.T) {
+	t.Parallel() // own namespace, ring and Leases; its replicas watch that namespace only
+	c := newClient(t)
+	ns := newNamespace(t, c)
+	rc := ringConfig(ns, "for-selector", "f-0")
+	rc.forSelector = labels.SelectorFromSet(labels.Set{"kshard.dev/test-team": "a"})
+	mk := func(name string, team string) {
+		cb := &configv1alpha1.ConfigBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"kshard.dev/test-team": team}},
+			Spec: configv1alpha1.ConfigBindingSpec{Domain: "payments", Keys: []configv1alpha1.ConfigKey{"k"},
+				Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: name}},
+		}
+		if err := c.Create(context.Background(), cb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The other team's first: the watch delivers in resourceVersion order,
+	// so once team a's is labeled the other would have been too.
+	mk("team-b", "b")
+	mk("team-a", "a")
+	startReplica(t, rc)
+	expectRingHeld(t, c, ns, "for-selector", []string{"f-0"})
+	controlplane.Eventually(t, time.Minute, "team a's binding labeled", func() error {
+		var cb configv1alpha1.ConfigBinding
+		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "team-a"}, &cb); err != nil {
+			return err
+		}
+		if _, ok := cb.Labels[sharding.LabelShard]; !ok {
+			return fmt.Errorf("not labeled yet: %v", cb.Labels)
+		}
+		return nil
+	})
+	var cb configv1alpha1.ConfigBinding
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "team-b"}, &cb); err != nil {
+		t.Fatal(err)
+	}
+	if l, ok := cb.Labels[sharding.LabelShard]; ok {
+		t.Errorf("the labeler labeled a binding For's Selector leaves out: shard %s", l)
+	}
 }
 
 // TestOneControllerPerReplica: a Replica feeds one controller's queue; a
