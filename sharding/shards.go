@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // Shards is the shard side of a sharded controller: what its reconciler and
@@ -41,7 +43,18 @@ type Shards interface {
 	OwnedLabels(shard int32, domain string) map[string]string
 }
 
+// Runtime is what the code that wires a controller needs of whatever runs
+// its shards, beyond the Shards its reconciler reads: the one controller
+// the held shards feed. Program a setup that chooses between sharding on
+// (*Replica) and off (*Single) against it, and one code path wires either.
+type Runtime interface {
+	Shards
+	// NewController creates the controller the shards' requests feed;
+	// there is one per Runtime.
+	NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error)
+}
+
 var (
-	_ Shards = (*Replica)(nil)
-	_ Shards = (*Single)(nil)
+	_ Runtime = (*Replica)(nil)
+	_ Runtime = (*Single)(nil)
 )

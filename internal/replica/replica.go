@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/authzcache"
@@ -394,13 +393,6 @@ func domainOf(o client.Object) string {
 	return ""
 }
 
-// shardRuntime is what wire needs of the shards' runtime beyond the Shards
-// the reconciler reads: the controller it feeds.
-type shardRuntime interface {
-	sharding.Shards
-	NewController(name string, rec reconcile.TypedReconciler[sharding.Request], opts controller.TypedOptions[sharding.Request]) (controller.TypedController[sharding.Request], error)
-}
-
 // wire connects the reconciler, the external source and the webhook to the
 // shards' runtime, one way whether sharding is on or off: the shards' caches
 // (or, sharding off, the manager's) watch ConfigBindings, their ConfigMaps
@@ -417,7 +409,7 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 	}}
 	owns := append([]sharding.Kind{{Object: &corev1.ConfigMap{}, Predicates: []predicate.Predicate{configbinding.ConfigMapPredicate()},
 		Selector: configbinding.OwnedConfigMaps(), Transform: configbinding.CacheTransform}}, src.owns()...)
-	var shards shardRuntime
+	var shards sharding.Runtime
 	if opts.Sharding {
 		rep, err := sharding.New(mgr, sharding.Options{
 			Ring:           opts.Ring,
