@@ -33,6 +33,7 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/shardwrites"
+	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
 )
 
@@ -247,10 +248,10 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 		out = append(out, o)
 	}
 	var fence []any
-	for _, b := range shardwrites.Bindings(baseRing, ns, shards) {
+	for _, b := range shardwrites.Bindings(baseRing, ns, sharding.DefaultLabelPrefix, shards) {
 		fence = append(fence, &b)
 	}
-	labels, labelsBinding := shardwrites.Labels(ns, replica.DefaultShardTable, shards)
+	labels, labelsBinding := shardwrites.Labels(ns, replica.DefaultShardTable, sharding.DefaultLabelPrefix, shards)
 	fence = append(fence, labels, labelsBinding)
 	for _, f := range fence {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(f)

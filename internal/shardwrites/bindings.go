@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
+	ringkeys "github.com/kshard/kshard/sharding/ring"
 )
 
 // Policy is the ValidatingAdmissionPolicy of deploy/base that the bindings
@@ -37,10 +37,11 @@ const LabelsPolicy = "kshard-shard-labels"
 const ServiceAccount = "kshard"
 
 // Bindings are the bindings of Policy for every shard of a ring whose Leases
-// live in leaseNamespace. A shard whose Lease does not exist fails a write
+// live in leaseNamespace and whose objects carry the shard label under
+// labelPrefix (sharding.Options.LabelPrefix). A shard whose Lease does not exist fails a write
 // closed (parameterNotFoundAction Deny): its replicas create the Lease
 // before they write the shard, and may not delete it.
-func Bindings(ring, leaseNamespace string, shards int32) []admissionregistrationv1.ValidatingAdmissionPolicyBinding {
+func Bindings(ring, leaseNamespace, labelPrefix string, shards int32) []admissionregistrationv1.ValidatingAdmissionPolicyBinding {
 	out := make([]admissionregistrationv1.ValidatingAdmissionPolicyBinding, 0, shards)
 	for n := range shards {
 		out = append(out, admissionregistrationv1.ValidatingAdmissionPolicyBinding{
@@ -55,7 +56,7 @@ func Bindings(ring, leaseNamespace string, shards int32) []admissionregistration
 					ParameterNotFoundAction: ptr.To(admissionregistrationv1.DenyAction),
 				},
 				MatchResources: &admissionregistrationv1.MatchResources{
-					ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{sharding.LabelShard: fmt.Sprint(n)}},
+					ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{ringkeys.KeysFor(labelPrefix).Shard: fmt.Sprint(n)}},
 				},
 			},
 		})
@@ -65,12 +66,13 @@ func Bindings(ring, leaseNamespace string, shards int32) []admissionregistration
 
 // Labels is LabelsPolicy for a ring of shards shards whose replicas run as
 // ServiceAccount in leaseNamespace, whose labeler keeps shardTable there,
-// and its binding. A write passes it if it leaves the object's shard label
+// and whose shard label is under labelPrefix, and its binding. A write passes it if it leaves the object's shard label
 // a shard of the ring (canonical: "7", not "07"), or removes the label and,
 // by the policies on each kind, nothing else (a holder handing an object to
 // its rightful shard).
-func Labels(leaseNamespace, shardTable string, shards int32) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
-	label := fmt.Sprintf("'%s'", sharding.LabelShard)
+func Labels(leaseNamespace, shardTable, labelPrefix string, shards int32) (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	shardLabel := ringkeys.KeysFor(labelPrefix).Shard
+	label := fmt.Sprintf("'%s'", shardLabel)
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
 		ObjectMeta: metav1.ObjectMeta{Name: LabelsPolicy},
@@ -93,7 +95,7 @@ func Labels(leaseNamespace, shardTable string, shards int32) (*admissionregistra
 			Validations: []admissionregistrationv1.Validation{{
 				Expression: fmt.Sprintf("variables.removed || (variables.shard.matches('^(0|[1-9][0-9]{0,3})$') && int(variables.shard) < %d)", shards),
 				MessageExpression: fmt.Sprintf("'kshard fencing: a replica leaves every object it writes in one of the ring\\'s %d shards (label %s in [0, %d)); ' + "+
-					"request.resource.resource + ' ' + request.name + ' would have ' + (variables.shard == '' ? 'none' : variables.shard)", shards, sharding.LabelShard, shards),
+					"request.resource.resource + ' ' + request.name + ' would have ' + (variables.shard == '' ? 'none' : variables.shard)", shards, shardLabel, shards),
 				Reason: ptr.To(metav1.StatusReasonForbidden),
 			}},
 		},
