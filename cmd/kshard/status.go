@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -21,11 +22,15 @@ import (
 var errUnowned = errors.New("some shards are unowned")
 
 func newStatusCommand() *cobra.Command {
-	var kubeconfig, namespace, ringName string
+	var kubeconfig, namespace, ringName, prefix, kind string
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show the ring: each shard's holder and desired owner, each member, unowned shards (exit 2 if any)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			gvk, err := parseKind(kind)
+			if err != nil {
+				return err
+			}
 			cfg, err := loadConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -34,7 +39,7 @@ func newStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, err := ring.ReadStatus(cmd.Context(), c, ring.StatusOptions{Namespace: namespace, Ring: ringName, Kind: configv1alpha1.GroupVersion.WithKind("ConfigBinding"), LabelPrefix: sharding.DefaultLabelPrefix})
+			st, err := ring.ReadStatus(cmd.Context(), c, ring.StatusOptions{Namespace: namespace, Ring: ringName, Kind: gvk, LabelPrefix: prefix})
 			if err != nil {
 				return err
 			}
@@ -48,7 +53,20 @@ func newStatusCommand() *cobra.Command {
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: the usual loading rules)")
 	cmd.Flags().StringVar(&namespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases")
 	cmd.Flags().StringVar(&ringName, "ring", "kshard", "ring name")
+	cmd.Flags().StringVar(&prefix, "label-prefix", sharding.DefaultLabelPrefix, "the ring's label prefix (sharding.Options.LabelPrefix)")
+	cmd.Flags().StringVar(&kind, "kind", "ConfigBinding.v1alpha1."+configv1alpha1.GroupVersion.Group,
+		"the ring's primary kind, whose objects are counted per shard, as Kind.version.group (ConfigMap.v1. for a core kind)")
 	return cmd
+}
+
+// parseKind reads --kind: Kind.version.group, the group empty for a core
+// kind.
+func parseKind(s string) (schema.GroupVersionKind, error) {
+	gvk, _ := schema.ParseKindArg(s)
+	if gvk == nil || gvk.Kind == "" || gvk.Version == "" {
+		return schema.GroupVersionKind{}, fmt.Errorf("--kind %q: want Kind.version.group, e.g. ConfigMap.v1. or ConfigBinding.v1alpha1.config.kshard.dev", s)
+	}
+	return *gvk, nil
 }
 
 // printStatus writes a ring's status as tables a person reads.
