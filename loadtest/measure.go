@@ -97,14 +97,12 @@ func (r *run) followTargets(ctx context.Context) {
 	for {
 		var targets []promReplica
 		if f := r.currentFleet(); f != nil {
-			n := 0
 			f.mu.Lock()
 			for _, s := range f.slots {
 				in := s.current()
 				if in == nil || !in.proc.Running() {
 					continue
 				}
-				n++
 				u, err := url.Parse(in.metricsURL)
 				if err != nil {
 					continue
@@ -119,16 +117,11 @@ func (r *run) followTargets(ctx context.Context) {
 				}
 			}
 			f.mu.Unlock()
-			r.obs.setRunning(f.id, n)
 		}
 		if err := r.prom.setReplicas(targets); err != nil {
 			r.log.Error(err, "Updating Prometheus's targets")
 		}
 		reasons := r.tracker.reasons()
-		r.obs.reasons.Reset()
-		for reason, n := range reasons {
-			r.obs.reasons.WithLabelValues(reason).Set(float64(n))
-		}
 		r.mu.Lock()
 		phase, f := r.phase, r.fleet
 		r.mu.Unlock()

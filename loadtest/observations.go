@@ -39,7 +39,6 @@ type observations struct {
 
 	ready, labeled, propagation *prometheus.HistogramVec
 	sent, flaps, expected       *prometheus.CounterVec
-	replicas, reasons           *prometheus.GaugeVec
 	// cfsPeriods and cfsThrottled are the CFS periods a replica process
 	// held to a CPU quota ran in, and those that ended with its quota
 	// spent (its cgroup's cpu.stat, cumulative).
@@ -74,16 +73,12 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 			Help: "ConfigMaps that had to show a config-center change the load tester made, counted when they did or when the load tester stopped waiting: loadtest_propagation_seconds counts those that did."}, []string{"fleet"}),
 		flaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_ready_flaps_total",
 			Help: "Objects whose Ready went from True to not True at an unchanged generation."}, []string{"fleet"}),
-		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_replicas_running",
-			Help: "Replica processes of the fleet running."}, []string{"fleet"}),
 		cfsPeriods: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_periods",
 			Help: "CFS periods a replica process held to --replica-cpu ran in (its cgroup's cpu.stat nr_periods, cumulative)."}, []string{"fleet", "replica", "process"}),
 		cfsThrottled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_throttled_periods",
 			Help: "CFS periods that ended with the replica process's quota spent (nr_throttled, cumulative)."}, []string{"fleet", "replica", "process"}),
-		reasons: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_objects",
-			Help: "ConfigBindings by the reason of their Ready condition, as the watch shows them."}, []string{"reason"}),
 	}
-	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.replicas, o.reasons, o.cfsPeriods, o.cfsThrottled,
+	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.cfsPeriods, o.cfsThrottled,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "loadtest_object_writes_total",
 			Help: "Writes of ConfigBindings and ConfigMaps (any verb and subresource) the load tester sent: the API server's counts less these are the controllers'."},
 			func() float64 { return float64(ownWrites.Load()) }),
@@ -198,11 +193,6 @@ func (o *observations) propagated(d time.Duration) {
 func (o *observations) propagationExpected(n int) {
 	fleet, _ := o.current()
 	o.expected.WithLabelValues(fleet).Add(float64(n))
-}
-
-// setRunning publishes the replica processes of fleet running.
-func (o *observations) setRunning(fleet string, n int) {
-	o.replicas.WithLabelValues(fleet).Set(float64(n))
 }
 
 // String names the kind in the metrics' labels.
