@@ -570,7 +570,13 @@ func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error
 	if err := r.prom.caughtUp(ctx, at); err != nil {
 		return serverSyncs{}, err
 	}
-	started, err := r.prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), at.Add(r.opts.SampleInterval))
+	readAt := at.Add(r.opts.SampleInterval)
+	if t, ok, err := r.prom.firstScrapeAfter(ctx, at); err != nil {
+		return serverSyncs{}, err
+	} else if ok {
+		readAt = t
+	}
+	started, err := r.prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), readAt)
 	if err != nil {
 		return serverSyncs{}, fmt.Errorf("the API server's start: %w", err)
 	}
@@ -581,7 +587,7 @@ func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error
 		`or sum by (resource) (apiserver_watch_list_duration_seconds_count{job=%q,scope="cluster",resource=~%q}) `+
 		`or sum by (resource) (apiserver_request_total{job=%q,verb="LIST",scope="cluster",code="200",resource=~%q})`,
 		jobAPIServer, res, jobAPIServer, res, jobAPIServer, res, jobAPIServer, res)
-	v, err := r.prom.vector(ctx, q, at.Add(r.opts.SampleInterval))
+	v, err := r.prom.vector(ctx, q, readAt)
 	if err != nil {
 		return serverSyncs{}, err
 	}

@@ -292,6 +292,60 @@ func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64
 	return float64(v[0].Value), nil
 }
 
+// firstScrapeAfter is when Prometheus next scraped every target after t:
+// the latest, over the targets scraped both before and after t, of each
+// one's first successful scrape after it. A query at that time reads every
+// target as it stood after t, however late the scrapes came on a loaded
+// machine; a query one interval after t would read the scrape before t of
+// a target scraped late, or none of one whose scrapes failed. False when
+// no target was scraped after t within the window caughtUp waits.
+func (p *promServer) firstScrapeAfter(ctx context.Context, t time.Time) (time.Time, bool, error) {
+	wait := max(10*p.interval, 10*time.Second)
+	q := fmt.Sprintf("up[%dms]", (2 * wait).Milliseconds())
+	v, _, _, err := p.api.Query(ctx, q, t.Add(wait))
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("query %s: %w", q, err)
+	}
+	m, ok := v.(model.Matrix)
+	if !ok {
+		return time.Time{}, false, fmt.Errorf("query %s: a %s, not a matrix", q, v.Type())
+	}
+	var at time.Time
+	for _, series := range m {
+		before, after := false, time.Time{}
+		for _, s := range series.Values {
+			switch ts := s.Timestamp.Time(); {
+			case s.Value != 1: // a failed scrape
+			case ts.Before(t):
+				before = true
+			case after.IsZero():
+				after = ts
+			}
+		}
+		if before && after.After(at) {
+			at = after
+		}
+	}
+	return at, !at.IsZero(), nil
+}
+
+// readEnds sets when each span of w ends is read: the first scrape after
+// it (firstScrapeAfter), or, for a span after which nothing was scraped,
+// one step after it. A query that fails here fails again in the figure,
+// which says why.
+func (p *promServer) readEnds(ctx context.Context, w queryWindow) queryWindow {
+	spans := make(map[string]span, len(w.spans))
+	for name, sp := range w.spans {
+		sp.end = sp.to.Add(w.step)
+		if at, ok, err := p.firstScrapeAfter(ctx, sp.to); err == nil && ok {
+			sp.end = at
+		}
+		spans[name] = sp
+	}
+	w.spans = spans
+	return w
+}
+
 // caughtUp waits until Prometheus has scraped (or tried) every target,
 // each fixed one included, at least once after t, so a query at t reads
 // the moment t: a figure at a phase's edge must not be the scrape before

@@ -115,7 +115,10 @@ var spanNames = []string{"life", "phase", "start", "storm", "probes", "event", "
 // span is a stretch of a fleet's time, and the objects it concerns.
 type span struct {
 	from, to time.Time
-	objects  int
+	// end is when the span's end is read: the first scrape after to
+	// (promServer.readEnds), or one step after to before it is known.
+	end     time.Time
+	objects int
 }
 
 // queryWindow is what a fleet's queries are evaluated over.
@@ -148,7 +151,10 @@ func (w queryWindow) expand(q query) (string, time.Time, bool) {
 	// A span's end is read at the first scrape after it: what the span
 	// caused is counted up to it (the load tester starts a span only after
 	// a scrape of the quiet before it, see promServer.caughtUp).
-	end := sp.to.Add(w.step)
+	end := sp.end
+	if end.IsZero() {
+		end = sp.to.Add(w.step)
+	}
 	return strings.NewReplacer(
 		"$delta(", "$delta(", // expanded below, with $from and $to
 		"$replicas", fmt.Sprintf(`job=%q,fleet=%q`, jobReplicas, w.fleet),
@@ -207,6 +213,7 @@ func (w queryWindow) notApplicable(q query) string {
 
 // figures evaluates the rows of qs for w.
 func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []Figure {
+	w = p.readEnds(ctx, w)
 	out := make([]Figure, 0, len(qs))
 	for _, q := range qs {
 		expanded, at, ok := w.expand(q)
@@ -244,6 +251,7 @@ func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []F
 
 // replicaFigures evaluates the per-replica columns of qs for w.
 func (p *promServer) replicaFigures(ctx context.Context, qs []query, w queryWindow) []ReplicaFigures {
+	w = p.readEnds(ctx, w)
 	byReplica := map[string][]Figure{}
 	for i, q := range qs {
 		expanded, at, ok := w.expand(q)
