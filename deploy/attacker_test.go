@@ -26,10 +26,12 @@ import (
 )
 
 // The attacker's world: its pod holds shard 7's Lease, another replica
-// holds shard 5's and the labeler Lease, shard 9 has no Lease.
+// holds shard 5's and the labeler Lease, shard 3's Lease is held by nobody
+// (as deploy/base ships it), shard 9 has no Lease (an administrator
+// deleted it).
 const (
-	ownShard, foreignShard, leaselessShard = "7", "5", "9"
-	attacker, victim                       = "kshard-0", "kshard-1"
+	ownShard, foreignShard, freeShard, leaselessShard = "7", "5", "3", "9"
+	attacker, victim                                  = "kshard-0", "kshard-1"
 )
 
 // outcome is what the API server did with one attempted write.
@@ -94,9 +96,10 @@ func TestFenceHasNoSideDoor(t *testing.T) {
 			Labels: map[string]string{"kshard.dev/ring": "kshard", "kshard.dev/lease-kind": kind}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(h), LeaseDurationSeconds: ptr.To[int32](3600),
 				RenewTime: ptr.To(metav1.NewMicroTime(time.Now()))}}
-		if err := c.Create(ctx, l); err != nil {
-			t.Fatal(err)
-		}
+		holdLease(ctx, t, c, l)
+	}
+	if err := c.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.ShardName("kshard", 9)}}); err != nil {
+		t.Fatal(err)
 	}
 
 	// The objects, created by the cluster's admin.
@@ -236,6 +239,7 @@ func TestFenceHasNoSideDoor(t *testing.T) {
 		{"relabel a ConfigMap of its shard 7 -> 5", false, patchCM(cm7, `{"metadata":{"labels":`+labels(foreignShard)+`}}`)},
 		{"relabel a ConfigMap of its shard 7 -> 07", false, patchCM(cm7, `{"metadata":{"labels":`+labels("07")+`}}`)},
 		{"relabel a ConfigMap of its shard 7 -> 9 (no Lease)", false, patchCM(cm7, `{"metadata":{"labels":`+labels(leaselessShard)+`}}`)},
+		{"relabel a ConfigMap of its shard 7 -> 3 (held by nobody)", false, patchCM(cm7, `{"metadata":{"labels":`+labels(freeShard)+`}}`)},
 		{"relabel a ConfigMap of its shard 7 -> 64 (no such shard)", false, patchCM(cm7, `{"metadata":{"labels":`+labels("64")+`}}`)},
 		// ConfigMaps of another pod's shard, of a shard with no Lease, of none.
 		{"annotate a shard-5 ConfigMap", false, patchCM(cm5, `{"metadata":{"annotations":{"a":"b"}}}`)},
@@ -249,6 +253,7 @@ func TestFenceHasNoSideDoor(t *testing.T) {
 		{"update (PUT) a shard-5 ConfigMap unlabelled", false, putCM(cm5, cm5Labels(""))},
 		{"create a ConfigMap in shard 5", false, createCM(target(app, "", foreignShard, b5))},
 		{"create a ConfigMap in shard 9 (no Lease)", false, createCM(target(app, "", leaselessShard, b5))},
+		{"create a ConfigMap in shard 3 (held by nobody)", false, createCM(target(app, "", freeShard, b5))},
 		{"create a ConfigMap of a shard-5 binding with no shard label", false, createCM(target(app, "", "", b5))},
 		{"create a ConfigMap with shard label 07", false, createCM(target(app, "", "07", b7))},
 		{"create a ConfigMap in its shard where the namespace did not opt in", false, createCM(target(closed, "", ownShard, b7))},
@@ -376,6 +381,82 @@ func TestFenceHasNoSideDoor(t *testing.T) {
 	if len(e.Stray) != 1 || e.Stray[0].Name != cm5.Name || e.Stray[0].Holder != attackerHolder {
 		t.Errorf("the audit-log check did not name the planted relabel of ConfigMap %s (5 -> 7) alone:\n%s", cm5.Name, e)
 	}
+}
+
+// TestFenceStopsOnlyTheReplicas checks that the fence, installed as
+// deploy/base ships it and before any replica has run, refuses a replica's
+// token a write to an object of a shard nobody holds, and admits the same
+// writes from the cluster's administrator: creating, changing, relabelling
+// and deleting shard-labelled ConfigMaps, relabelling a ConfigBinding,
+// creating an ExternalDomain. The API server resolves a binding's param (the
+// shard's Lease) before the policy's match conditions, so without the shard
+// Leases deploy/base ships with its bindings the administrator's writes are
+// refused too ("no params found"), until a replica first takes the shard.
+// Dry runs: admission decides them as it would the real writes.
+func TestFenceStopsOnlyTheReplicas(t *testing.T) {
+	ctx := context.Background()
+	c := adminClient(t)
+	ns := installBase(ctx, t, c)
+	app := uniqueName("app")
+	createNamespace(ctx, t, c, app, targets)
+	const shard, other = "11", "12"
+	cb := &configv1alpha1.ConfigBinding{ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "b"},
+		Spec: configv1alpha1.ConfigBindingSpec{Domain: "d-b", Keys: []configv1alpha1.ConfigKey{"k"},
+			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: "b"}}}
+	if err := c.Create(ctx, cb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), cb) })
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "admins",
+		Labels: map[string]string{"kshard.dev/shard": shard, "kshard.dev/domain": "d-b"}}, Data: map[string]string{"k": "v"}}
+	newCM := func() *corev1.ConfigMap { o := cm.DeepCopy(); o.Name = uniqueName("new"); return o }
+	dry := client.DryRunAll
+	sa := podClient(ctx, t, ns, attacker, attacker+"_"+uniqueName("inc"))
+	refused := func() error {
+		err := sa.Create(ctx, newCM(), dry)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "kshard fencing") || !strings.Contains(err.Error(), "holder: nobody") {
+			return fmt.Errorf("a replica's create of a ConfigMap in shard %s: %v", shard, err)
+		}
+		return nil
+	}
+	// The fence in force (a refusal of any kind), before the
+	// administrator's writes could pass for the fence's absence.
+	controlplane.Eventually(t, time.Minute, "the fence in force", func() error {
+		if err := sa.Create(ctx, newCM(), dry); err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+			return fmt.Errorf("a replica's create of a ConfigMap in shard %s: %v", shard, err)
+		}
+		return nil
+	})
+	writes := map[string]func() error{
+		"create a ConfigMap in shard " + shard: func() error { return c.Create(ctx, newCM(), dry) },
+		"change its data":                      func() error { return c.Patch(ctx, cm.DeepCopy(), merge(`{"data":{"k":"w"}}`), dry) },
+		"relabel it " + shard + " -> " + other: func() error {
+			return c.Patch(ctx, cm.DeepCopy(), merge(`{"metadata":{"labels":{"kshard.dev/shard":"`+other+`"}}}`), dry)
+		},
+		"delete it": func() error { return c.Delete(ctx, cm.DeepCopy(), dry) },
+		"label a ConfigBinding with shard " + shard: func() error {
+			return c.Patch(ctx, cb.DeepCopy(), merge(`{"metadata":{"labels":{"kshard.dev/shard":"`+shard+`","kshard.dev/domain":"d-b"}}}`), dry)
+		},
+		"create an ExternalDomain in shard " + shard: func() error {
+			name := uniqueName("ed")
+			return c.Create(ctx, &configv1alpha1.ExternalDomain{ObjectMeta: metav1.ObjectMeta{Name: name,
+				Labels: map[string]string{"kshard.dev/shard": shard, "kshard.dev/ring": "kshard"}},
+				Spec: configv1alpha1.ExternalDomainSpec{Domain: name}}, dry)
+		},
+	}
+	// The ConfigMap the changes above are tried on, created for real.
+	controlplane.Eventually(t, time.Minute, "the administrator creating a ConfigMap in shard "+shard, func() error {
+		if err := c.Create(ctx, cm.DeepCopy()); !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		return nil
+	})
+	for name, write := range writes {
+		// Eventually: the API server's informer of the params may not yet
+		// have the Leases installBase applied.
+		controlplane.Eventually(t, time.Minute, "the administrator: "+name, write)
+	}
+	controlplane.Eventually(t, time.Minute, "a replica's token refused a write to shard "+shard+", held by nobody", refused)
 }
 
 // podClient is a client with a token bound to pod id in ns, whose user

@@ -61,9 +61,7 @@ func BenchmarkShardWritesPolicy(b *testing.B) {
 				Labels: map[string]string{sharding.LabelRing: "kshard", sharding.LabelLeaseKind: lease.KindShard}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](3600), AcquireTime: &now, RenewTime: &now},
 		}
-		if err := c.Create(ctx, l); err != nil {
-			b.Fatal(err)
-		}
+		holdLease(ctx, b, c, l)
 	}
 	app := uniqueName("app")
 	createNamespace(ctx, b, c, app, targets)

@@ -58,13 +58,30 @@ func installBase(ctx context.Context, t testing.TB, c client.Client, components 
 		switch o.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "StatefulSet",
 			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
-			"FlowSchema", "PriorityLevelConfiguration":
+			"FlowSchema", "PriorityLevelConfiguration", "Lease":
 			objs = append(objs, o)
 		}
 	}
 	apply(ctx, t, c, objs)
 	t.Cleanup(func() { remove(context.Background(), t, c, objs) })
 	return ns
+}
+
+// holdLease makes l's spec the Lease's, creating it if missing: the shard
+// Leases ship with deploy/base (held by nobody), the others do not.
+func holdLease(ctx context.Context, t testing.TB, c client.Client, l *coordinationv1.Lease) {
+	t.Helper()
+	err := c.Create(ctx, l.DeepCopy())
+	if apierrors.IsAlreadyExists(err) {
+		live := &coordinationv1.Lease{}
+		if err = c.Get(ctx, client.ObjectKeyFromObject(l), live); err == nil {
+			live.Labels, live.Spec = l.Labels, l.Spec
+			err = c.Update(ctx, live)
+		}
+	}
+	if err != nil {
+		t.Fatalf("holding Lease %s/%s: %v", l.Namespace, l.Name, err)
+	}
 }
 
 // serviceAccountToken gets a token for a ServiceAccount from the

@@ -91,41 +91,6 @@ type fencing struct {
 	// flowSchema is deploy/base's kshard-syncs FlowSchema as installed,
 	// for setFlowSchema (its kshard-leases FlowSchema stays).
 	flowSchema *unstructured.Unstructured
-	// shardBindings are the fence's bindings to the shard Leases, which
-	// refuse a write to a shard's objects while its Lease is missing;
-	// unbound says bindShards took them away.
-	shardBindings []*unstructured.Unstructured
-	unbound       bool
-}
-
-// bindShards binds the fence's shard bindings for a sharded fleet, and
-// takes them away for one with sharding off or the plain controller: those
-// hold no shard Lease, and the API server refuses a write to a
-// shard-labelled object of a shard whose Lease is missing whoever sends it
-// (it resolves a binding's params before the policy's match conditions, so
-// parameterNotFoundAction Deny applies to every user). The write check
-// does not judge such fleets (one active replica, no tenure).
-func (fe *fencing) bindShards(ctx context.Context, on bool) error {
-	if fe == nil || !fe.enforced || fe.unbound == !on {
-		return nil
-	}
-	for _, b := range fe.shardBindings {
-		var err error
-		if on {
-			o, cerr := jsonCopy(b)
-			if cerr != nil {
-				return cerr
-			}
-			err = fe.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership)
-		} else if err = fe.c.Delete(ctx, &unstructured.Unstructured{Object: map[string]any{"apiVersion": b.GetAPIVersion(), "kind": b.GetKind(), "metadata": map[string]any{"name": b.GetName()}}}); apierrors.IsNotFound(err) {
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("binding the fence's shard bindings (%v): %s: %w", on, b.GetName(), err)
-		}
-	}
-	fe.unbound = !on
-	return nil
 }
 
 // syncsFlowSchema names deploy/base's FlowSchema of the replicas' syncs,
@@ -152,13 +117,6 @@ func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 				return nil, fmt.Errorf("deleting %s %s (--no-fencing): %w", o.GetKind(), o.GetName(), err)
 			}
 			continue
-		}
-		if nf, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "parameterNotFoundAction"); o.GetKind() == "ValidatingAdmissionPolicyBinding" && nf == "Deny" {
-			c, err := jsonCopy(o)
-			if err != nil {
-				return nil, err
-			}
-			fe.shardBindings = append(fe.shardBindings, c)
 		}
 		if o.GetKind() == "FlowSchema" && strings.HasPrefix(o.GetName(), syncsFlowSchema) {
 			// A copy, through JSON (kustomize's numbers are ints, which
@@ -247,7 +205,12 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 		}
 		out = append(out, o)
 	}
+	// The Leases before the bindings that take them as params: a binding
+	// whose Lease is missing refuses everyone's writes to its shard.
 	var fence []any
+	for _, l := range shardwrites.Leases(ring, ns, sharding.DefaultLabelPrefix, shards) {
+		fence = append(fence, &l)
+	}
 	for _, b := range shardwrites.Bindings(baseRing, ns, sharding.DefaultLabelPrefix, shards) {
 		fence = append(fence, &b)
 	}

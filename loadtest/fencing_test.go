@@ -16,7 +16,8 @@ import (
 // TestFencingObjects: deploy/base builds into the load tester's namespace
 // with its fencing policy fencing the load tester's ring: the policy
 // matches the renamed ServiceAccount's user, one binding per shard takes
-// that shard's Lease of ring "loadtest" in namespace kshard-loadtest, and
+// that shard's Lease of ring "loadtest" in namespace kshard-loadtest, which
+// is installed with it (held by nobody, labelled for the ring's watch), and
 // the RBAC binds the renamed ServiceAccount.
 func TestFencingObjects(t *testing.T) {
 	if _, err := controlplane.RepoRoot(); err != nil {
@@ -30,8 +31,8 @@ func TestFencingObjects(t *testing.T) {
 			t.Fatal(err)
 		}
 		kinds := map[string]int{}
-		params := map[string]bool{}
-		for _, o := range objs {
+		params, leases := map[string]bool{}, map[string]bool{}
+		for i, o := range objs {
 			kinds[o.GetKind()]++
 			switch o.GetKind() {
 			case "ValidatingAdmissionPolicy":
@@ -60,6 +61,20 @@ func TestFencingObjects(t *testing.T) {
 				if ns, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ns != LeaseNamespace {
 					t.Errorf("shard-label binding's table in %s, want %s", ns, LeaseNamespace)
 				}
+			case "Lease":
+				if o.GetNamespace() != LeaseNamespace || o.GetLabels()["kshard.dev/ring"] != Ring || o.GetLabels()["kshard.dev/lease-kind"] != lease.KindShard {
+					t.Errorf("Lease %s/%s labelled %v: want in %s, labelled a shard Lease of ring %s", o.GetNamespace(), o.GetName(), o.GetLabels(), LeaseNamespace, Ring)
+				}
+				if _, held, _ := unstructured.NestedString(o.Object, "spec", "holderIdentity"); held {
+					t.Errorf("Lease %s ships with a holder", o.GetName())
+				}
+				for _, b := range objs[:i] {
+					if b.GetKind() == "ValidatingAdmissionPolicyBinding" {
+						t.Errorf("Lease %s applied after binding %s: the binding refuses everyone until it exists", o.GetName(), b.GetName())
+						break
+					}
+				}
+				leases[o.GetName()] = true
 			case "ClusterRoleBinding", "RoleBinding":
 				subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
 				for _, s := range subjects {
@@ -72,6 +87,9 @@ func TestFencingObjects(t *testing.T) {
 		for n := range shards {
 			if !params[lease.ShardName(Ring, n)] {
 				t.Errorf("no binding takes Lease %s", lease.ShardName(Ring, n))
+			}
+			if !leases[lease.ShardName(Ring, n)] {
+				t.Errorf("Lease %s not installed", lease.ShardName(Ring, n))
 			}
 		}
 		if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != int(shards)+1 || kinds["MutatingAdmissionPolicy"] != 1 || kinds["MutatingAdmissionPolicyBinding"] != 1 || kinds["ServiceAccount"] != 1 || kinds["ClusterRole"] == 0 || kinds["Role"] == 0 {

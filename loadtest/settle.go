@@ -70,9 +70,6 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 		f.tableDomains = n
 	}
 	f.sizes = []int{n}
-	if err := r.fencing.bindShards(ctx, mode.Sharded()); err != nil {
-		return nil, err
-	}
 	r.awaitScansStill(ctx)
 	r.scraped(ctx)
 	r.mu.Lock()

@@ -3,7 +3,8 @@
 // deploy/base's kshard-shard-writes policy per shard, selecting the objects
 // labelled with that shard before or after a write and taking that shard's
 // Lease as its param, so that the API server checks a write against one Lease
-// per shard it touches; and the kshard-shard-labels policy, which refuses a
+// per shard it touches; the shard Leases themselves, held by nobody until a
+// replica takes one; and the kshard-shard-labels policy, which refuses a
 // replica's write that leaves an object in no shard of the ring. `kshard
 // fencing` prints them for deploy/base, and the load tester binds them for
 // the shard count of its run: both from here, so that a ring of any size is
@@ -14,6 +15,7 @@ import (
 	"fmt"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -38,9 +40,11 @@ const ServiceAccount = "kshard"
 
 // Bindings are the bindings of Policy for every shard of a ring whose Leases
 // live in leaseNamespace and whose objects carry the shard label under
-// labelPrefix (sharding.Options.LabelPrefix). A shard whose Lease does not exist fails a write
-// closed (parameterNotFoundAction Deny): its replicas create the Lease
-// before they write the shard, and may not delete it.
+// labelPrefix (sharding.Options.LabelPrefix). A shard whose Lease does not
+// exist fails a write closed (parameterNotFoundAction Deny), for every user:
+// the API server resolves a binding's param before the policy's match
+// conditions. So the Leases ship with the bindings (Leases), and the
+// replicas may not delete them.
 func Bindings(ring, leaseNamespace, labelPrefix string, shards int32) []admissionregistrationv1.ValidatingAdmissionPolicyBinding {
 	out := make([]admissionregistrationv1.ValidatingAdmissionPolicyBinding, 0, shards)
 	for n := range shards {
@@ -59,6 +63,26 @@ func Bindings(ring, leaseNamespace, labelPrefix string, shards int32) []admissio
 					ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{ringkeys.KeysFor(labelPrefix).Shard: fmt.Sprint(n)}},
 				},
 			},
+		})
+	}
+	return out
+}
+
+// Leases are the shard Leases of a ring as Bindings name them, held by
+// nobody, labelled as the replicas label the ones they create (so that the
+// ring's Lease watch sees them). Shipped with the bindings, they exist
+// before any replica runs: without them a binding's missing param would
+// refuse everyone's writes to the shard's objects, an administrator's
+// too, until a replica first took the shard. They carry no spec, so
+// applying them again never touches the holder a replica wrote.
+func Leases(ring, leaseNamespace, labelPrefix string, shards int32) []coordinationv1.Lease {
+	keys := ringkeys.KeysFor(labelPrefix)
+	out := make([]coordinationv1.Lease, 0, shards)
+	for n := range shards {
+		out = append(out, coordinationv1.Lease{
+			TypeMeta: metav1.TypeMeta{APIVersion: coordinationv1.SchemeGroupVersion.String(), Kind: "Lease"},
+			ObjectMeta: metav1.ObjectMeta{Name: lease.ShardName(ring, n), Namespace: leaseNamespace,
+				Labels: map[string]string{keys.Ring: ring, keys.LeaseKind: lease.KindShard}},
 		})
 	}
 	return out
