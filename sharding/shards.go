@@ -45,13 +45,20 @@ type Shards interface {
 
 // Runtime is what the code that wires a controller needs of whatever runs
 // its shards, beyond the Shards its reconciler reads: the one controller
-// the held shards feed. Program a setup that chooses between sharding on
-// (*Replica) and off (*Single) against it, and one code path wires either.
+// the held shards feed, a readiness check and the leave at a termination
+// signal. Program a setup that chooses between sharding on (*Replica) and
+// off (*Single) against it, and one code path wires either.
 type Runtime interface {
 	Shards
 	// NewController creates the controller the shards' requests feed;
 	// there is one per Runtime.
 	NewController(name string, rec reconcile.TypedReconciler[Request], opts controller.TypedOptions[Request]) (controller.TypedController[Request], error)
+	// Ready is a readiness check (a manager's AddReadyzCheck): nil once
+	// this replica runs what it should.
+	Ready() error
+	// Leave prepares this replica's leaving, when the termination signal
+	// comes and before the manager stops.
+	Leave(ctx context.Context)
 }
 
 var (

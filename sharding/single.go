@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,10 +36,13 @@ import (
 // reconciles wait for that. Writes are granted from the election on: the
 // manager exits when it loses the election.
 type Single struct {
-	mgr      manager.Manager
-	opts     SingleOptions
-	forGVK   schema.GroupVersionKind
-	acquired chan struct{} // closed once OnAcquire ran for every shard
+	mgr    manager.Manager
+	opts   SingleOptions
+	forGVK schema.GroupVersionKind
+	// starting is set when the manager, elected, starts the Single;
+	// acquired is closed once OnAcquire ran for every shard.
+	starting atomic.Bool
+	acquired chan struct{}
 
 	controller feeds
 	mu         sync.Mutex
@@ -129,6 +133,7 @@ func (s *Single) NeedLeaderElection() bool { return true }
 // Start runs OnAcquire for every shard, waits until ctx ends, then runs
 // OnRelease for every shard.
 func (s *Single) Start(ctx context.Context) error {
+	s.starting.Store(true)
 	for n := range s.opts.Shards {
 		if s.opts.OnAcquire != nil {
 			s.opts.OnAcquire(ctx, n)
@@ -143,6 +148,25 @@ func (s *Single) Start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Ready is a readiness check: the elected replica is ready once it has
+// started every shard (OnAcquire ran for each); a standby is ready, as it
+// stands by (a rolling update waits on its readiness).
+func (s *Single) Ready() error {
+	if !s.starting.Load() {
+		return nil
+	}
+	select {
+	case <-s.acquired:
+		return nil
+	default:
+		return errors.New("elected, shards not started yet")
+	}
+}
+
+// Leave does nothing: the replica elected next takes every shard when this
+// one's manager releases the election.
+func (s *Single) Leave(context.Context) {}
 
 // Count is the number of shards.
 func (s *Single) Count() int32 { return s.opts.Shards }

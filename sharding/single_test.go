@@ -118,7 +118,8 @@ func (r *singleRecorder) count(req sharding.Request) int {
 // shard, whose reader reads it and no other's does; writes are granted; an
 // owned object's event becomes its owner's request under the owner's shard;
 // a shard's List has the cache copy that shard's objects only, not every
-// object of the kind.
+// object of the kind. Its readiness: ready as a standby (not elected yet),
+// not while it starts its shards, ready once it runs them.
 func TestSingleRunsEveryShard(t *testing.T) {
 	t.Parallel()
 	c := newClient(t)
@@ -145,9 +146,10 @@ func TestSingleRunsEveryShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
+	var single *sharding.Single
 	acquired := map[int32]context.Context{}
 	released := map[int32]bool{}
-	single, err := sharding.NewSingle(mgr, sharding.SingleOptions{
+	single, err = sharding.NewSingle(mgr, sharding.SingleOptions{
 		Shards:   shards,
 		Identity: "single-0",
 		For:      sharding.Kind{Object: &configv1alpha1.ConfigBinding{}},
@@ -156,6 +158,9 @@ func TestSingleRunsEveryShard(t *testing.T) {
 		OnAcquire: func(ctx context.Context, n int32) {
 			mu.Lock()
 			defer mu.Unlock()
+			if single.Ready() == nil {
+				t.Errorf("ready while starting shard %d", n)
+			}
 			acquired[n] = ctx
 		},
 		OnRelease: func(n int32) {
@@ -176,6 +181,9 @@ func TestSingleRunsEveryShard(t *testing.T) {
 	}
 	if _, err := single.NewController("again", rec, controller.TypedOptions[sharding.Request]{}); err == nil {
 		t.Error("a second controller on one Single was accepted")
+	}
+	if err := single.Ready(); err != nil {
+		t.Errorf("a standby is not ready: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
@@ -208,6 +216,11 @@ func TestSingleRunsEveryShard(t *testing.T) {
 		if !single.Holds(n) {
 			t.Errorf("the elected Single does not hold shard %d", n)
 		}
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return single.Ready() == nil, nil
+	}); err != nil {
+		t.Errorf("the elected Single running every shard is not ready: %v", single.Ready())
 	}
 	// An owned ConfigMap changed by someone else: its binding is
 	// reconciled again, under the binding's shard.

@@ -400,7 +400,7 @@ func domainOf(o client.Object) string {
 // controller runs the held shards' requests. It returns what to do when
 // the replica is told to stop, before its manager stops: a ring's warm
 // leave.
-func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource, authz *authzcache.Cache) (leave func(context.Context), err error) {
+func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbinding.Reconciler, src externalSource, authz *authzcache.Cache) (func(context.Context), error) {
 	// shardOf is the runtime's: a ring reads the shard label, a single
 	// replica an object's domain (with sharding off nothing labels objects).
 	var shardOf func(client.Object) (int32, bool)
@@ -437,10 +437,7 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 		if err != nil {
 			return nil, err
 		}
-		if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return rep.Ready() }); err != nil {
-			return nil, err
-		}
-		shards, shardOf, leave = rep, shardLabel, rep.Leave
+		shards, shardOf = rep, shardLabel
 	} else {
 		// The manager's cache applies the ConfigMaps' selector and
 		// transform (newManager).
@@ -457,10 +454,10 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 		if err != nil {
 			return nil, err
 		}
-		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
-		}
-		shards, shardOf, leave = single, func(o client.Object) (int32, bool) { return single.ShardOf(o), true }, func(context.Context) {}
+		shards, shardOf = single, func(o client.Object) (int32, bool) { return single.ShardOf(o), true }
+	}
+	if err := mgr.AddReadyzCheck("shards", func(*http.Request) error { return shards.Ready() }); err != nil {
+		return nil, err
 	}
 	if err := src.bind(mgr, shards); err != nil {
 		return nil, err
@@ -481,5 +478,5 @@ func wire(mgr manager.Manager, opts Options, incarnation string, rec *configbind
 	}); err != nil {
 		return nil, err
 	}
-	return leave, nil
+	return shards.Leave, nil
 }
