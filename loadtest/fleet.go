@@ -437,7 +437,7 @@ func (f *fleet) start(s *slot) error {
 		kubeconfig = f.r.kubeconfig
 	}
 	args := replicaArgs(f.mode, replicaConfig{
-		kubeconfig: kubeconfig, id: s.id, centerURL: f.r.centerURL,
+		kubeconfig: kubeconfig, id: s.id, center: f.r.center.args(),
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
 		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod, shards: o.Shards,
 		memoryLimit: limit, clockOffset: in.clockOffset,
@@ -463,7 +463,9 @@ func (f *fleet) start(s *slot) error {
 
 // replicaConfig is what the load tester tells every replica process.
 type replicaConfig struct {
-	kubeconfig, id, centerURL, metricsAddr, healthAddr string
+	kubeconfig, id, metricsAddr, healthAddr string
+	// center are the flags pointing it at the config center (center.args).
+	center []string
 	// audit is the audit log's path; empty for a plain mode, which has
 	// none.
 	audit                                     string
@@ -492,7 +494,6 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		"--kubeconfig", c.kubeconfig,
 		"--replica-id", c.id,
 		"--lease-namespace", LeaseNamespace,
-		"--configcenter-url", c.centerURL,
 		"--metrics-bind-address", c.metricsAddr,
 		"--health-probe-bind-address", c.healthAddr,
 		"--lease-duration", c.leaseDuration.String(),
@@ -500,6 +501,7 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		"--retry-period", c.retryPeriod.String(),
 		"--zap-log-level=info",
 	}
+	common = append(common, c.center...)
 	if c.pprofAddr != "" {
 		common = append(common, "--pprof-bind-address", c.pprofAddr)
 	}
@@ -508,9 +510,6 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 	}
 	args := append([]string{"controller"}, common...)
 	args = append(args,
-		// The load tester's config center is still kshard's stand-in; the
-		// replicas' default is etcd.
-		"--config-center", "http",
 		"--ring", Ring,
 		"--shards", strconv.Itoa(int(c.shards)),
 		"--statefulset", StatefulSet,

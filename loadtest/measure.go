@@ -35,9 +35,7 @@ func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
 			o.etcd = promScrape{addr: u.Host, scheme: u.Scheme}
 		}
 	}
-	if u, err := url.Parse(r.centerURL); err == nil && u.Host != "" {
-		o.configCenter = promScrape{addr: u.Host, scheme: u.Scheme}
-	}
+	o.configCenter = r.center.scrape()
 	if r.pods != nil {
 		token := filepath.Join(dir, "replicas.token")
 		if err := os.WriteFile(token, []byte(r.pods.metricsToken), 0o600); err != nil {

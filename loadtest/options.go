@@ -66,10 +66,15 @@ type Options struct {
 	// Seed makes object placement and update order reproducible. Default 1.
 	Seed uint64
 
+	// ConfigCenter is the run's config center: CenterEtcd (default), an
+	// etcd of the run's own, or CenterHTTP, kshard's stand-in. On a
+	// StatefulSet's pods it is the cluster's stand-in, whichever is set.
+	ConfigCenter string
 	// ValueBytes is the size of every config-center value. Default 256.
 	ValueBytes int
-	// Latency and Jitter are added by the config center to every data
-	// request (Jitter uniformly on top). Default 5ms and 0.
+	// Latency is added to every data request: by a proxy in front of etcd
+	// (on the request's way), by the stand-in itself. Jitter, the stand-in
+	// only, adds up to as much again, uniformly. Default 5ms and 0.
 	Latency, Jitter time.Duration
 	// ValueChangeInterval, when set, writes a new value to one bound key of
 	// the config center per interval during each fleet's measured phase and
@@ -77,11 +82,12 @@ type Options struct {
 	// (compare-external: 2s).
 	ValueChangeInterval time.Duration
 	// ErrorRate is the share of data requests the config center fails with
-	// 500. Default 0.
+	// 500, the stand-in only. Default 0.
 	ErrorRate float64
-	// OutageAfter and OutageFor schedule a config-center outage (503 on
-	// every data request) within the measured phase of every fleet: from
-	// OutageAfter into it, for OutageFor. The external-outage scenario sets
+	// OutageAfter and OutageFor schedule a config-center outage (etcd
+	// stopped; the stand-in answering 503 on every data request) within
+	// the measured phase of every fleet: from OutageAfter into it, for
+	// OutageFor. The external-outage scenario sets
 	// them; zero OutageFor means no outage.
 	OutageAfter, OutageFor time.Duration
 
@@ -232,7 +238,7 @@ type Options struct {
 // field of Options.
 var defaultOptions = Options{
 	Duration: time.Minute, Objects: 1000, Domains: 100, KeysPerDomain: 16, KeysPerObject: 2, Replicas: 3,
-	CreateRate: 200, UpdateRate: 0.02, Skew: SkewUniform, ZipfS: 1.1, Seed: 1, ValueBytes: 256,
+	CreateRate: 200, UpdateRate: 0.02, Skew: SkewUniform, ZipfS: 1.1, Seed: 1, ConfigCenter: CenterEtcd, ValueBytes: 256,
 	Latency: 5 * time.Millisecond, Shards: sharding.DefaultShards, LeaseDuration: sharding.DefaultLeaseDuration,
 	RenewDeadline: sharding.DefaultRenewDeadline, RetryPeriod: sharding.DefaultRetryPeriod,
 	ChaosInterval: 30 * time.Second, RestartDelay: 5 * time.Second, ClockOffset: 30 * time.Second,
@@ -301,6 +307,9 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.ValueChangeInterval < 0, "value change interval %s must not be negative", o.ValueChangeInterval)
 	check(o.Latency < 0 || o.Jitter < 0, "latency %s and jitter %s must not be negative", o.Latency, o.Jitter)
 	check(!finite(o.ErrorRate) || o.ErrorRate < 0 || o.ErrorRate > 1, "error rate %v must be within 0..1", o.ErrorRate)
+	check(o.ConfigCenter != CenterEtcd && o.ConfigCenter != CenterHTTP, "config center %q must be %q or %q", o.ConfigCenter, CenterEtcd, CenterHTTP)
+	check(o.ConfigCenter == CenterEtcd && o.StatefulSet == "" && (o.Jitter > 0 || o.ErrorRate > 0),
+		"jitter %s and error rate %v need the stand-in config center (--config-center http): an etcd cannot be made to fail a share of requests", o.Jitter, o.ErrorRate)
 	check(o.OutageAfter < 0 || o.OutageFor < 0, "outage times must not be negative")
 	check(o.OutageFor > 0 && o.OutageAfter+o.OutageFor > o.Duration, "the outage (%s after the start, for %s) must end within the duration %s", o.OutageAfter, o.OutageFor, o.Duration)
 	// The replicas refuse what sharding refuses: refused here, before any starts.

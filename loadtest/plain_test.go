@@ -9,7 +9,7 @@ import (
 
 func testReplicaConfig() replicaConfig {
 	return replicaConfig{
-		kubeconfig: "/w/kubeconfig", id: "kshard-0", centerURL: "http://127.0.0.1:1234",
+		kubeconfig: "/w/kubeconfig", id: "kshard-0", center: []string{"--config-center", "etcd", "--etcd-servers", "http://127.0.0.1:1234"},
 		metricsAddr: "127.0.0.1:2000", healthAddr: "127.0.0.1:2001", audit: "/w/audit/x.jsonl",
 		leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 5 * time.Second,
 	}
@@ -35,8 +35,8 @@ func TestPlainReplicaArgs(t *testing.T) {
 	c := testReplicaConfig()
 	c.audit = ""
 	plain := replicaArgs(ModePlain, c)
-	want := []string{"kubeconfig", "replica-id", "lease-namespace", "configcenter-url", "metrics-bind-address",
-		"health-probe-bind-address", "lease-duration", "renew-deadline", "retry-period", "zap-log-level"}
+	want := []string{"kubeconfig", "replica-id", "lease-namespace", "metrics-bind-address",
+		"health-probe-bind-address", "lease-duration", "renew-deadline", "retry-period", "zap-log-level", "config-center", "etcd-servers"}
 	if got := flagNames(plain); !slices.Equal(got, want) {
 		t.Errorf("plain flags %v, want %v", got, want)
 	}

@@ -677,8 +677,8 @@ func (r *run) restorePods(ctx context.Context) {
 	} else {
 		r.progress.printf("StatefulSet %s/%s scaled back to %d", t.namespace, t.name, t.restoreReplicas)
 	}
-	if r.cc != nil && t.centerFaults != nil {
-		if err := r.cc.SetFaults(ctx, *t.centerFaults); err != nil {
+	if h, ok := r.center.(*httpCenter); ok && t.centerFaults != nil {
+		if err := h.cc.SetFaults(ctx, *t.centerFaults); err != nil {
 			r.log.Error(err, "Restoring the config center's faults")
 		}
 	}
@@ -688,39 +688,39 @@ func (r *run) restorePods(ctx context.Context) {
 // "configcenter" of the StatefulSet's namespace at its cluster IP (the node
 // of `make cluster` routes the Service range to the host): it seeds the
 // run's data and sets the run's faults through the admin API, as the load
-// tester's own config center would start with them.
-func (r *run) connectCenter(ctx context.Context) error {
+// tester's own config center would start with them. The cluster's is
+// kshard's stand-in (deploy/configcenter).
+func (r *run) connectCenter(ctx context.Context) (*httpCenter, error) {
 	o, t := r.opts, r.pods
 	svc, err := r.cs.CoreV1().Services(t.namespace).Get(ctx, centerService, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("finding the config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
+		return nil, fmt.Errorf("finding the config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
 	}
 	if len(svc.Spec.Ports) == 0 || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
-		return fmt.Errorf("Service %s/%s has no cluster IP and port", t.namespace, centerService)
+		return nil, fmt.Errorf("Service %s/%s has no cluster IP and port", t.namespace, centerService)
 	}
-	r.centerURL = "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))
-	if r.cc, err = configcenter.NewClient(configcenter.ClientOptions{BaseURL: r.centerURL, Caller: loadtestCaller}); err != nil {
-		return err
+	h := &httpCenter{url: "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port))), faults: o.centerFaults()}
+	if h.cc, err = configcenter.NewClient(configcenter.ClientOptions{BaseURL: h.url, Caller: loadtestCaller}); err != nil {
+		return nil, err
 	}
-	saved, err := r.cc.Faults(ctx)
+	saved, err := h.cc.Faults(ctx)
 	if err != nil {
-		return fmt.Errorf("the config center at %s (Service %s/%s) must answer the load tester: %w", r.centerURL, t.namespace, centerService, err)
+		return nil, fmt.Errorf("the config center at %s (Service %s/%s) must answer the load tester: %w", h.url, t.namespace, centerService, err)
 	}
 	t.centerFaults = &saved
-	res, err := r.cc.Seed(ctx, configcenter.SeedOptions{Domains: o.Domains, KeysPerDomain: o.KeysPerDomain, ValueBytes: o.ValueBytes})
+	res, err := h.cc.Seed(ctx, configcenter.SeedOptions{Domains: o.Domains, KeysPerDomain: o.KeysPerDomain, ValueBytes: o.ValueBytes})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r.faults = o.centerFaults()
-	if err := r.cc.SetFaults(ctx, r.faults); err != nil {
-		return err
+	if err := h.cc.SetFaults(ctx, h.faults); err != nil {
+		return nil, err
 	}
-	if err := r.cc.ResetStats(ctx); err != nil {
-		return err
+	if err := h.cc.ResetStats(ctx); err != nil {
+		return nil, err
 	}
-	r.progress.printf("config center at %s (Service %s/%s): seeded %d keys (%d domains × %d keys of %d bytes), %s latency per call",
-		r.centerURL, t.namespace, centerService, res.Keys, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency)
-	return nil
+	h.desc = fmt.Sprintf("the cluster's, kshard's stand-in (Service %s/%s at %s), seeded and given its faults through its admin API: %d keys (%d domains × %d keys of %d bytes), %s latency + up to %s jitter, %g error rate",
+		t.namespace, centerService, h.url, res.Keys, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate)
+	return h, nil
 }
 
 // centerService is the config center's Service in deploy/configcenter.

@@ -28,7 +28,7 @@ const propagationTimeout = time.Minute
 // meanwhile is not waited for.
 type propagation struct {
 	c   client.WithWatch
-	cc  *configcenter.Client
+	cc  center
 	set *objectSet
 	gen *generator
 	obs *observations
@@ -45,7 +45,7 @@ type probe struct {
 	waiting            map[string]int // ConfigMap name → object index
 }
 
-func newPropagation(c client.WithWatch, cc *configcenter.Client, set *objectSet, gen *generator, obs *observations) *propagation {
+func newPropagation(c client.WithWatch, cc center, set *objectSet, gen *generator, obs *observations) *propagation {
 	return &propagation{c: c, cc: cc, set: set, gen: gen, obs: obs}
 }
 
@@ -116,7 +116,7 @@ func (p *propagation) start(ctx context.Context, seq int) bool {
 	p.probes = append(p.probes, pr)
 	pr.at = time.Now()
 	p.mu.Unlock()
-	if _, err := p.cc.Put(ctx, pr.domain, pr.key, pr.value); err != nil {
+	if err := p.cc.put(ctx, pr.domain, pr.key, pr.value); err != nil {
 		p.mu.Lock()
 		p.probes = slices.DeleteFunc(p.probes, func(x *probe) bool { return x == pr })
 		p.mu.Unlock()

@@ -212,7 +212,7 @@ func (r *run) settings() [][2]string {
 	}
 	set("leases", fmt.Sprintf("duration %s, renew deadline %s, retry period %s; %d shards", o.LeaseDuration, o.RenewDeadline, o.RetryPeriod, o.Shards))
 	if o.OutageFor > 0 {
-		set("outage", fmt.Sprintf("config center answers 503 from %s into the measured phase, for %s", o.OutageAfter, o.OutageFor))
+		set("outage", fmt.Sprintf("config center %s from %s into the measured phase, for %s", r.center.outage(), o.OutageAfter, o.OutageFor))
 	}
 	if r.sc.Faults {
 		var rotation []string
@@ -252,8 +252,7 @@ func (r *run) replicaSettings(set func(k, v string)) {
 	if t := r.pods; t != nil {
 		set("replicas", fmt.Sprintf("%d pods of StatefulSet %s/%s (image %s, ring %s), scaled and deleted through the API server; "+
 			"audit records from the container logs, metrics over HTTPS with the load tester's ServiceAccount token", o.Replicas, t.namespace, t.name, t.image, t.ring))
-		set("config center", fmt.Sprintf("the cluster's (Service %s/%s at %s), seeded and given its faults through its admin API: %d-byte values, %s latency + up to %s jitter, %g error rate",
-			t.namespace, centerService, r.centerURL, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+		set("config center", r.center.String())
 		return
 	}
 	set("replicas", fmt.Sprintf("%d (scenario-specific fleets below)", o.Replicas))
@@ -265,7 +264,7 @@ func (r *run) replicaSettings(set func(k, v string)) {
 		set("replica identity", "sharded replicas: a token of deploy/base's ServiceAccount bound to a Pod object of the replica's name (created, never run), deploy/base's RBAC, "+
 			policy+"; sharding off and the plain controller: the load tester's admin credentials")
 	}
-	set("config center", fmt.Sprintf("%d-byte values, %s latency + up to %s jitter, %g error rate", o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate))
+	set("config center", r.center.String())
 }
 
 // faultText says what a fault of the kind does, on pods or on the load

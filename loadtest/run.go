@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +25,6 @@ import (
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/childproc"
-	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/netfault"
 	"github.com/kshard/kshard/internal/replica"
@@ -126,11 +123,11 @@ type run struct {
 	apiAddr string
 	// held are the faults injected that held a replica's requests on the
 	// wire (delays, partitions), for the write evidence.
-	held      []heldWindow
-	proxies   []*netfault.Proxy
-	centerURL string
-	cc        *configcenter.Client
-	faults    configcenter.Faults
+	held    []heldWindow
+	proxies []*netfault.Proxy
+	// center is the config center (Options.ConfigCenter, or the cluster's
+	// on a StatefulSet's pods).
+	center center
 	// ownWrites counts the writes of ConfigBindings and ConfigMaps the load
 	// tester sent through any client built from restConfig, so the API
 	// server's counts can be split into the replicas' and its own.
@@ -334,7 +331,7 @@ func (r *run) watch(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("creating the ConfigMap watch client: %w", err)
 		}
-		r.propagation = newPropagation(wc, r.cc, r.set, r.gen, r.obs)
+		r.propagation = newPropagation(wc, r.center, r.set, r.gen, r.obs)
 	}
 	return nil
 }
@@ -372,10 +369,14 @@ func (r *run) needsPlain() bool {
 	return hasPlain(r.chosen)
 }
 
-// binaries builds kshard and configcenter, and plaincontroller for a
-// scenario with a plain fleet, unless BinDir has them.
+// binaries builds kshard, configcenter for a run on the stand-in, and
+// plaincontroller for a scenario with a plain fleet, unless BinDir has
+// them.
 func (r *run) binaries(ctx context.Context) error {
-	names := []string{"kshard", "configcenter"}
+	names := []string{"kshard"}
+	if r.opts.ConfigCenter == CenterHTTP && r.opts.StatefulSet == "" {
+		names = append(names, "configcenter")
+	}
 	if r.needsPlain() {
 		names = append(names, "plaincontroller")
 	}
@@ -544,53 +545,22 @@ func (r *run) ensureNamespace(ctx context.Context, name string, labels map[strin
 	return nil
 }
 
-// startCenter starts the config center process with the run's data and
-// faults, and waits until it answers.
+// startCenter starts the run's config center with its data and faults
+// (Options.ConfigCenter), or on a StatefulSet's pods takes the cluster's.
 func (r *run) startCenter(ctx context.Context) error {
-	if r.pods != nil {
-		return r.connectCenter(ctx)
+	var err error
+	switch {
+	case r.pods != nil:
+		r.center, err = r.connectCenter(ctx)
+	case r.opts.ConfigCenter == CenterHTTP:
+		r.center, err = r.startHTTPCenter(ctx)
+	default:
+		r.center, err = r.startEtcdCenter(ctx)
 	}
-	o := r.opts
-	ports, err := childproc.FreePorts(1)
 	if err != nil {
 		return err
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	r.centerURL = "http://" + addr
-	if _, err := r.procs.Start("configcenter", r.centerBin, filepath.Join(r.work, "logs", "configcenter.log"),
-		"--listen", addr,
-		"--seed-domains", strconv.Itoa(o.Domains),
-		"--keys-per-domain", strconv.Itoa(o.KeysPerDomain),
-		"--value-bytes", strconv.Itoa(o.ValueBytes),
-		"--latency", o.Latency.String(),
-		"--jitter", o.Jitter.String(),
-		"--error-rate", strconv.FormatFloat(o.ErrorRate, 'g', -1, 64),
-	); err != nil {
-		return err
-	}
-	if r.cc, err = configcenter.NewClient(configcenter.ClientOptions{BaseURL: r.centerURL, Caller: loadtestCaller}); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		resp, err := http.Get(r.centerURL + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the config center at %s did not answer within a minute: %v", r.centerURL, err)
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	r.faults = o.centerFaults()
-	r.progress.printf("config center at %s: %d domains × %d keys of %d bytes, %s latency per call", r.centerURL, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency)
+	r.progress.printf("config center: %s", r.center)
 	return nil
 }
 
@@ -600,14 +570,6 @@ var bindingListGVK = configv1alpha1.GroupVersion.WithKind("ConfigBindingList")
 // loadtestCaller names the load tester in the config center's counts, so
 // its own requests are told from the replicas'.
 const loadtestCaller = "loadtest"
-
-// setOutage turns the config center's outage on or off, keeping the other
-// faults.
-func (r *run) setOutage(ctx context.Context, on bool) error {
-	f := r.faults
-	f.Outage = on
-	return r.cc.SetFaults(ctx, f)
-}
 
 // currentFleet is the fleet running now, nil between fleets.
 func (r *run) currentFleet() *fleet {

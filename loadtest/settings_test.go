@@ -37,11 +37,11 @@ func TestSettingsText(t *testing.T) {
 		if err := o.setDefaults(sc); err != nil {
 			t.Fatalf("%s: %v", tc.scenario, err)
 		}
-		r := &run{opts: o, sc: sc, apiAuditLog: "audit.log", fencing: &fencing{enforced: true}}
+		r := &run{opts: o, sc: sc, apiAuditLog: "audit.log", fencing: &fencing{enforced: true}, center: &etcdCenter{desc: "(the etcd center's description)"}}
 		r.chaos, _ = parseFaults(o.Faults, tc.pods, o.NodeFaults != "")
 		if tc.pods {
 			r.pods = &podTarget{namespace: "kshard", name: "kshard", image: "kshard:dev", ring: "kshard"}
-			r.centerURL = "http://center"
+			r.center = &httpCenter{desc: "(the cluster's stand-in's description)"}
 		}
 		fmt.Fprintf(&got, "## %s pods=%v\n", tc.scenario, tc.pods)
 		for _, s := range r.newReport(context.Background()).Settings {

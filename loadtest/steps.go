@@ -333,14 +333,14 @@ func (r *run) handovers(ctx context.Context, f *fleet) error {
 	return nil
 }
 
-// outage makes the config center answer 503 after OutageAfter, for
+// outage takes the config center away after OutageAfter, for
 // OutageFor, observing what it does, then times the recovery.
 func (r *run) outage(ctx context.Context, _ *fleet) error {
 	if err := sleep(ctx, r.opts.OutageAfter); err != nil {
 		return err
 	}
-	r.mark("config center outage (503)")
-	if err := r.setOutage(ctx, true); err != nil {
+	r.mark("config center outage: it %s", r.center.outage())
+	if err := r.center.setOutage(ctx, true); err != nil {
 		return err
 	}
 	r.set.pool.Store(1)
@@ -358,7 +358,7 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 		r.addFinding(x)
 	}
 	r.mark("config center recovers")
-	if err := r.setOutage(ctx, false); err != nil {
+	if err := r.center.setOutage(ctx, false); err != nil {
 		return err
 	}
 	return r.awaitRecovery(ctx)

@@ -2,8 +2,8 @@
 // controller-runtime controller is written when nobody has thought about
 // scale yet: one active replica (leader election), the manager's default
 // cache (every ConfigBinding and every ConfigMap of the cluster, unfiltered,
-// managed fields and all), and on every reconcile a synchronous HTTP call to
-// the config center per key. It imports no kshard package but the API types,
+// managed fields and all), and on every reconcile a synchronous call to the
+// config center per key (an etcd Get, or an HTTP GET of kshard's stand-in). It imports no kshard package but the API types,
 // which are the CRD's schema: no sharding, no external cache, no change feed,
 // no predicates, no write avoidance beyond CreateOrUpdate's comparison.
 //
@@ -19,7 +19,7 @@
 // default).
 //
 //	go run ./cmd/plaincontroller --kubeconfig bin/dev/kubeconfig --replica-id plain-0 \
-//	  --lease-namespace kshard-system --configcenter-url http://127.0.0.1:8080
+//	  --lease-namespace kshard-system --etcd-servers http://127.0.0.1:2379
 package main
 
 import (
@@ -61,6 +61,9 @@ type options struct {
 	leaseDuration   time.Duration
 	renewDeadline   time.Duration
 	retryPeriod     time.Duration
+	configCenter    string
+	etcdServers     string
+	etcdPrefix      string
 	centerURL       string
 	centerTokenFile string
 	centerTimeout   time.Duration
@@ -82,7 +85,10 @@ func bindFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader election: how long the Lease stays with a leader that stopped renewing")
 	fs.DurationVar(&o.renewDeadline, "renew-deadline", 10*time.Second, "leader election: a leader that cannot renew for this long stops")
 	fs.DurationVar(&o.retryPeriod, "retry-period", 5*time.Second, "leader election: how often the Lease is renewed or tried")
-	fs.StringVar(&o.centerURL, "configcenter-url", "http://127.0.0.1:8080", "base URL of the config center")
+	fs.StringVar(&o.configCenter, "config-center", "etcd", "the config center: \"etcd\" (an etcd v3 key space, --etcd-*) or \"http\" (kshard's stand-in protocol, --configcenter-url)")
+	fs.StringVar(&o.etcdServers, "etcd-servers", "", "with --config-center=etcd: the etcd members' client URLs, comma-separated")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", "/kshard/config", "with --config-center=etcd: the key prefix under which a domain's keys are <prefix>/<domain>/<name>")
+	fs.StringVar(&o.centerURL, "configcenter-url", "http://127.0.0.1:8080", "with --config-center=http: base URL of the config center")
 	fs.StringVar(&o.centerTokenFile, "configcenter-token-file", "", "file holding a bearer token for the config center")
 	fs.DurationVar(&o.centerTimeout, "configcenter-timeout", 10*time.Second, "bound of one config-center call")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the metrics endpoint (\"0\" disables it)")
@@ -130,9 +136,23 @@ func run(o options) error {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	center, err := newCenterClient(o.centerURL, token, o.replicaID, o.centerTimeout, o.workers)
-	if err != nil {
-		return err
+	var center valueReader
+	switch o.configCenter {
+	case "etcd":
+		c, err := newEtcdReader(o.etcdServers, o.etcdPrefix, o.centerTimeout)
+		if err != nil {
+			return err
+		}
+		defer c.close()
+		center = c
+	case "http":
+		c, err := newCenterClient(o.centerURL, token, o.replicaID, o.centerTimeout, o.workers)
+		if err != nil {
+			return err
+		}
+		center = c
+	default:
+		return fmt.Errorf("--config-center must be etcd or http, got %q", o.configCenter)
 	}
 	cfg, err := restConfig(o.kubeconfig)
 	if err != nil {
@@ -176,7 +196,7 @@ func run(o options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller: %w", err)
 	}
-	ctrl.Log.Info("Starting plaincontroller", "replica", o.replicaID, "workers", o.workers, "configCenter", o.centerURL)
+	ctrl.Log.Info("Starting plaincontroller", "replica", o.replicaID, "workers", o.workers, "configCenter", o.configCenter)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
 

@@ -27,19 +27,21 @@ func TestLoadTesterCommandLine(t *testing.T) {
 		"--kubeconfig", "/tmp/kubeconfig",
 		"--replica-id", "kshard-0",
 		"--lease-namespace", "kshard-loadtest",
-		"--configcenter-url", "http://127.0.0.1:1234",
 		"--metrics-bind-address", "127.0.0.1:2000",
 		"--health-probe-bind-address", "127.0.0.1:2001",
 		"--lease-duration", "15s",
 		"--renew-deadline", "10s",
 		"--retry-period", "5s",
 		"--zap-log-level=info",
+		"--config-center", "etcd",
+		"--etcd-servers", "http://127.0.0.1:1234",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.replicaID != "kshard-0" || o.leaseNamespace != "kshard-loadtest" || o.metricsAddr != "127.0.0.1:2000" ||
-		o.probeAddr != "127.0.0.1:2001" || o.leaseDuration != 15*time.Second || o.retryPeriod != 5*time.Second {
+		o.probeAddr != "127.0.0.1:2001" || o.leaseDuration != 15*time.Second || o.retryPeriod != 5*time.Second ||
+		o.configCenter != "etcd" || o.etcdServers != "http://127.0.0.1:1234" {
 		t.Errorf("parsed %+v", o)
 	}
 	if o.workers != 16 {

@@ -39,7 +39,13 @@ const retryUnavailable = 10 * time.Second
 // read from the config center on every reconcile.
 type reconciler struct {
 	client.Client
-	center *centerClient
+	center valueReader
+}
+
+// valueReader reads one key of a domain; an error wraps errKeyNotFound
+// when the config center has no such key.
+type valueReader interface {
+	get(ctx context.Context, domain, key string) (centerValue, error)
 }
 
 // Reconcile reads every key synchronously, writes the ConfigMap when every

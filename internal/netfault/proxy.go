@@ -35,9 +35,11 @@ type Proxy struct {
 	// healAt: bytes either side sends before healAt are delivered at
 	// healAt.
 	healAt time.Time
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	// latency is added to every client-to-server byte (SetLatency).
+	latency time.Duration
+	conns   map[net.Conn]struct{}
+	closed  bool
+	wg      sync.WaitGroup
 	// delayed counts the chunks that were held back, either way.
 	delayed int
 }
@@ -66,6 +68,17 @@ func (p *Proxy) Delay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay, p.delayUntil = d, time.Now().Add(d)
+}
+
+// SetLatency makes every byte a client sends from now on reach the server d
+// after it was sent, in order, until it is set again: a network's one-way
+// latency on every request, where Delay is a stall of a while. Requests
+// multiplexed on one connection (gRPC) each arrive d late without queueing
+// behind one another's latency.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.latency = d
 }
 
 // Partition holds every byte either side sends during the next d until d
@@ -117,7 +130,7 @@ func (p *Proxy) toServerAt(t time.Time) time.Time {
 	if at != t {
 		p.delayed++
 	}
-	return at
+	return at.Add(p.latency)
 }
 
 // toClientAt returns when a chunk the server sent at t may be written to

@@ -221,3 +221,56 @@ func TestCutEndsOpenConnections(t *testing.T) {
 		t.Errorf("a connection after the cut: %v", err)
 	}
 }
+
+// TestLatencyDelaysEveryRequest: with a latency set, each of several
+// requests sent over time reaches the server no earlier than the latency
+// after it was sent (a lower bound, which a slow machine can only make
+// later), in order; none of them counts as a fault's delay.
+func TestLatencyDelaysEveryRequest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan time.Time, 10)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			got <- time.Now()
+		}
+	}()
+	p, err := Listen(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const latency = 300 * time.Millisecond
+	p.SetLatency(latency)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 3 {
+		sent := time.Now()
+		if _, err := c.Write([]byte("request\n")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case at := <-got:
+			if early := latency - at.Sub(sent); early > 0 {
+				t.Errorf("request %d reached the server %s before its latency", i, early)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("request %d never reached the server", i)
+		}
+	}
+	if p.Delayed() != 0 {
+		t.Errorf("%d chunks counted as a fault's delay", p.Delayed())
+	}
+}
