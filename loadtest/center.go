@@ -43,8 +43,8 @@ type center interface {
 	// args are the flags that point a replica at it, kshard's and the plain
 	// controller's alike.
 	args() []string
-	// scrape is how Prometheus reads its /metrics.
-	scrape() promScrape
+	// scrape is how Prometheus reads its /metrics, and under which job.
+	scrape() (job string, s promScrape)
 	// String says what it is, for the progress output and the report.
 	String() string
 	// close stops what the run started for it.
@@ -78,12 +78,12 @@ func (h *httpCenter) args() []string {
 	return []string{"--config-center", CenterHTTP, "--configcenter-url", h.url}
 }
 
-func (h *httpCenter) scrape() promScrape {
+func (h *httpCenter) scrape() (string, promScrape) {
 	u, err := url.Parse(h.url)
 	if err != nil {
-		return promScrape{}
+		return jobConfigCenter, promScrape{}
 	}
-	return promScrape{addr: u.Host, scheme: u.Scheme}
+	return jobConfigCenter, promScrape{addr: u.Host, scheme: u.Scheme}
 }
 
 func (h *httpCenter) String() string { return h.desc }
@@ -165,8 +165,8 @@ func (e *etcdCenter) args() []string {
 
 // scrape reads etcd's /metrics on its client URL, not through the proxy:
 // the latency is the replicas', not Prometheus's.
-func (e *etcdCenter) scrape() promScrape {
-	return promScrape{addr: strings.TrimPrefix(e.srv.Endpoint(), "http://"), scheme: "http"}
+func (e *etcdCenter) scrape() (string, promScrape) {
+	return jobConfigEtcd, promScrape{addr: strings.TrimPrefix(e.srv.Endpoint(), "http://"), scheme: "http"}
 }
 
 func (e *etcdCenter) String() string { return e.desc }

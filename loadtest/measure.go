@@ -35,7 +35,11 @@ func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
 			o.etcd = promScrape{addr: u.Host, scheme: u.Scheme}
 		}
 	}
-	o.configCenter = r.center.scrape()
+	if job, s := r.center.scrape(); job == jobConfigEtcd {
+		o.configEtcd = s
+	} else {
+		o.configCenter = s
+	}
 	if r.pods != nil {
 		token := filepath.Join(dir, "replicas.token")
 		if err := os.WriteFile(token, []byte(r.pods.metricsToken), 0o600); err != nil {

@@ -34,6 +34,7 @@ const (
 	jobAPIServer    = "apiserver"
 	jobEtcd         = "etcd"
 	jobConfigCenter = "configcenter"
+	jobConfigEtcd   = "config-etcd"
 	jobLoadTester   = "loadtest"
 )
 
@@ -79,8 +80,12 @@ type promOptions struct {
 	interval    time.Duration
 	// replicas is how the replicas are scraped (addr unused: the targets
 	// file lists them).
-	replicas                              promScrape
-	apiServer, etcd, configCenter, tester promScrape
+	replicas                promScrape
+	apiServer, etcd, tester promScrape
+	// configCenter is the stand-in config center, configEtcd the etcd one:
+	// a run has one of them, and the queries of the other say "not
+	// scraped".
+	configCenter, configEtcd promScrape
 }
 
 // startPrometheus starts a Prometheus under procs with its data in
@@ -103,7 +108,7 @@ func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOpt
 		return nil, fmt.Errorf("creating Prometheus's folder: %w", err)
 	}
 	p := &promServer{interval: o.interval, targets: filepath.Join(o.dir, "replicas.json")}
-	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobLoadTester: o.tester} {
+	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobConfigEtcd: o.configEtcd, jobLoadTester: o.tester} {
 		if s.addr == "" {
 			p.absent = append(p.absent, job)
 		} else {
@@ -195,7 +200,7 @@ func promConfig(o promOptions, targets string) map[string]any {
 	for _, j := range []struct {
 		name string
 		s    promScrape
-	}{{jobAPIServer, o.apiServer}, {jobEtcd, o.etcd}, {jobConfigCenter, o.configCenter}} {
+	}{{jobAPIServer, o.apiServer}, {jobEtcd, o.etcd}, {jobConfigCenter, o.configCenter}, {jobConfigEtcd, o.configEtcd}} {
 		if j.s.addr != "" {
 			jobs = append(jobs, job(j.name, j.s))
 		}
