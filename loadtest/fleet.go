@@ -72,21 +72,30 @@ func (m Mode) Sharded() bool {
 	return true
 }
 
-// direct reports whether the mode calls the config center in Reconcile
-// (--external-mode=direct): no external cache, no warm-up.
-func (m Mode) direct() bool {
+// hasArg reports whether the mode's arguments set flag to value.
+func (m Mode) hasArg(flag, value string) bool {
 	for i, a := range m.Args {
-		if a == "--external-mode=direct" || (a == "--external-mode" && i+1 < len(m.Args) && m.Args[i+1] == "direct") {
+		if a == flag+"="+value || (a == flag && i+1 < len(m.Args) && m.Args[i+1] == value) {
 			return true
 		}
 	}
 	return false
 }
 
+// direct reports whether the mode calls the config center in Reconcile
+// (--external-mode=direct): no external cache, no warm-up.
+func (m Mode) direct() bool { return m.hasArg("--external-mode", "direct") }
+
 // externalCache reports whether the mode's replicas keep an external cache
 // (and export its metrics): not the plain controller, nor a replica that
 // calls the config center in Reconcile.
 func (m Mode) externalCache() bool { return !m.Plain && !m.direct() }
+
+// readsCache reports whether Reconcile reads its values from the external
+// cache, whose hit ratio is then a figure: not with ExternalDomain mirrors
+// (--external-source=mirror), which it reads instead (the cache fills the
+// mirrors, and is never looked up).
+func (m Mode) readsCache() bool { return m.externalCache() && !m.hasArg("--external-source", "mirror") }
 
 // fleet is the replicas of one mode, replica i being "kshard-i" as in a
 // StatefulSet. Slots keep their identity and ports across restarts.

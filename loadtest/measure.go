@@ -174,7 +174,7 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 		limit = 0
 	}
 	objects := r.tracker.count()
-	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), sharded: f.mode.Sharded(), cache: f.mode.externalCache(), spans: map[string]span{
+	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), sharded: f.mode.Sharded(), cache: f.mode.readsCache(), spans: map[string]span{
 		"life":  {from: f.started, to: f.stopped, objects: objects},
 		"phase": {from: f.loadFrom, to: f.loadTo, objects: objects},
 	}}

@@ -52,6 +52,9 @@ func TestOptionsRejectBadInput(t *testing.T) {
 		{Options{LeaseDuration: 10 * time.Second, RenewDeadline: 10 * time.Second}, "renew deadline"},
 		{Options{RenewDeadline: 6 * time.Second, RetryPeriod: 5 * time.Second}, "renew deadline 6s must exceed 1.2 × retry period 5s"},
 		{Options{ErrorRate: 2}, "error rate 2"},
+		{Options{ConfigCenter: "zookeeper"}, `config center "zookeeper"`},
+		{Options{Jitter: time.Millisecond}, "need the stand-in config center"},
+		{Options{ErrorRate: 0.1}, "need the stand-in config center"},
 		{Options{Duration: time.Minute, OutageAfter: 50 * time.Second, OutageFor: 20 * time.Second}, "must end within the duration"},
 		{Options{CalibrateFor: time.Hour}, "calibration time 1h0m0s"},
 	} {
@@ -75,6 +78,23 @@ func TestModeSharded(t *testing.T) {
 	} {
 		if got := tc.m.Sharded(); got != tc.want {
 			t.Errorf("%s %v: Sharded() = %v", tc.m.Name, tc.m.Args, got)
+		}
+	}
+}
+
+// TestModeReadsCache: only a fleet whose reconciles look values up in the
+// external cache has a hit ratio; the mirror's reconciles read
+// ExternalDomains, the direct mode's call the config center.
+func TestModeReadsCache(t *testing.T) {
+	for _, tc := range []struct {
+		m    Mode
+		want bool
+	}{
+		{ModeCache, true}, {ModeSharded, true}, {ModeMirror, false}, {ModeDirect, false}, {ModePlain, false},
+		{Mode{Name: "x", Args: []string{"--external-source", "mirror"}}, false},
+	} {
+		if got := tc.m.readsCache(); got != tc.want {
+			t.Errorf("%s %v: readsCache() = %v", tc.m.Name, tc.m.Args, got)
 		}
 	}
 }

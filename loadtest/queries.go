@@ -31,8 +31,8 @@ type query struct {
 	// Query is PromQL with the variables queries/fleets.yaml lists.
 	Query string `json:"query"`
 	// Sharded says only a sharded fleet has the figure (its labeler, its
-	// shards): n/a for the others. Cache says only a fleet with an external
-	// cache has it.
+	// shards): n/a for the others. Cache says only a fleet whose
+	// reconciles read an external cache has it.
 	Sharded bool `json:"sharded,omitempty"`
 	Cache   bool `json:"cache,omitempty"`
 }
@@ -128,8 +128,8 @@ type queryWindow struct {
 	spans                map[string]span
 	step                 time.Duration
 	memoryLimit, ceiling float64
-	// sharded says the fleet is sharded (query.Sharded), cache that it
-	// has an external cache (query.Cache).
+	// sharded says the fleet is sharded (query.Sharded), cache that its
+	// reconciles read an external cache (query.Cache).
 	sharded, cache bool
 }
 
@@ -202,7 +202,7 @@ func (w queryWindow) notApplicable(q query) string {
 	case q.Sharded && !w.sharded:
 		return "no ring"
 	case q.Cache && !w.cache:
-		return "no external cache"
+		return "no external cache read"
 	case strings.Contains(q.Query, "$ceiling") && w.ceiling <= 0:
 		return "not calibrated"
 	case strings.Contains(q.Query, "$memory_limit") && w.memoryLimit <= 0:
