@@ -142,6 +142,7 @@ func (c *Cache) Start(ctx context.Context) error {
 		c.wg.Go(c.fetcher.work)
 	}
 	c.wg.Go(func() { c.notifier.run(c.ctx) })
+	c.wg.Go(func() { c.fetcher.retryOnRecovery(c.ctx) })
 	c.wg.Go(func() { c.store.sweeper(c.ctx) })
 	c.feeds.start()
 

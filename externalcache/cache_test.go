@@ -748,6 +748,58 @@ func TestFailedFetchIsReportedOnceAndRecoversByItself(t *testing.T) {
 	}
 }
 
+// TestFailedKeysComeBackWhenTheBreakerCloses: keys whose rounds failed
+// during an outage wait an hour for their retry (FailureRetryInterval), yet
+// come back as soon as a probe finds the source answering again and closes
+// the breaker, without another Get of theirs: the objects that read them
+// are not kept unavailable long after the service returned.
+func TestFailedKeysComeBackWhenTheBreakerCloses(t *testing.T) {
+	const failed = 3
+	h := newHarness(t, setup{opts: func(o *externalcache.Options) {
+		o.Breaker = externalcache.BreakerOptions{ConsecutiveFailures: failed, Timeout: 100 * time.Millisecond, HalfOpenProbes: 1}
+		o.Retry = externalcache.RetryOptions{MaxAttempts: 1, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond,
+			FailureRetryInterval: time.Hour}
+	}})
+	const domain = "recovery"
+	keys := make([]externalcache.Key, failed)
+	for i := range keys {
+		keys[i] = externalcache.Key{Domain: domain, Name: fmt.Sprintf("k%d", i)}
+		h.put(domain, keys[i].Name, "v")
+	}
+	h.setFaults(configcenter.Faults{Outage: true})
+	// One round each, one attempt each: three failures open the breaker.
+	for _, k := range keys {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		l, err := h.cache.Wait(ctx, 0, k)
+		cancel()
+		if err == nil || l.State != externalcache.StatePending {
+			t.Fatalf("Wait %s during the outage = %+v, %v; want Pending with the 503", k, l, err)
+		}
+	}
+	h.setFaults(configcenter.Faults{})
+	// Another key's read is the probe that closes the breaker once it is
+	// half-open.
+	probe := externalcache.Key{Domain: domain, Name: "probe"}
+	h.put(domain, probe.Name, "p")
+	eventually(t, "a probe closes the breaker", func() bool {
+		l := h.cache.Get(0, probe)
+		return l.State == externalcache.StateFresh
+	})
+	eventually(t, "the keys that failed during the outage come back without a Get", func() bool {
+		for _, k := range keys {
+			if h.updates.count(k) < 2 { // the failure, then the value
+				return false
+			}
+		}
+		return true
+	})
+	for _, k := range keys {
+		if l := h.cache.Get(0, k); l.State != externalcache.StateFresh || string(l.Value) != "v" || l.Err != nil {
+			t.Errorf("Get %s after recovery = %+v, want Fresh v", k, l)
+		}
+	}
+}
+
 func TestFullQueueIsReportedAndWaitersWaitForRoom(t *testing.T) {
 	srv, err := standin.Start(context.Background(), standin.Options{})
 	if err != nil {

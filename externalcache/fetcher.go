@@ -341,6 +341,40 @@ func (f *fetcher) failLocked(fl *flight, err error, retryIn time.Duration, auto 
 	return notify
 }
 
+// retryOnRecovery fetches again, each time the breaker closes after an outage, every key whose
+// round failed while the source did not answer: those are waiting for their retry time
+// (Retry.FailureRetryInterval, up to half a minute on), and the objects that read them would
+// stay unavailable that long after the source is back. A key that failed for good (permanent)
+// is not among them: it waits for its next Get.
+func (f *fetcher) retryOnRecovery(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.guard.recovered:
+		}
+		f.mu.Lock()
+		n := 0
+		for _, fl := range f.flights {
+			if fl.state != stateFailed || fl.timer == nil {
+				continue
+			}
+			fl.timer.Stop()
+			fl.timer = nil
+			if f.queue.push(fl) {
+				fl.state = stateQueued
+				n++
+			} else {
+				fl.timer = time.AfterFunc(backoff.Jitter(time.Second, 1), func() { f.requeue(fl) })
+			}
+		}
+		f.mu.Unlock()
+		if n > 0 {
+			f.log.Info("Source answers again; fetching the keys that failed meanwhile", "keys", n)
+		}
+	}
+}
+
 // requeue puts a flight waiting for a retry back in the queue, or tries again a little later when
 // the queue is full.
 func (f *fetcher) requeue(fl *flight) {

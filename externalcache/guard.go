@@ -40,12 +40,20 @@ type guard struct {
 	halfOpens atomic.Int64
 	// hold is the source's Retry-After: no call is made while it lasts, feed polls included.
 	hold hold
+	// recovered is signalled when a probe closed the breaker: the source answers again, and
+	// what failed while it did not can be fetched now rather than at its retry time.
+	recovered chan struct{}
 }
 
 func newGuard(ctx context.Context, opts Options, metrics *cacheMetrics, log logr.Logger) *guard {
 	g := &guard{source: opts.Source, callTimeout: opts.CallTimeout, maxRetryAfter: opts.MaxRetryAfter, metrics: metrics, ctx: ctx,
-		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst)}
-	g.breaker = newBreaker(opts.Breaker, ctx, log, &g.halfOpens)
+		limiter: rate.NewLimiter(opts.RateLimit, opts.RateBurst), recovered: make(chan struct{}, 1)}
+	g.breaker = newBreaker(opts.Breaker, ctx, log, &g.halfOpens, func() {
+		select {
+		case g.recovered <- struct{}{}:
+		default: // one signal pending is enough
+		}
+	})
 	return g
 }
 
@@ -204,7 +212,9 @@ func retryDelay(d *backoff.Delays, err error, most time.Duration) time.Duration 
 
 // newBreaker builds the circuit breaker. NotFound and permanent errors count as successes (the
 // service answered), retryable ones as failures, and the cache's own shutdown as neither.
-func newBreaker(o BreakerOptions, stopping context.Context, log logr.Logger, halfOpens *atomic.Int64) *gobreaker.CircuitBreaker[Value] {
+// recovered is called when a half-open probe closes it, under the breaker's lock: it must not
+// call the breaker.
+func newBreaker(o BreakerOptions, stopping context.Context, log logr.Logger, halfOpens *atomic.Int64, recovered func()) *gobreaker.CircuitBreaker[Value] {
 	return gobreaker.NewCircuitBreaker[Value](gobreaker.Settings{
 		Name:        "externalcache",
 		MaxRequests: o.HalfOpenProbes,
@@ -222,6 +232,9 @@ func newBreaker(o BreakerOptions, stopping context.Context, log logr.Logger, hal
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			if to == gobreaker.StateHalfOpen {
 				halfOpens.Add(1)
+			}
+			if from == gobreaker.StateHalfOpen && to == gobreaker.StateClosed {
+				recovered()
 			}
 			log.Info("Circuit breaker changed state", "from", from.String(), "to", to.String())
 		},

@@ -121,7 +121,9 @@ type Options struct {
 type BreakerOptions struct {
 	// ConsecutiveFailures opens the breaker. Default 5.
 	ConsecutiveFailures uint32
-	// Timeout is how long the breaker stays open before letting probes through. Default 30s.
+	// Timeout is how long the breaker stays open before letting probes through: the longest a
+	// recovered source goes unnoticed (a probe that finds it answering closes the breaker, and
+	// every key that failed meanwhile is fetched again at once). Default 5s.
 	Timeout time.Duration
 	// HalfOpenProbes is how many calls a half-open breaker lets through. Default 1.
 	HalfOpenProbes uint32
@@ -233,7 +235,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.RateBurst, 100)
 	setDefault(&o.CallTimeout, 5*time.Second)
 	setDefault(&o.Breaker.ConsecutiveFailures, 5)
-	setDefault(&o.Breaker.Timeout, 30*time.Second)
+	setDefault(&o.Breaker.Timeout, 5*time.Second)
 	setDefault(&o.Breaker.HalfOpenProbes, 1)
 	setDefault(&o.Breaker.Interval, time.Minute)
 	setDefault(&o.Retry.MaxAttempts, 4)

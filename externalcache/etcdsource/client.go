@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ClientOptions say how to reach an etcd and who to be there; credentials
@@ -38,6 +39,10 @@ type ClientOptions struct {
 	// DialTimeout bounds the first connection. Default 5s.
 	DialTimeout time.Duration
 }
+
+// reconnectBackoff paces the reconnections to an etcd that went away: from
+// 250ms up to 3s, so that one back is reached within seconds.
+var reconnectBackoff = backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second}
 
 // NewClient builds an etcd client from the options. The client is the
 // caller's to close.
@@ -66,7 +71,10 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 		// etcd's client waits for a connection until the call's deadline
 		// and then says only "context deadline exceeded"; recordAttempts
 		// keeps why the connection broke for the error of the call.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(recordAttempts)},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(recordAttempts),
+			// gRPC's default reconnect backoff grows to 2 minutes: an etcd back
+			// from an outage would go unseen that long, and every read fail.
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: 5 * time.Second})},
 	}
 	if o.CAFile != "" || o.CertFile != "" {
 		t := &tls.Config{MinVersion: tls.VersionTLS12}
