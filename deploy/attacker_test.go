@@ -407,8 +407,13 @@ func TestFenceStopsOnlyTheReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), cb) })
+	// A target as kshard writes one (managed-by, controlled by its binding),
+	// so that of the fence's policies only the shard's refuses the replica.
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "admins",
-		Labels: map[string]string{"kshard.dev/shard": shard, "kshard.dev/domain": "d-b"}}, Data: map[string]string{"k": "v"}}
+		Labels: map[string]string{"kshard.dev/shard": shard, "kshard.dev/domain": "d-b", "app.kubernetes.io/managed-by": "kshard"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: configv1alpha1.GroupVersion.String(), Kind: "ConfigBinding",
+			Name: cb.Name, UID: cb.UID, Controller: ptr.To(true)}}},
+		Data: map[string]string{"k": "v"}}
 	newCM := func() *corev1.ConfigMap { o := cm.DeepCopy(); o.Name = uniqueName("new"); return o }
 	dry := client.DryRunAll
 	sa := podClient(ctx, t, ns, attacker, attacker+"_"+uniqueName("inc"))
@@ -419,10 +424,10 @@ func TestFenceStopsOnlyTheReplicas(t *testing.T) {
 		}
 		return nil
 	}
-	// The fence in force (a refusal of any kind), before the
-	// administrator's writes could pass for the fence's absence.
-	controlplane.Eventually(t, time.Minute, "the fence in force", func() error {
-		if err := sa.Create(ctx, newCM(), dry); err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+	// The shard's binding in force (its refusal, whatever it says), before
+	// the administrator's writes could pass for its absence.
+	controlplane.Eventually(t, time.Minute, "the shard's binding in force", func() error {
+		if err := sa.Create(ctx, newCM(), dry); err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+audit.FencingPolicy) {
 			return fmt.Errorf("a replica's create of a ConfigMap in shard %s: %v", shard, err)
 		}
 		return nil
