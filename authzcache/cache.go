@@ -69,10 +69,16 @@ type Checker interface {
 
 // Watcher follows the authorization system's relationship changes from
 // revision from ("" for now), calling changed with the revision of each,
-// until ctx ends or it fails.
+// until ctx ends or it fails. It fails with ErrResumeRefused when the
+// system cannot resume from from (its history is gone: compacted, or an
+// in-memory store restarted).
 type Watcher interface {
 	Watch(ctx context.Context, from string, changed func(revision string)) error
 }
+
+// ErrResumeRefused is a Watcher's failure to start from a revision; the
+// Cache then starts it from now.
+var ErrResumeRefused = errors.New("the authorization system cannot resume its changes from that revision")
 
 // Options configure a Cache. Only Checker is required.
 type Options struct {
@@ -329,7 +335,11 @@ func (c *Cache) Start(ctx context.Context) error {
 // follow runs the Watcher, from where it stopped, until ctx ends. A failed
 // Watcher may have missed changes, or its system lost its history (an
 // in-memory SpiceDB restarted): every decision goes stale and is checked
-// again fully consistently, and the Watcher starts again from now.
+// again fully consistently, and the Watcher resumes from the last revision
+// it reported. Not from now: a check made between the failure and a new
+// Watcher's start could answer before a change that the new one, begun
+// after it, would never report. Only a resume the system refuses starts
+// from now, where the first answer makes every decision stale again.
 func (c *Cache) follow(ctx context.Context) {
 	delays := c.retryPolicy().Delays()
 	from := ""
@@ -343,8 +353,10 @@ func (c *Cache) follow(ctx context.Context) {
 			return
 		}
 		d := delays.Next()
-		c.opts.Logger.Info("Following the authorization system's changes failed; every decision is checked again", "error", fmt.Sprint(err), "retryIn", d)
-		from = ""
+		c.opts.Logger.Info("Following the authorization system's changes failed; every decision is checked again", "error", fmt.Sprint(err), "from", from, "retryIn", d)
+		if errors.Is(err, ErrResumeRefused) {
+			from = ""
+		}
 		c.invalidate("")
 		if !sleep(ctx, d) {
 			return

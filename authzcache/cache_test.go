@@ -17,6 +17,7 @@ type grants struct {
 	allowed map[Question]bool
 	rev     int
 	asked   []string // atLeast of every Check
+	froms   []string // from of every Watch
 	changes chan string
 	fail    chan error
 }
@@ -39,7 +40,10 @@ func (g *grants) Check(_ context.Context, qs []Question, atLeast string) ([]Deci
 	return out, nil
 }
 
-func (g *grants) Watch(ctx context.Context, _ string, changed func(string)) error {
+func (g *grants) Watch(ctx context.Context, from string, changed func(string)) error {
+	g.mu.Lock()
+	g.froms = append(g.froms, from)
+	g.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
@@ -196,5 +200,35 @@ func TestAwait(t *testing.T) {
 	defer cancel()
 	if d, st := c.Await(ctx, q); st != Fresh || !d.Allowed {
 		t.Fatalf("Await: %+v %v, want allowed and Fresh", d, st)
+	}
+}
+
+// TestWatcherResumesWhereItStopped: a failed Watcher starts again from the
+// last revision it reported, not from now (a change made between a
+// re-check and a Watcher begun later would be lost); only a refused resume
+// starts from now.
+func TestWatcherResumesWhereItStopped(t *testing.T) {
+	g := newGrants()
+	changed := make(chan Question, 10)
+	start(t, g, changed)
+	froms := func() []string {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return append([]string(nil), g.froms...)
+	}
+	g.changes <- "r1"
+	eventually(t, "a Watch", func() bool { return len(froms()) == 1 })
+	// The change is taken before the failure: the channel is read in order
+	// only when both are ready, so wait until it was reported.
+	eventually(t, "r1 reported", func() bool { return len(g.changes) == 0 })
+	g.fail <- errors.New("connection reset")
+	eventually(t, "a second Watch", func() bool { return len(froms()) == 2 })
+	if got := froms()[1]; got != "r1" {
+		t.Fatalf("after a failure the Watcher started from %q, want r1, the last revision reported", got)
+	}
+	g.fail <- ErrResumeRefused
+	eventually(t, "a third Watch", func() bool { return len(froms()) == 3 })
+	if got := froms()[2]; got != "" {
+		t.Fatalf("after a refused resume the Watcher started from %q, want now (\"\")", got)
 	}
 }

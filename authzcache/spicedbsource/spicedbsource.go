@@ -17,8 +17,10 @@ import (
 	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
 	authzed "github.com/authzed/authzed-go/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/kshard/kshard/authzcache"
 )
@@ -187,20 +189,36 @@ func (s *Source) Watch(ctx context.Context, from string, changed func(revision s
 	}
 	stream, err := s.client.Watch(ctx, req)
 	if err != nil {
-		return fmt.Errorf("watching SpiceDB: %w", err)
+		return watchFailed(from, false, err)
 	}
-	first := from == ""
+	first, answered := from == "", false
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return errors.New("watching SpiceDB: the stream ended")
 		}
 		if err != nil {
-			return fmt.Errorf("watching SpiceDB: %w", err)
+			return watchFailed(from, answered, err)
 		}
+		answered = true
 		if first || len(resp.GetUpdates()) > 0 || resp.GetSchemaUpdated() {
 			first = false
 			changed(resp.GetChangesThrough().GetToken())
 		}
 	}
+}
+
+// watchFailed wraps a Watch's error. A resume from a revision that SpiceDB
+// refuses before any answer, for another reason than the connection (a
+// token of a datastore restarted empty, or past its garbage collection
+// window), is authzcache.ErrResumeRefused: retrying it would fail alike.
+func watchFailed(from string, answered bool, err error) error {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted:
+	default:
+		if from != "" && !answered {
+			return fmt.Errorf("watching SpiceDB from %s: %w: %w", from, authzcache.ErrResumeRefused, err)
+		}
+	}
+	return fmt.Errorf("watching SpiceDB: %w", err)
 }
