@@ -67,11 +67,8 @@ func TestComponentsApply(t *testing.T) {
 					t.Errorf("no %s in the build", k)
 				}
 			}
-			sts := byKind(objs, "StatefulSet")
-			if len(sts) != 1 {
-				t.Fatalf("%d StatefulSets", len(sts))
-			}
-			args, _, _ := unstructured.NestedSlice(sts[0].Object, "spec", "template", "spec", "containers")
+			sts := byName(t, objs, "StatefulSet", "kshard")
+			args, _, _ := unstructured.NestedSlice(sts.Object, "spec", "template", "spec", "containers")
 			container := args[0].(map[string]any)
 			var got []string
 			for _, a := range container["args"].([]any) {

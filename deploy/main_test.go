@@ -155,7 +155,7 @@ const fieldOwner = "kshard-deploy-test"
 
 // folders are the kustomize folders users apply, in an order in which each
 // one's namespace exists before it is applied.
-var folders = []string{"crd", "base", "configcenter", "kind", "node", "node-prometheus", "monitoring", "autoscaling", "autoscaling/keda",
+var folders = []string{"crd", "base", "configcenter", "config-etcd", "kind", "node", "node-prometheus", "monitoring", "autoscaling", "autoscaling/keda",
 	"metrics-adapter", "autoscaling-adapter"}
 
 func deployDir(t testing.TB) string {
@@ -366,6 +366,19 @@ func byKind(objs []*unstructured.Unstructured, kind string) []*unstructured.Unst
 		}
 	}
 	return out
+}
+
+// byName returns the object of a kind and name, failing the test without
+// one.
+func byName(t testing.TB, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range byKind(objs, kind) {
+		if o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s in the build", kind, name)
+	return nil
 }
 
 // applyOrder puts namespaces and CRDs first, as kubectl apply does.

@@ -51,6 +51,12 @@ func TestManifestsApply(t *testing.T) {
 			if len(objs) == 0 {
 				t.Fatalf("%s builds to nothing", folder)
 			}
+			for _, o := range byKind(objs, "Service") {
+				// deploy/node fixes its etcd's cluster IP in the node's
+				// Service range (TestNodeConfigEtcd), outside this API
+				// server's.
+				unstructured.RemoveNestedField(o.Object, "spec", "clusterIP")
+			}
 			apply(ctx, t, c, objs)
 			applied = append(applied, objs...)
 		})
@@ -166,32 +172,66 @@ func TestKindCluster(t *testing.T) {
 	}
 
 	objs := build(t, "kind")
-	var sts appsv1.StatefulSet
-	fromUnstructured(t, byKind(objs, "StatefulSet")[0], &sts)
+	var sts, etcd appsv1.StatefulSet
+	fromUnstructured(t, byName(t, objs, "StatefulSet", "kshard"), &sts)
 	if r := sts.Spec.Replicas; r == nil || *r != 3 {
 		t.Errorf("kind overlay replicas %v, want 3", r)
 	}
-	var dep appsv1.Deployment
-	fromUnstructured(t, byKind(objs, "Deployment")[0], &dep)
-	for _, c := range append(sts.Spec.Template.Spec.Containers, dep.Spec.Template.Spec.Containers...) {
+	for _, c := range sts.Spec.Template.Spec.Containers {
 		if c.Image != image || c.ImagePullPolicy != corev1.PullIfNotPresent {
 			t.Errorf("container %s runs %s (pull %s), want %s (IfNotPresent): the image make kind-load loads", c.Name, c.Image, c.ImagePullPolicy, image)
 		}
 	}
-	var url string
-	for _, e := range sts.Spec.Template.Spec.Containers[0].Env {
-		if e.Name == "CONFIGCENTER_URL" {
-			url = e.Value
-		}
-	}
+	// The replicas reach the overlay's own etcd by its Service's name, over
+	// TLS with the client certificate of the Secret hack/etcdcert writes,
+	// which names that Service.
+	fromUnstructured(t, byName(t, objs, "StatefulSet", "config-etcd"), &etcd)
 	var svc corev1.Service
-	for _, o := range byKind(objs, "Service") {
-		if o.GetName() == "configcenter" {
-			fromUnstructured(t, o, &svc)
+	fromUnstructured(t, byName(t, objs, "Service", "config-etcd"), &svc)
+	checkEtcdClient(t, sts, etcd, fmt.Sprintf("https://%s.%s.svc:%d", svc.Name, svc.Namespace, portOf(svc)))
+}
+
+// checkEtcdClient: the replicas point at the etcd at servers with the CA
+// and client certificate of the Secret the etcd trusts, and the etcd demands
+// a client certificate.
+func checkEtcdClient(t *testing.T, replicas, etcd appsv1.StatefulSet, servers string) {
+	t.Helper()
+	c := replicas.Spec.Template.Spec.Containers[0]
+	var got string
+	for _, e := range c.Env {
+		if e.Name == "ETCD_SERVERS" {
+			got = e.Value
 		}
 	}
-	if want := fmt.Sprintf("http://%s.%s.svc:%d", svc.Name, svc.Namespace, portOf(svc)); url != want {
-		t.Errorf("kind overlay CONFIGCENTER_URL=%q, want the deployed config center %q", url, want)
+	if got != servers {
+		t.Errorf("ETCD_SERVERS=%q, want the overlay's etcd %q", got, servers)
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	secrets := map[string]string{}
+	for _, v := range replicas.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			secrets[v.Name] = v.Secret.SecretName
+		}
+	}
+	var dir string
+	for vol, secret := range secrets {
+		if secret == "kshard-etcd-client" {
+			dir = mounts[vol]
+		}
+	}
+	if dir == "" {
+		t.Fatalf("the replicas do not mount Secret kshard-etcd-client (volumes %v, mounts %v)", secrets, mounts)
+	}
+	for _, want := range []string{"--etcd-cafile=" + dir + "/ca.crt", "--etcd-certfile=" + dir + "/tls.crt", "--etcd-keyfile=" + dir + "/tls.key"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("replica args %v lack %s", c.Args, want)
+		}
+	}
+	if args := etcd.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--client-cert-auth") {
+		t.Errorf("the etcd's args %v lack --client-cert-auth: it would serve any client", args)
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 )
 
 // TestPodSecurityRestricted creates pods from the StatefulSet's, the config
-// center's and the metrics adapter's pod templates in the base's own
+// centers' (etcd's and the stand-in's) and the metrics adapter's pod templates in the base's own
 // namespace object (renamed), which enforces the restricted pod security
 // profile: the API server's PodSecurity admission must admit them. Copies
 // with one protection removed each must be rejected, so the check can fail.
@@ -33,14 +33,15 @@ func TestPodSecurityRestricted(t *testing.T) {
 	apply(ctx, t, c, append(byKind(objs, "Namespace"), accounts...))
 	t.Cleanup(func() { remove(context.Background(), t, c, accounts) })
 
-	var sts appsv1.StatefulSet
-	fromUnstructured(t, byKind(objs, "StatefulSet")[0], &sts)
-	var dep appsv1.Deployment
-	fromUnstructured(t, byKind(objs, "Deployment")[0], &dep)
+	var sts, etcd appsv1.StatefulSet
+	fromUnstructured(t, byName(t, objs, "StatefulSet", "kshard"), &sts)
+	fromUnstructured(t, byName(t, objs, "StatefulSet", "config-etcd"), &etcd)
+	var standIn appsv1.Deployment
+	fromUnstructured(t, byName(t, buildInNamespace(t, "configcenter", ns), "Deployment", "configcenter"), &standIn)
 	var adapter appsv1.Deployment
 	fromUnstructured(t, byKind(adapterObjs, "Deployment")[0], &adapter)
-	templates := map[string]corev1.PodTemplateSpec{"kshard": sts.Spec.Template, "configcenter": dep.Spec.Template,
-		"kshard-metrics-adapter": adapter.Spec.Template}
+	templates := map[string]corev1.PodTemplateSpec{"kshard": sts.Spec.Template, "config-etcd": etcd.Spec.Template,
+		"configcenter": standIn.Spec.Template, "kshard-metrics-adapter": adapter.Spec.Template}
 
 	for name, tmpl := range templates {
 		pod := podFrom(ns, name, tmpl)

@@ -24,7 +24,7 @@ import (
 
 // The objects of the run: objects ConfigBindings spread over namespaces
 // labelled for kshard, over the config center's seeded domains and keys
-// (deploy/configcenter seeds 50 domains of 20 keys).
+// (seedConfigEtcd writes 50 domains of 20 keys into deploy/config-etcd).
 const (
 	objects          = 2000
 	objectNamespaces = 4

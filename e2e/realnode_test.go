@@ -83,6 +83,7 @@ func testDeploy(t *testing.T, s *suite, _ *recorder) {
 	s.run(ctx, t, "delete", "-k", filepath.Join(s.repo, "e2e", "hpa"), "--ignore-not-found", "--wait=true", "--timeout=5m")
 	s.uninstallKeepingFencing(ctx, t, overlay)
 	caPEM := s.installMetricsCert(ctx, t)
+	s.installEtcdCerts(ctx, t)
 	s.run(ctx, t, "apply", "--server-side", "-k", overlay)
 	// The CRDs were deleted with an earlier installation and created again:
 	// the API server serves them once they are established, and a client
@@ -92,7 +93,7 @@ func testDeploy(t *testing.T, s *suite, _ *recorder) {
 	if s.c, err = client.New(s.cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
 		t.Fatal(err)
 	}
-	s.run(ctx, t, "-n", systemNamespace, "rollout", "status", "deployment/configcenter", "--timeout=5m")
+	s.seedConfigEtcd(ctx, t)
 	s.scaleTo(ctx, t, 3)
 	t.Logf("deploy/node with the overlay applied, 3 replicas Ready and the ring settled after %s", time.Since(start).Round(time.Second))
 

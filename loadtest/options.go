@@ -68,13 +68,15 @@ type Options struct {
 
 	// ConfigCenter is the run's config center: CenterEtcd (default), an
 	// etcd of the run's own, or CenterHTTP, kshard's stand-in. On a
-	// StatefulSet's pods it is the cluster's stand-in, whichever is set.
+	// StatefulSet's pods it is the cluster's: deploy/config-etcd's etcd,
+	// or deploy/configcenter's stand-in.
 	ConfigCenter string
 	// ValueBytes is the size of every config-center value. Default 256.
 	ValueBytes int
 	// Latency is added to every data request: by a proxy in front of etcd
-	// (on the request's way), by the stand-in itself. Jitter, the stand-in
-	// only, adds up to as much again, uniformly. Default 5ms and 0.
+	// (on the request's way), by the stand-in itself; a cluster's etcd
+	// gets none. Jitter, the stand-in only, adds up to as much again,
+	// uniformly. Default 5ms and 0.
 	Latency, Jitter time.Duration
 	// ValueChangeInterval, when set, writes a new value to one bound key of
 	// the config center per interval during each fleet's measured phase and
@@ -308,8 +310,10 @@ func (o *Options) validate(sc *scenario) error {
 	check(o.Latency < 0 || o.Jitter < 0, "latency %s and jitter %s must not be negative", o.Latency, o.Jitter)
 	check(!finite(o.ErrorRate) || o.ErrorRate < 0 || o.ErrorRate > 1, "error rate %v must be within 0..1", o.ErrorRate)
 	check(o.ConfigCenter != CenterEtcd && o.ConfigCenter != CenterHTTP, "config center %q must be %q or %q", o.ConfigCenter, CenterEtcd, CenterHTTP)
-	check(o.ConfigCenter == CenterEtcd && o.StatefulSet == "" && (o.Jitter > 0 || o.ErrorRate > 0),
+	check(o.ConfigCenter == CenterEtcd && (o.Jitter > 0 || o.ErrorRate > 0),
 		"jitter %s and error rate %v need the stand-in config center (--config-center http): an etcd cannot be made to fail a share of requests", o.Jitter, o.ErrorRate)
+	check(o.ConfigCenter == CenterEtcd && o.StatefulSet != "" && o.OutageFor > 0,
+		"an outage (%s) of a cluster's etcd is not injected: its data lives in an emptyDir (deploy/config-etcd); run without --statefulset, or with --config-center http and deploy/configcenter", o.OutageFor)
 	check(o.OutageAfter < 0 || o.OutageFor < 0, "outage times must not be negative")
 	check(o.OutageFor > 0 && o.OutageAfter+o.OutageFor > o.Duration, "the outage (%s after the start, for %s) must end within the duration %s", o.OutageAfter, o.OutageFor, o.Duration)
 	// The replicas refuse what sharding refuses: refused here, before any starts.

@@ -29,7 +29,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
+	"github.com/kshard/kshard/externalcache/etcdsource"
 	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/configetcd"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
 )
@@ -684,17 +686,77 @@ func (r *run) restorePods(ctx context.Context) {
 	}
 }
 
-// connectCenter uses the cluster's config center, the Service
-// "configcenter" of the StatefulSet's namespace at its cluster IP (the node
-// of `make cluster` routes the Service range to the host): it seeds the
-// run's data and sets the run's faults through the admin API, as the load
-// tester's own config center would start with them. The cluster's is
-// kshard's stand-in (deploy/configcenter).
-func (r *run) connectCenter(ctx context.Context) (*httpCenter, error) {
+// connectCenter uses the cluster's config center: an etcd of
+// deploy/config-etcd (the default), or kshard's stand-in of
+// deploy/configcenter (--config-center http), both at their Service's
+// cluster IP (the node of `make cluster` routes the Service range to the
+// host). It seeds the run's data into it, as the load tester's own config
+// center would start with.
+func (r *run) connectCenter(ctx context.Context) (center, error) {
+	if r.opts.ConfigCenter == CenterHTTP {
+		return r.connectHTTPCenter(ctx)
+	}
+	o, t := r.opts, r.pods
+	dir := filepath.Join(r.work, "config-etcd-client")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	cl, err := configetcd.ConnectCluster(ctx, r.cs, t.namespace, dir)
+	if err != nil {
+		return nil, err
+	}
+	e := &clusterEtcdCenter{cluster: cl}
+	if _, err := configetcd.Seed(ctx, cl.Client, etcdsource.DefaultPrefix,
+		configcenter.SeedOptions{Domains: o.Domains, KeysPerDomain: o.KeysPerDomain, ValueBytes: o.ValueBytes}); err != nil {
+		e.close()
+		return nil, fmt.Errorf("the config center at %s (Service %s/%s): %w", cl.Endpoint, t.namespace, configetcd.ClusterService, err)
+	}
+	e.desc = fmt.Sprintf("the cluster's etcd (Service %s/%s at %s, TLS with the replicas' client certificate), with the cluster network's latency (none added): %d domains × %d keys of %d bytes under %s",
+		t.namespace, configetcd.ClusterService, cl.Endpoint, o.Domains, o.KeysPerDomain, o.ValueBytes, etcdsource.DefaultPrefix)
+	return e, nil
+}
+
+// clusterEtcdCenter is a cluster's etcd (deploy/config-etcd): seeded and
+// changed through its client port, scraped on its metrics port; nothing
+// injects faults into it.
+type clusterEtcdCenter struct {
+	cluster *configetcd.Cluster
+	desc    string
+}
+
+func (e *clusterEtcdCenter) put(ctx context.Context, domain, key, value string) error {
+	_, err := e.cluster.Client.Put(ctx, etcdsource.DefaultPrefix+"/"+domain+"/"+key, value)
+	return err
+}
+
+// setOutage is refused by Options.validate before a run starts: the
+// cluster's etcd keeps its data in an emptyDir, so stopping its pod would
+// lose the data, not make an outage.
+func (e *clusterEtcdCenter) setOutage(context.Context, bool) error {
+	return errors.New("an outage of the cluster's etcd is not injected")
+}
+
+func (e *clusterEtcdCenter) outage() string { return "is not taken away (a cluster's etcd)" }
+
+// args are empty: the pods have their own (deploy/node's ETCD_SERVERS and
+// client certificate).
+func (e *clusterEtcdCenter) args() []string { return nil }
+
+func (e *clusterEtcdCenter) scrape() (string, promScrape) {
+	return jobConfigEtcd, promScrape{addr: e.cluster.Metrics, scheme: "http"}
+}
+
+func (e *clusterEtcdCenter) String() string { return e.desc }
+func (e *clusterEtcdCenter) close()         { _ = e.cluster.Client.Close() }
+
+// connectHTTPCenter uses the cluster's stand-in, the Service
+// "configcenter" of deploy/configcenter: it seeds the run's data and sets
+// the run's faults through the admin API.
+func (r *run) connectHTTPCenter(ctx context.Context) (*httpCenter, error) {
 	o, t := r.opts, r.pods
 	svc, err := r.cs.CoreV1().Services(t.namespace).Get(ctx, centerService, metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("finding the config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
+		return nil, fmt.Errorf("finding the stand-in config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
 	}
 	if len(svc.Spec.Ports) == 0 || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		return nil, fmt.Errorf("Service %s/%s has no cluster IP and port", t.namespace, centerService)

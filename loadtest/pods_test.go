@@ -25,7 +25,7 @@ func statefulSetOf(t *testing.T, dir string) *appsv1.StatefulSet {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
 	for _, r := range res.Resources() {
-		if r.GetKind() != "StatefulSet" {
+		if r.GetKind() != "StatefulSet" || r.GetName() != "kshard" {
 			continue
 		}
 		b, err := r.AsYAML()
@@ -38,7 +38,7 @@ func statefulSetOf(t *testing.T, dir string) *appsv1.StatefulSet {
 		}
 		return &sts
 	}
-	t.Fatalf("%s has no StatefulSet", dir)
+	t.Fatalf("%s has no StatefulSet kshard", dir)
 	return nil
 }
 

@@ -17,6 +17,9 @@ VETH_NODE=eth0
 POD_CIDR=${KSHARD_POD_CIDR:-10.244.0.0/24}
 SERVICE_CIDR=${KSHARD_SERVICE_CIDR:-10.96.0.0/16}
 KUBERNETES_SERVICE_IP=${KSHARD_KUBERNETES_SERVICE_IP:-10.96.0.1}
+# deploy/node's config center: the etcd Service's fixed cluster IP, which
+# its server certificate names (hack/etcdcert -ip), as the node has no DNS.
+CONFIG_ETCD_IP=10.96.0.20
 # The cgroup (in every hierarchy) that holds the node: kubelet's cgroupRoot,
 # and, in the pids hierarchy, every process `make cluster` starts, so that
 # down.sh can stop exactly those and nothing else.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Proves the node of `make cluster` runs kshard's image: a pod of kshard:dev
-# runs `kshard --help` to Completed, then deploy/node (the base and the
-# config center) is applied and its three replicas become Ready, and one
-# ConfigBinding gets its ConfigMap from the config center. Prints how long
+# runs `kshard --help` to Completed, then deploy/node (the base and an etcd
+# as the config center, its certificates from hack/etcdcert) is applied and
+# its three replicas become Ready, two values are put into the etcd with
+# etcdctl, and one ConfigBinding gets them into its ConfigMap. Prints how long
 # each step took. Leaves what it applied in place (`make cluster-down`
 # removes everything).
 set -euo pipefail
@@ -23,10 +24,26 @@ out=$("${k[@]}" -n default logs kshard-help)
 step "pod of kshard:dev ran kshard --help to Completed" 
 
 t=$SECONDS
+"${k[@]}" create namespace kshard-system --dry-run=client -o yaml | "${k[@]}" apply -f - >/dev/null
+if ! "${k[@]}" -n kshard-system get secret kshard-etcd-client >/dev/null 2>&1; then
+	(cd "$repo" && go run ./hack/etcdcert -ip "$CONFIG_ETCD_IP") | "${k[@]}" apply --server-side -f - >/dev/null
+fi
 "${k[@]}" apply --server-side -k "$repo/deploy/node" >/dev/null
-"${k[@]}" -n kshard-system rollout status deployment/configcenter --timeout=180s >/dev/null
+"${k[@]}" -n kshard-system rollout status statefulset/config-etcd --timeout=180s >/dev/null
 "${k[@]}" -n kshard-system rollout status statefulset/kshard --timeout=300s >/dev/null
-step "deploy/node applied, config center and 3 kshard replicas Ready"
+step "deploy/node applied, its etcd and 3 kshard replicas Ready"
+
+t=$SECONDS
+# etcdctl as a user types it, with the client certificate the replicas use.
+tls=$(mktemp -d)
+trap 'rm -rf "$tls"' EXIT
+for f in ca.crt tls.crt tls.key; do
+	"${k[@]}" -n kshard-system get secret kshard-etcd-client -o "go-template={{index .data \"$f\"}}" | base64 -d >"$tls/$f"
+done
+etcdctl=("$BIN_K8S/etcdctl" --endpoints "https://$CONFIG_ETCD_IP:2379" --cacert "$tls/ca.crt" --cert "$tls/tls.crt" --key "$tls/tls.key")
+"${etcdctl[@]}" put /kshard/config/domain-7/key-0 smoke-0 >/dev/null
+"${etcdctl[@]}" put /kshard/config/domain-7/key-1 smoke-1 >/dev/null
+step "etcdctl put domain-7's key-0 and key-1 into the etcd"
 
 t=$SECONDS
 "${k[@]}" create namespace shop --dry-run=client -o yaml | "${k[@]}" apply -f - >/dev/null
@@ -41,7 +58,8 @@ spec:
   target: {configMapName: checkout-config}
 CB
 "${k[@]}" -n shop wait configbinding/checkout --for=condition=Ready --timeout=120s >/dev/null
-"${k[@]}" -n shop get configmap checkout-config >/dev/null
+got=$("${k[@]}" -n shop get configmap checkout-config -o 'jsonpath={.data.key-0} {.data.key-1}')
+[[ $got == "smoke-0 smoke-1" ]] || { echo "ConfigMap shop/checkout-config holds \"$got\", not the values put into the etcd" >&2; exit 1; }
 step "ConfigBinding shop/checkout Ready with its ConfigMap"
 
 "${k[@]}" -n kshard-system get pods -o wide

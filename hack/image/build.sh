@@ -2,7 +2,7 @@
 # Writes the images `make cluster` imports, as docker archives, without a
 # container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
 # configcenter binaries, user 65532, like the Dockerfile's distroless image),
-# prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
+# etcd:dev (deploy/config-etcd's config center), prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
 # e2e/keda) and the pause image (bin/node/pause, built from the Kubernetes module's C
 # source by hack/node/build.sh). $1 is the bin folder (default bin/).
 set -euo pipefail
@@ -20,6 +20,12 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 "$bin/image/image" -tag kshard:dev -o "$bin/images/kshard.tar" -user 65532:65532 -entrypoint /kshard \
 	-add "/kshard=$bin/image/kshard" -add "/kshard-metrics-adapter=$bin/image/kshard-metrics-adapter" \
 	-add "/configcenter=$bin/image/configcenter"
+# etcd:dev, for deploy/config-etcd: etcd from the control plane's pinned
+# module (hack/controlplane/etcd), static, at the path of etcd's release
+# image (/usr/local/bin/etcd).
+(cd "$repo/hack/controlplane/etcd" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/etcd" .)
+"$bin/image/image" -tag etcd:dev -o "$bin/images/etcd.tar" -user 65532:65532 -entrypoint /usr/local/bin/etcd \
+	-add "/usr/local/bin/etcd=$bin/image/etcd"
 # prometheus:dev, for deploy/node-prometheus: Prometheus from the pinned
 # module (hack/prometheus), static, no web UI assets (the API is what the
 # end-to-end suite reads), and of the service discoveries only Kubernetes's

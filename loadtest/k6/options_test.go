@@ -2,7 +2,7 @@ package k6_test
 
 import (
 	"fmt"
-	"path/filepath"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/dop251/goja"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/kshard/kshard/internal/configcenter"
 )
@@ -105,31 +103,27 @@ func TestBadSettingsAreRejectedByName(t *testing.T) {
 	}
 }
 
-// seedFlag is how deploy/configcenter tells the config center what to seed.
-var seedFlag = regexp.MustCompile(`--(seed-domains|keys-per-domain)=(\d+)`)
+// seedSetting is how seed-etcd.sh sets what it puts into deploy/kind's etcd.
+var seedSetting = regexp.MustCompile(`(?m)^(DOMAINS|KEYS_PER_DOMAIN)=\$\{[A-Z_]+:-(\d+)\}$`)
 
-// TestDefaultsFitTheKindDeployment compares the default settings with what
-// `make deploy` applies (deploy/kind): the bindings may name only domains
-// and keys its config center seeds, or they wait on KeyNotFound forever and
-// the Ready threshold fails.
-func TestDefaultsFitTheKindDeployment(t *testing.T) {
-	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join("..", "..", "deploy", "kind"))
+// TestDefaultsFitTheSeed compares the default settings with what
+// seed-etcd.sh puts into the etcd of `make deploy` (deploy/kind): the
+// bindings may name only domains and keys it holds, or they wait on
+// KeyNotFound forever and the Ready threshold fails.
+func TestDefaultsFitTheSeed(t *testing.T) {
+	script, err := os.ReadFile("seed-etcd.sh")
 	if err != nil {
-		t.Fatalf("kustomize build deploy/kind: %v", err)
-	}
-	manifests, err := res.AsYaml()
-	if err != nil {
-		t.Fatalf("kustomize build deploy/kind: %v", err)
+		t.Fatal(err)
 	}
 	seeds := map[string]int64{}
-	for _, m := range seedFlag.FindAllSubmatch(manifests, -1) {
+	for _, m := range seedSetting.FindAllSubmatch(script, -1) {
 		seeds[string(m[1])], _ = strconv.ParseInt(string(m[2]), 10, 64)
 	}
 	lib := mustEvaluate(t, "lib/configbinding.js", nil)
 	s, _ := lib.call(t, "loadSettings").Export().(map[string]any)
-	for setting, flag := range map[string]string{"domains": "seed-domains", "keysPerDomain": "keys-per-domain"} {
-		if n, _ := s[setting].(int64); n < 1 || n > seeds[flag] {
-			t.Errorf("default %s is %v; deploy/kind's config center seeds --%s=%d", setting, s[setting], flag, seeds[flag])
+	for setting, name := range map[string]string{"domains": "DOMAINS", "keysPerDomain": "KEYS_PER_DOMAIN"} {
+		if n, _ := s[setting].(int64); n < 1 || n > seeds[name] {
+			t.Errorf("default %s is %v; seed-etcd.sh puts %s=%d", setting, s[setting], name, seeds[name])
 		}
 	}
 	for i := range 3 {
