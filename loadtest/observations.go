@@ -39,6 +39,7 @@ type observations struct {
 
 	ready, labeled, propagation *prometheus.HistogramVec
 	sent, flaps, expected       *prometheus.CounterVec
+	changes                     *prometheus.CounterVec
 	// cfsPeriods and cfsThrottled are the CFS periods a replica process
 	// held to a CPU quota ran in, and those that ended with its quota
 	// spent (its cgroup's cpu.stat, cumulative).
@@ -71,6 +72,8 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 			Help: "Writes of ConfigBindings the load generator sent (kind create, update or delete)."}, []string{"fleet", "kind"}),
 		expected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_propagation_expected_total",
 			Help: "ConfigMaps that had to show a config-center change the load tester made, counted when they did or when the load tester stopped waiting: loadtest_propagation_seconds counts those that did."}, []string{"fleet"}),
+		changes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_value_changes_total",
+			Help: "Config-center values the load tester changed to measure how fast a change reaches the ConfigMaps (result written or skipped: a tick with every writer busy, or no key free of an open probe)."}, []string{"fleet", "result"}),
 		flaps: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_ready_flaps_total",
 			Help: "Objects whose Ready went from True to not True at an unchanged generation."}, []string{"fleet"}),
 		cfsPeriods: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_periods",
@@ -78,7 +81,7 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 		cfsThrottled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_throttled_periods",
 			Help: "CFS periods that ended with the replica process's quota spent (nr_throttled, cumulative)."}, []string{"fleet", "replica", "process"}),
 	}
-	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.cfsPeriods, o.cfsThrottled,
+	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.changes, o.cfsPeriods, o.cfsThrottled,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "loadtest_object_writes_total",
 			Help: "Writes of ConfigBindings and ConfigMaps (any verb and subresource) the load tester sent: the API server's counts less these are the controllers'."},
 			func() float64 { return float64(ownWrites.Load()) }),
@@ -128,6 +131,8 @@ func (o *observations) setFleet(fleet string, started time.Time) {
 	o.labeled.WithLabelValues(fleet)
 	o.propagation.WithLabelValues(fleet)
 	o.expected.WithLabelValues(fleet)
+	o.changes.WithLabelValues(fleet, "written")
+	o.changes.WithLabelValues(fleet, "skipped")
 	o.flaps.WithLabelValues(fleet)
 }
 
@@ -187,6 +192,17 @@ func (o *observations) propagated(d time.Duration) {
 	}
 	fleet, _ := o.current()
 	o.propagation.WithLabelValues(fleet).Observe(d.Seconds())
+}
+
+// valueChanged counts a change the propagation probes made, or one they
+// skipped.
+func (o *observations) valueChanged(written bool) {
+	fleet, _ := o.current()
+	result := "skipped"
+	if written {
+		result = "written"
+	}
+	o.changes.WithLabelValues(fleet, result).Inc()
 }
 
 // propagationExpected counts n ConfigMaps that must show a change.

@@ -20,6 +20,10 @@ import (
 // ConfigMap that never shows the value within it counts as not reached.
 const propagationTimeout = time.Minute
 
+// probeWriters is how many value changes may be on their way to the config
+// center at once.
+const probeWriters = 32
+
 // propagation measures how fast a change in the config center reaches the
 // ConfigMaps: during a fleet's load it writes a fresh value to one key at a
 // time and times, per ConfigMap of a binding that bound the key at the
@@ -60,6 +64,11 @@ func (p *propagation) run(ctx context.Context, interval time.Duration) {
 	<-watching
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	// Writers put the values concurrently, so that a rate above what one
+	// sequence of puts reaches (1,000 changes/s) is offered; a tick with
+	// every writer busy is counted as skipped, not queued.
+	writers := make(chan struct{}, probeWriters)
+	var wg sync.WaitGroup
 loop:
 	for {
 		select {
@@ -67,9 +76,19 @@ loop:
 			break loop
 		case <-t.C:
 			p.seq++
-			p.start(ctx, p.seq)
+			select {
+			case writers <- struct{}{}:
+				seq := p.seq
+				wg.Go(func() {
+					defer func() { <-writers }()
+					p.obs.valueChanged(p.start(ctx, seq))
+				})
+			default:
+				p.obs.valueChanged(false)
+			}
 		}
 	}
+	wg.Wait()
 	deadline := time.Now().Add(propagationTimeout)
 	for time.Now().Before(deadline) && p.open() > 0 {
 		time.Sleep(100 * time.Millisecond)
@@ -100,19 +119,17 @@ func (p *propagation) start(ctx context.Context, seq int) bool {
 		value:   fmt.Sprintf("probe-%d", seq),
 		waiting: map[string]int{},
 	}
-	p.mu.Lock()
-	busy := slices.ContainsFunc(p.probes, func(x *probe) bool { return x.domain == pr.domain && x.key == pr.key })
-	p.mu.Unlock()
-	if busy {
-		// A newer value would hide this one from the open probe's ConfigMaps.
-		return false
-	}
 	for _, j := range live {
 		if p.set.domains[j] == p.set.domains[i] && slices.Contains(p.set.keys(j, p.set.updates[j].Load()), configv1alpha1.ConfigKey(pr.key)) {
 			pr.waiting[p.set.names[j]+"-config"] = j
 		}
 	}
 	p.mu.Lock()
+	if slices.ContainsFunc(p.probes, func(x *probe) bool { return x.domain == pr.domain && x.key == pr.key }) {
+		// A newer value would hide this one from the open probe's ConfigMaps.
+		p.mu.Unlock()
+		return false
+	}
 	p.probes = append(p.probes, pr)
 	pr.at = time.Now()
 	p.mu.Unlock()
