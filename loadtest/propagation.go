@@ -69,11 +69,19 @@ func (p *propagation) run(ctx context.Context, interval time.Duration) {
 	// every writer busy is counted as skipped, not queued.
 	writers := make(chan struct{}, probeWriters)
 	var wg sync.WaitGroup
+	// Probes end as their ConfigMaps show the value (observe), and are
+	// pruned every second of the keys their bindings dropped and of the
+	// timed out (open): a key is free again for the next change as soon
+	// as its probe ended.
+	prune := time.NewTicker(time.Second)
+	defer prune.Stop()
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
+		case <-prune.C:
+			p.open()
 		case <-t.C:
 			p.seq++
 			select {
@@ -192,14 +200,18 @@ func (p *propagation) watch(ctx context.Context, ready chan<- struct{}) {
 	once.Do(func() { close(ready) })
 }
 
+// observe ends the waits cm's data answers, and the probes with nothing
+// left to wait for.
 func (p *propagation) observe(cm *corev1.ConfigMap, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, pr := range p.probes {
+	p.probes = slices.DeleteFunc(p.probes, func(pr *probe) bool {
 		if _, ok := pr.waiting[cm.Name]; ok && cm.Data[pr.key] == pr.value {
 			delete(pr.waiting, cm.Name)
 			p.obs.propagated(now.Sub(pr.at))
 			p.obs.propagationExpected(1)
+			return len(pr.waiting) == 0
 		}
-	}
+		return false
+	})
 }
