@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kshard/kshard/externalcache/etcdsource"
@@ -23,13 +24,11 @@ func (s *suite) installEtcdCerts(ctx context.Context, t *testing.T) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, "go", "run", "./hack/etcdcert", "-namespace", systemNamespace, "-ip", configEtcdIP)
 	cmd.Dir = s.repo
-	var stderr []byte
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	if ee, ok := err.(*exec.ExitError); ok {
-		stderr = ee.Stderr
-	}
 	if err != nil {
-		t.Fatalf("hack/etcdcert: %v\n%s", err, stderr)
+		t.Fatalf("hack/etcdcert: %v\n%s", err, stderr.String())
 	}
 	path := filepath.Join(t.TempDir(), "etcd-certs.yaml")
 	if err := os.WriteFile(path, out, 0o600); err != nil {
