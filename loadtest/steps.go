@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/replica"
 )
 
@@ -339,6 +342,10 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 	if err := sleep(ctx, r.opts.OutageAfter); err != nil {
 		return err
 	}
+	last, err := r.changeBeforeOutage(ctx)
+	if err != nil {
+		return err
+	}
 	r.mark("config center outage: it %s", r.center.outage())
 	if err := r.center.setOutage(ctx, true); err != nil {
 		return err
@@ -361,7 +368,72 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 	if err := r.center.setOutage(ctx, false); err != nil {
 		return err
 	}
-	return r.awaitRecovery(ctx)
+	if err := r.awaitRecovery(ctx); err != nil {
+		return err
+	}
+	r.checkChangeBeforeOutage(ctx, last)
+	return nil
+}
+
+// changeBeforeOutage puts a new value into a key that a live binding
+// reads, the moment before the config center goes away: a change the
+// replicas may have had no time to fetch, which must not be lost.
+func (r *run) changeBeforeOutage(ctx context.Context) (*probe, error) {
+	r.gen.mu.Lock()
+	live := slices.Clone(r.gen.live)
+	r.gen.mu.Unlock()
+	if len(live) == 0 {
+		return nil, errors.New("no object exists to change a value of before the outage")
+	}
+	i := live[0]
+	pr := &probe{domain: configcenter.SeedDomain(r.set.domains[i]), key: string(r.set.keys(i, r.set.updates[i].Load())[0]),
+		value: fmt.Sprintf("before-outage-%d", time.Now().UnixNano())}
+	if err := r.center.put(ctx, pr.domain, pr.key, pr.value); err != nil {
+		return nil, fmt.Errorf("changing %s/%s before the outage: %w", pr.domain, pr.key, err)
+	}
+	pr.at = time.Now()
+	return pr, nil
+}
+
+// checkChangeBeforeOutage waits, at most the settle timeout after the
+// recovery, until the ConfigMap of every binding whose spec (as the API
+// server has it) still reads the key changed before the outage holds its
+// value, and reports the check; with no such binding left it has nothing
+// to decide on, and fails.
+func (r *run) checkChangeBeforeOutage(ctx context.Context, pr *probe) {
+	const name = "no change made just before the outage lost"
+	deadline := time.Now().Add(r.opts.SettleTimeout)
+	for {
+		var cbs configv1alpha1.ConfigBindingList
+		if err := r.c.List(ctx, &cbs, client.InNamespace(Namespace)); err != nil {
+			r.addCheck(noDataCheck(name, fmt.Sprintf("listing the ConfigBindings: %v", err)))
+			return
+		}
+		binding, stale := 0, 0
+		for _, cb := range cbs.Items {
+			if cb.Spec.Domain != pr.domain || !slices.Contains(cb.Spec.Keys, configv1alpha1.ConfigKey(pr.key)) {
+				continue
+			}
+			binding++
+			var cm corev1.ConfigMap
+			if err := r.c.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: cb.Spec.Target.ConfigMapName}, &cm); err != nil || cm.Data[pr.key] != pr.value {
+				stale++
+			}
+		}
+		switch {
+		case binding == 0:
+			r.addCheck(noDataCheck(name, fmt.Sprintf("no binding reads %s/%s any more, the key changed before the outage", pr.domain, pr.key)))
+			return
+		case stale == 0:
+			r.addCheck(Check{Name: name, Passed: true, Detail: fmt.Sprintf("%s/%s changed just before the outage: the ConfigMaps of all %d bindings reading it hold the new value, %s after it was put",
+				pr.domain, pr.key, binding, round(time.Since(pr.at)))})
+			return
+		case time.Now().After(deadline) || sleep(ctx, settlePoll) != nil:
+			r.addCheck(Check{Name: name, Passed: false, Detail: fmt.Sprintf("%s/%s changed just before the outage: %d of the %d bindings reading it have a ConfigMap without the new value %s after the recovery",
+				pr.domain, pr.key, stale, binding, r.opts.SettleTimeout)})
+			return
+		}
+	}
 }
 
 // awaitRecovery waits until no object says ExternalUnavailable any more.
@@ -413,6 +485,13 @@ func (o *outageObservation) findings() []string {
 		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable at once (sampled %d times)", o.maxUnavailable, o.samples),
 		fmt.Sprintf("during the outage, every ConfigMap kept its data: %d of %d ConfigMaps empty at worst", o.emptyConfigMaps, o.configMaps),
 	}
+}
+
+// addCheck records a scenario's own check.
+func (r *run) addCheck(c Check) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report.Checks = append(r.report.Checks, c)
 }
 
 // addFinding records a scenario's observation.
