@@ -173,17 +173,34 @@ func consistency(atLeast string) *v1.Consistency {
 	return &v1.Consistency{Requirement: &v1.Consistency_AtLeastAsFresh{AtLeastAsFresh: &v1.ZedToken{Token: atLeast}}}
 }
 
-// Watch follows every relationship change from the revision from (now when
-// empty) and calls changed with the revision through which each answer's
-// changes go. Its first answer is reported as a change too, whatever it
-// holds: a check made before the watch began may have missed a change made
-// before it, so everything checked so far goes stale once.
+// Watch follows every relationship change from the revision from, and
+// calls changed with the revision through which each answer's changes go.
+// From "" it starts at the revision SpiceDB reads its schema at now, and
+// reports that revision as a change at once: every decision is checked
+// again at least as fresh as it, and every change after it reaches the
+// Watch, whenever SpiceDB begins serving the stream (a Watch "from now"
+// would miss a change made between a check and its start). Without a
+// schema there is no revision to read: then it starts from now and
+// reports its first answer as a change, whatever it holds.
 func (s *Source) Watch(ctx context.Context, from string, changed func(revision string)) error {
 	req := &v1.WatchRequest{OptionalUpdateKinds: []v1.WatchKind{
 		v1.WatchKind_WATCH_KIND_INCLUDE_RELATIONSHIP_UPDATES,
 		v1.WatchKind_WATCH_KIND_INCLUDE_SCHEMA_UPDATES,
 		v1.WatchKind_WATCH_KIND_INCLUDE_CHECKPOINTS,
 	}}
+	first := false
+	if from == "" {
+		schema, err := s.client.ReadSchema(ctx, &v1.ReadSchemaRequest{})
+		switch {
+		case status.Code(err) == codes.NotFound:
+			first = true
+		case err != nil:
+			return fmt.Errorf("watching SpiceDB: reading the revision to start at: %w", err)
+		default:
+			from = schema.GetReadAt().GetToken()
+			changed(from)
+		}
+	}
 	if from != "" {
 		req.OptionalStartCursor = &v1.ZedToken{Token: from}
 	}
@@ -191,7 +208,7 @@ func (s *Source) Watch(ctx context.Context, from string, changed func(revision s
 	if err != nil {
 		return watchFailed(from, false, err)
 	}
-	first, answered := from == "", false
+	answered := false
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {

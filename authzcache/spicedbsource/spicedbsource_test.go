@@ -118,12 +118,23 @@ func TestCheck(t *testing.T) {
 // it with the questions whose answers changed.
 func cacheOn(t *testing.T, c *authzed.Client) (*authzcache.Cache, chan authzcache.Question) {
 	t.Helper()
-	s, err := spicedbsource.New(c)
+	return cacheWatchingOn(t, c, c)
+}
+
+// cacheWatchingOn is cacheOn with the Checks through one client and the
+// Watch through another.
+func cacheWatchingOn(t *testing.T, checks, watch *authzed.Client) (*authzcache.Cache, chan authzcache.Question) {
+	t.Helper()
+	checker, err := spicedbsource.New(checks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher, err := spicedbsource.New(watch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	changed := make(chan authzcache.Question, 100)
-	cache, err := authzcache.New(authzcache.Options{Checker: s, Watcher: s, Retry: authzcache.RetryOptions{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
+	cache, err := authzcache.New(authzcache.Options{Checker: checker, Watcher: watcher, Retry: authzcache.RetryOptions{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
 		OnChange: func(q authzcache.Question) { changed <- q }})
 	if err != nil {
 		t.Fatal(err)
@@ -219,8 +230,12 @@ func TestUnreachableAtStart(t *testing.T) {
 	decided(t, cache, teamA, true)
 }
 
-// TestWatchCut: the connection under the Watch is cut mid-stream; a grant
-// removed meanwhile is still seen.
+// TestWatchCut: the connection under the Watch is cut mid-stream, and
+// the new Watch reaches SpiceDB only after a grant was removed, while the
+// decisions were checked again before it: the removal is still seen. (A
+// Watch started again "from now" would begin after the removal and never
+// report it; the Checks go through a connection of their own, so that the
+// delay holds back only the Watch.)
 func TestWatchCut(t *testing.T) {
 	srv, admin := startSpiceDB(t)
 	write(t, admin, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
@@ -229,11 +244,21 @@ func TestWatchCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	cache, _ := cacheOn(t, client(t, srv, proxy.Addr()))
+	cache, _ := cacheWatchingOn(t, client(t, srv, srv.Endpoint()), client(t, srv, proxy.Addr()))
 	decided(t, cache, teamB, true)
+	checks := cache.Stats().Checks
+	proxy.Delay(3 * time.Second)
 	if n := proxy.Cut(); n == 0 {
 		t.Fatal("no connection to cut")
 	}
+	// The failed Watch makes every decision stale; wait until they were
+	// checked again, before the removal.
+	for deadline := time.Now().Add(time.Minute); cache.Stats().Checks == checks; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the decisions were not checked again after the Watch failed")
+		}
+	}
+	decided(t, cache, teamB, true)
 	write(t, admin, v1.RelationshipUpdate_OPERATION_DELETE, member)
 	decided(t, cache, teamB, false)
 }
