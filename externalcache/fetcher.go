@@ -360,12 +360,8 @@ func (f *fetcher) retryOnRecovery(ctx context.Context) {
 				continue
 			}
 			fl.timer.Stop()
-			fl.timer = nil
-			if f.queue.push(fl) {
-				fl.state = stateQueued
+			if f.requeueLocked(fl) {
 				n++
-			} else {
-				fl.timer = time.AfterFunc(backoff.Jitter(time.Second, 1), func() { f.requeue(fl) })
 			}
 		}
 		f.mu.Unlock()
@@ -383,12 +379,19 @@ func (f *fetcher) requeue(fl *flight) {
 	if f.flights[fl.fk] != fl || (fl.state != stateBackoff && fl.state != stateFailed) || f.ctx.Err() != nil {
 		return
 	}
+	f.requeueLocked(fl)
+}
+
+// requeueLocked queues fl and says so, or, with the queue full, has it
+// tried again a little later.
+func (f *fetcher) requeueLocked(fl *flight) bool {
 	fl.timer = nil
 	if f.queue.push(fl) {
 		fl.state = stateQueued
-		return
+		return true
 	}
 	fl.timer = time.AfterFunc(backoff.Jitter(time.Second, 1), func() { f.requeue(fl) })
+	return false
 }
 
 // refreshLocked makes sure a cached key is fetched again: its entry stops being fresh (a
