@@ -196,7 +196,7 @@ node-binaries: ## Build kubelet, kube-controller-manager, kube-scheduler, kube-p
 	hack/node/build.sh $(BIN)/node
 
 .PHONY: node-images
-node-images: node-binaries ## Write the kshard:dev, etcd:dev, prometheus:dev, keda:dev and pause images as archives into bin/images, with no container engine.
+node-images: node-binaries ## Write the kshard:dev, etcd:dev, spicedb:dev, prometheus:dev, keda:dev and pause images as archives into bin/images, with no container engine.
 	hack/image/build.sh $(BIN)
 
 .PHONY: cluster

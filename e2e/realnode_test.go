@@ -41,6 +41,7 @@ func TestRealNode(t *testing.T) {
 		run  func(*testing.T, *suite, *recorder)
 	}{
 		{"deploy", testDeploy},
+		{"authorization", testAuthorization},
 		{"scale", testScale},
 		{"rollout-restart", testRolloutRestart},
 		{"sigkill", testSIGKILL},
@@ -84,6 +85,7 @@ func testDeploy(t *testing.T, s *suite, _ *recorder) {
 	s.uninstallKeepingFencing(ctx, t, overlay)
 	caPEM := s.installMetricsCert(ctx, t)
 	s.installEtcdCerts(ctx, t)
+	s.installSpiceDBToken(ctx, t)
 	s.run(ctx, t, "apply", "--server-side", "-k", overlay)
 	// The CRDs were deleted with an earlier installation and created again:
 	// the API server serves them once they are established, and a client

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Imports the image archives of bin/images (kshard:dev, etcd:dev, prometheus:dev,
+# Imports the image archives of bin/images (kshard:dev, etcd:dev, spicedb:dev, prometheus:dev,
 # keda:dev and pause, written by `make node-images`) into the node's
 # containerd, in the k8s.io namespace the kubelet uses. node.sh runs it at start; `make cluster-images` runs it again
 # on a running cluster after a rebuild (then restart the pods to use it).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Proves the node of `make cluster` runs kshard's image: a pod of kshard:dev
-# runs `kshard --help` to Completed, then deploy/node (the base and an etcd
-# as the config center, its certificates from hack/etcdcert) is applied and
-# its three replicas become Ready, two values are put into the etcd with
+# runs `kshard --help` to Completed, then deploy/node (the base, an etcd as
+# the config center, its certificates from hack/etcdcert, and SpiceDB, whose
+# grants let namespace shop read domain-7) is applied and its three replicas
+# become Ready, two values are put into the etcd with
 # etcdctl, and one ConfigBinding gets them into its ConfigMap. Prints how long
 # each step took. Leaves what it applied in place (`make cluster-down`
 # removes everything).
@@ -28,10 +29,14 @@ t=$SECONDS
 if ! "${k[@]}" -n kshard-system get secret kshard-etcd-client >/dev/null 2>&1; then
 	(cd "$repo" && go run ./hack/etcdcert -ip "$CONFIG_ETCD_IP") | "${k[@]}" apply --server-side -f - >/dev/null
 fi
+if ! "${k[@]}" -n kshard-system get secret kshard-spicedb-token >/dev/null 2>&1; then
+	"${k[@]}" -n kshard-system create secret generic kshard-spicedb-token --from-literal=token="$(head -c 24 /dev/urandom | base64)" >/dev/null
+fi
 "${k[@]}" apply --server-side -k "$repo/deploy/node" >/dev/null
 "${k[@]}" -n kshard-system rollout status statefulset/config-etcd --timeout=180s >/dev/null
+"${k[@]}" -n kshard-system rollout status deployment/spicedb --timeout=180s >/dev/null
 "${k[@]}" -n kshard-system rollout status statefulset/kshard --timeout=300s >/dev/null
-step "deploy/node applied, its etcd and 3 kshard replicas Ready"
+step "deploy/node applied, its etcd, its SpiceDB and 3 kshard replicas Ready"
 
 t=$SECONDS
 # etcdctl as a user types it, with the client certificate the replicas use.

@@ -62,7 +62,7 @@ done
 for f in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do
 	[[ -x $BIN_NODE/$f ]] || die "$BIN_NODE/$f is missing: run \`make node-binaries\`"
 done
-for f in kshard.tar etcd.tar pause.tar; do
+for f in kshard.tar etcd.tar spicedb.tar pause.tar; do
 	[[ -s $IMAGES/$f ]] || die "$IMAGES/$f is missing: run \`make node-images\`"
 done
 

@@ -2,7 +2,8 @@
 # Writes the images `make cluster` imports, as docker archives, without a
 # container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
 # configcenter binaries, user 65532, like the Dockerfile's distroless image),
-# etcd:dev (deploy/config-etcd's config center), prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
+# etcd:dev (deploy/config-etcd's config center), spicedb:dev (deploy/spicedb's
+# authorization system), prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
 # e2e/keda) and the pause image (bin/node/pause, built from the Kubernetes module's C
 # source by hack/node/build.sh). $1 is the bin folder (default bin/).
 set -euo pipefail
@@ -26,6 +27,12 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 (cd "$repo/hack/controlplane/etcd" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/etcd" .)
 "$bin/image/image" -tag etcd:dev -o "$bin/images/etcd.tar" -user 65532:65532 -entrypoint /usr/local/bin/etcd \
 	-add "/usr/local/bin/etcd=$bin/image/etcd"
+# spicedb:dev, for deploy/spicedb: SpiceDB from the pinned module
+# (hack/spicedb, the Makefile's build of bin/spicedb), at the path of
+# SpiceDB's release image (/usr/local/bin/spicedb).
+(cd "$repo/hack/spicedb" && GOWORK=off CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/spicedb" github.com/authzed/spicedb/cmd/spicedb)
+"$bin/image/image" -tag spicedb:dev -o "$bin/images/spicedb.tar" -user 65532:65532 -entrypoint /usr/local/bin/spicedb \
+	-add "/usr/local/bin/spicedb=$bin/image/spicedb"
 # prometheus:dev, for deploy/node-prometheus: Prometheus from the pinned
 # module (hack/prometheus), static, no web UI assets (the API is what the
 # end-to-end suite reads), and of the service discoveries only Kubernetes's

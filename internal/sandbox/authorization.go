@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
-	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
-	authzed "github.com/authzed/authzed-go/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -22,7 +19,7 @@ import (
 // namespace Ungranted a reader of none.
 type authorization struct {
 	server    *spicedbserver.Server
-	client    *authzed.Client
+	grants    *spicedbserver.Grants
 	tokenFile string
 }
 
@@ -41,11 +38,11 @@ func (s *sandbox) startAuthorization(ctx context.Context) (*authorization, error
 		_ = srv.Close()
 		return nil, fmt.Errorf("writing SpiceDB's token: %w", err)
 	}
-	if a.client, err = spicedbsource.NewClient(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: a.tokenFile}); err != nil {
+	if a.grants, err = spicedbserver.Dial(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: a.tokenFile}); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}
-	if err := a.writeSchema(ctx); err != nil {
+	if err := a.grants.WriteSchema(ctx); err != nil {
 		_ = a.Close()
 		return nil, err
 	}
@@ -53,7 +50,7 @@ func (s *sandbox) startAuthorization(ctx context.Context) (*authorization, error
 	for i := range s.opts.Domains {
 		rels = append(rels, teamReads(configcenter.SeedDomain(i)))
 	}
-	if err := a.relate(ctx, v1.RelationshipUpdate_OPERATION_TOUCH, rels...); err != nil {
+	if err := a.grants.Touch(ctx, rels...); err != nil {
 		_ = a.Close()
 		return nil, err
 	}
@@ -67,42 +64,10 @@ func teamReads(domain string) string {
 	return "configdomain:" + domain + "#reader@team:" + Team + "#member"
 }
 
-// writeSchema writes kshard's schema, retrying while SpiceDB warms up.
-func (a *authorization) writeSchema(ctx context.Context) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, err := a.client.WriteSchema(ctx, &v1.WriteSchemaRequest{Schema: spicedbsource.Schema})
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("writing SpiceDB's schema: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// relate writes relationships in SpiceDB's notation,
-// "type:id#relation@type:id[#relation]".
-func (a *authorization) relate(ctx context.Context, op v1.RelationshipUpdate_Operation, rels ...string) error {
-	req := &v1.WriteRelationshipsRequest{}
-	for _, r := range rels {
-		rel, err := spicedbsource.ParseRelationship(r)
-		if err != nil {
-			return err
-		}
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
-	}
-	if _, err := a.client.WriteRelationships(ctx, req); err != nil {
-		return fmt.Errorf("writing relationships to SpiceDB: %w", err)
-	}
-	return nil
-}
-
 // Close stops SpiceDB.
 func (a *authorization) Close() error {
-	if a.client != nil {
-		_ = a.client.Close()
+	if a.grants != nil {
+		_ = a.grants.Close()
 	}
 	return a.server.Close()
 }

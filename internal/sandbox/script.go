@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -181,7 +180,7 @@ func (sc *script) revoke(ctx context.Context) error {
 	grant := teamReads(domain)
 	out.printf("\n== a grant revoked live: SpiceDB deletes %s ==", grant)
 	t0 := time.Now()
-	if err := sc.authz.relate(ctx, v1.RelationshipUpdate_OPERATION_DELETE, grant); err != nil {
+	if err := sc.authz.grants.Delete(ctx, grant); err != nil {
 		return err
 	}
 	took, err := sc.waitFor(ctx, fmt.Sprintf("the %d bindings of %s Forbidden, their ConfigMaps empty", len(targets), domain), t0, pollInterval,
@@ -193,7 +192,7 @@ func (sc *script) revoke(ctx context.Context) error {
 	}
 	out.printf("all %d bindings of %s say Forbidden and their ConfigMaps hold none of its values after %s", len(targets), domain, round(took))
 	t0 = time.Now()
-	if err := sc.authz.relate(ctx, v1.RelationshipUpdate_OPERATION_TOUCH, grant); err != nil {
+	if err := sc.authz.grants.Touch(ctx, grant); err != nil {
 		return err
 	}
 	took, err = sc.waitFor(ctx, fmt.Sprintf("the %d bindings of %s Ready again", len(targets), domain), t0, pollInterval,

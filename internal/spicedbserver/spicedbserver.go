@@ -36,6 +36,10 @@ type Options struct {
 	Dir string
 	// Token is the preshared key clients present. Default "kshard-test".
 	Token string
+	// BootstrapFiles are SpiceDB validation files (a schema, relationships)
+	// loaded at every start, as deploy/spicedb's Deployment loads its
+	// ConfigMap: what a restart does not lose.
+	BootstrapFiles []string
 }
 
 // Server is one running SpiceDB, until Close.
@@ -87,6 +91,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 // Endpoint is the gRPC address, host:port (plaintext).
 func (s *Server) Endpoint() string { return s.grpc }
 
+// Metrics is the address of SpiceDB's /metrics (plain HTTP), host:port:
+// its gRPC server's counts by method are what a measurement of its calls
+// reads.
+func (s *Server) Metrics() string { return s.metrics }
+
 // Token is the preshared key.
 func (s *Server) Token() string { return s.opts.Token }
 
@@ -99,7 +108,7 @@ func (s *Server) Restart(ctx context.Context) error {
 		return nil
 	}
 	logPath := filepath.Join(s.opts.Dir, "spicedb.log")
-	p, err := s.procs.Start("SpiceDB", s.opts.Binary, logPath, "serve",
+	args := []string{"serve",
 		"--grpc-preshared-key", s.opts.Token,
 		"--grpc-addr", s.grpc,
 		"--datastore-engine", "memory",
@@ -108,7 +117,11 @@ func (s *Server) Restart(ctx context.Context) error {
 		"--dispatch-cluster-enabled=false",
 		"--telemetry-endpoint=",
 		"--skip-release-check",
-		"--log-level", "warn")
+		"--log-level", "warn"}
+	for _, f := range s.opts.BootstrapFiles {
+		args = append(args, "--datastore-bootstrap-files", f)
+	}
+	p, err := s.procs.Start("SpiceDB", s.opts.Binary, logPath, args...)
 	if err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("starting SpiceDB: %w", err)

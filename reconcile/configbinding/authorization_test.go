@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
-	authzed "github.com/authzed/authzed-go/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,9 +24,9 @@ import (
 )
 
 // withSpiceDB starts a SpiceDB of the test's own with kshard's schema and
-// returns an adjust that makes an env's replica ask it, and a client to
-// write relationships with.
-func withSpiceDB(t *testing.T) (func(*replica.Options), *authzed.Client) {
+// returns an adjust that makes an env's replica ask it, and a writer of
+// grants.
+func withSpiceDB(t *testing.T) (func(*replica.Options), *spicedbserver.Grants) {
 	t.Helper()
 	controlplane.Require(t, cp) // the envs need it; the unit lane runs no SpiceDB either
 	srv, err := spicedbserver.Start(context.Background(), spicedbserver.Options{Dir: t.TempDir()})
@@ -40,36 +38,19 @@ func withSpiceDB(t *testing.T) (func(*replica.Options), *authzed.Client) {
 	if err := os.WriteFile(tokenFile, []byte(srv.Token()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := spicedbsource.NewClient(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: tokenFile})
+	opts := spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: tokenFile}
+	g, err := spicedbserver.Dial(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
-	controlplane.Eventually(t, time.Minute, "SpiceDB takes the schema", func() error {
-		_, err := c.WriteSchema(context.Background(), &v1.WriteSchemaRequest{Schema: spicedbsource.Schema})
-		return err
-	})
-	return func(o *replica.Options) {
-		o.Authorization = replica.AuthorizationSpiceDB
-		o.SpiceDB = spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: tokenFile}
-	}, c
-}
-
-// relate touches (or deletes) relationships written as
-// "type:id#relation@type:id[#relation]".
-func relate(t *testing.T, c *authzed.Client, op v1.RelationshipUpdate_Operation, rels ...string) {
-	t.Helper()
-	req := &v1.WriteRelationshipsRequest{}
-	for _, r := range rels {
-		rel, err := spicedbsource.ParseRelationship(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
-	}
-	if _, err := c.WriteRelationships(context.Background(), req); err != nil {
+	t.Cleanup(func() { _ = g.Close() })
+	if err := g.WriteSchema(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return func(o *replica.Options) {
+		o.Authorization = replica.AuthorizationSpiceDB
+		o.SpiceDB = opts
+	}, g
 }
 
 // TestAuthorizedBySpiceDB: a binding whose namespace reads its domain
@@ -84,7 +65,7 @@ func TestAuthorizedBySpiceDB(t *testing.T) {
 	spicedb, sc := withSpiceDB(t)
 	e := startEnvWith(t, "authz", spicedb)
 	member := "team:checkout#member@kubernetes/namespace:" + e.ns
-	relate(t, sc, v1.RelationshipUpdate_OPERATION_TOUCH, member, "configdomain:domain-1#reader@team:checkout#member")
+	touch(t, sc, member, "configdomain:domain-1#reader@team:checkout#member")
 
 	e.create(t, "app", "domain-1", "key-0")
 	e.create(t, "other", "domain-2", "key-0")
@@ -102,7 +83,7 @@ func TestAuthorizedBySpiceDB(t *testing.T) {
 		t.Errorf("the denied binding's ConfigMap: %v, want none", err)
 	}
 
-	relate(t, sc, v1.RelationshipUpdate_OPERATION_DELETE, member)
+	remove(t, sc, member)
 	e.waitReason(t, "app", configbinding.ReasonForbidden)
 	if data := e.configMap(t, "app-config").Data; len(data) != 0 {
 		t.Errorf("after the revocation the ConfigMap still holds %v", data)
@@ -120,9 +101,24 @@ func TestAuthorizedBySpiceDB(t *testing.T) {
 		return fmt.Errorf("%d Events, none for app with reason %s", len(events.Items), configbinding.ReasonForbidden)
 	})
 
-	relate(t, sc, v1.RelationshipUpdate_OPERATION_TOUCH, "configdomain:domain-1#reader@kubernetes/namespace:"+e.ns)
+	touch(t, sc, "configdomain:domain-1#reader@kubernetes/namespace:"+e.ns)
 	e.waitReason(t, "app", configbinding.ReasonSynced)
 	if got := e.configMap(t, "app-config").Data["key-0"]; got != configcenter.SeedValue("domain-1", "key-0", 16) {
 		t.Fatalf("after the grant the ConfigMap holds %q", got)
+	}
+}
+
+// touch writes relationships; remove deletes them.
+func touch(t *testing.T, g *spicedbserver.Grants, rels ...string) {
+	t.Helper()
+	if err := g.Touch(context.Background(), rels...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func remove(t *testing.T, g *spicedbserver.Grants, rels ...string) {
+	t.Helper()
+	if err := g.Delete(context.Background(), rels...); err != nil {
+		t.Fatal(err)
 	}
 }
