@@ -92,7 +92,9 @@ func (s *suite) spiceDBGrants(ctx context.Context, t *testing.T) *spicedbserver.
 // its ConfigMap holds no value; a direct grant makes it Ready with its
 // value, without a restart; the grant moved to a team keeps it Ready; the
 // namespace removed from the team (no relationship of the domain changes)
-// makes it Forbidden again and takes the value out of its ConfigMap.
+// makes it Forbidden again and takes the value out of its ConfigMap. The
+// namespace goes at the end: the steps after this one count the suite's
+// objects.
 func testAuthorization(t *testing.T, s *suite, _ *recorder) {
 	ctx := stepContext(t, 10*time.Minute)
 	g := s.spiceDBGrants(ctx, t)
@@ -145,6 +147,12 @@ func testAuthorization(t *testing.T, s *suite, _ *recorder) {
 	}
 	s.bindingIs(ctx, t, cb, false, "removed from the team")
 	t.Logf("the namespace removed from its team: Forbidden and the value gone from its ConfigMap %s later", time.Since(revoked).Round(10*time.Millisecond))
+
+	// The steps after this one count the suite's objects: this one's go.
+	s.run(ctx, t, "delete", "namespace", intruder, "--wait=true", "--timeout=5m")
+	if err := g.Delete(ctx, teamReads); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // bindingIs waits until cb says Ready (allowed) with its value in its
