@@ -52,6 +52,10 @@ var (
 	// ModeMirror keeps values in ExternalDomain mirrors that each domain's
 	// shard holder writes from the change feed.
 	ModeMirror = Mode{Name: "mirror", Args: []string{"--sharding=on", "--external-mode=cache", "--external-source=mirror"}}
+	// ModeAuthorized is ModeCache with every binding authorized by the
+	// run's SpiceDB (--authorization=spicedb): the cost of asking an
+	// authorization system, against ModeCache in the same run.
+	ModeAuthorized = Mode{Name: "authorized", Args: []string{"--sharding=on", "--external-mode=cache", "--authorization=spicedb"}}
 	// ModePlain is the floor of compare-sharding: cmd/plaincontroller, one
 	// active replica by leader election, the manager's default cache of
 	// everything, a synchronous config-center call per key per reconcile.
@@ -90,6 +94,10 @@ func (m Mode) direct() bool { return m.hasArg("--external-mode", "direct") }
 // (and export its metrics): not the plain controller, nor a replica that
 // calls the config center in Reconcile.
 func (m Mode) externalCache() bool { return !m.Plain && !m.direct() }
+
+// authorized reports whether the mode's replicas ask SpiceDB whether a
+// binding's namespace may read its domain.
+func (m Mode) authorized() bool { return m.hasArg("--authorization", "spicedb") }
 
 // readsCache reports whether Reconcile reads its values from the external
 // cache, whose hit ratio is then a figure: not with ExternalDomain mirrors
@@ -446,7 +454,7 @@ func (f *fleet) start(s *slot) error {
 		kubeconfig = f.r.kubeconfig
 	}
 	args := replicaArgs(f.mode, replicaConfig{
-		kubeconfig: kubeconfig, id: s.id, center: f.r.center.args(),
+		kubeconfig: kubeconfig, id: s.id, center: f.r.center.args(), authorization: f.r.authz.argsFor(f.mode),
 		metricsAddr: s.metricsAddr, healthAddr: s.healthAddr, audit: in.audit,
 		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod, shards: o.Shards,
 		memoryLimit: limit, clockOffset: in.clockOffset,
@@ -473,8 +481,10 @@ func (f *fleet) start(s *slot) error {
 // replicaConfig is what the load tester tells every replica process.
 type replicaConfig struct {
 	kubeconfig, id, metricsAddr, healthAddr string
-	// center are the flags pointing it at the config center (center.args).
-	center []string
+	// center are the flags pointing it at the config center (center.args),
+	// authorization those pointing an authorized mode at the run's SpiceDB
+	// (authorization.argsFor).
+	center, authorization []string
 	// audit is the audit log's path; empty for a plain mode, which has
 	// none.
 	audit                                     string
@@ -532,6 +542,7 @@ func replicaArgs(mode Mode, c replicaConfig) []string {
 		args = append(args, "--lease-clock-offset="+c.clockOffset.String())
 	}
 	args = append(args, mode.Args...)
+	args = append(args, c.authorization...)
 	// Last, so that a flag given twice takes this value.
 	return append(args, c.extra...)
 }

@@ -40,6 +40,9 @@ func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
 	} else {
 		o.configCenter = s
 	}
+	if r.authz != nil {
+		o.spicedb = promScrape{addr: r.authz.server.Metrics()}
+	}
 	if r.pods != nil {
 		token := filepath.Join(dir, "replicas.token")
 		if err := os.WriteFile(token, []byte(r.pods.metricsToken), 0o600); err != nil {
@@ -174,7 +177,7 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 		limit = 0
 	}
 	objects := r.tracker.count()
-	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), sharded: f.mode.Sharded(), cache: f.mode.readsCache(), spans: map[string]span{
+	w := queryWindow{fleet: f.id, step: r.opts.SampleInterval, memoryLimit: float64(limit), sharded: f.mode.Sharded(), cache: f.mode.readsCache(), authorized: f.mode.authorized(), spans: map[string]span{
 		"life":  {from: f.started, to: f.stopped, objects: objects},
 		"phase": {from: f.loadFrom, to: f.loadTo, objects: objects},
 	}}

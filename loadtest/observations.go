@@ -38,8 +38,12 @@ type observations struct {
 	started time.Time
 
 	ready, labeled, propagation *prometheus.HistogramVec
-	sent, flaps, expected       *prometheus.CounterVec
-	changes                     *prometheus.CounterVec
+	// grants times a grant probe's change (revoke or grant) until its
+	// ConfigMap showed it; grantsLost counts those it never showed.
+	grants                *prometheus.HistogramVec
+	grantsLost            *prometheus.CounterVec
+	sent, flaps, expected *prometheus.CounterVec
+	changes               *prometheus.CounterVec
 	// cfsPeriods and cfsThrottled are the CFS periods a replica process
 	// held to a CPU quota ran in, and those that ended with its quota
 	// spent (its cgroup's cpu.stat, cumulative).
@@ -68,6 +72,10 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 			"From sending a create (or the fleet's start) to the watch showing the object's first shard label.", "fleet"),
 		propagation: latencyHistogram("loadtest_propagation_seconds",
 			"From a config-center value change to the watch showing it in every ConfigMap that binds its key.", "fleet"),
+		grants: latencyHistogram("loadtest_authorization_seconds",
+			"From a grant probe's grant revoked (change revoke) or given (grant) in SpiceDB to the watch showing its ConfigMap without or with its value.", "fleet", "change"),
+		grantsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_authorization_lost_total",
+			Help: "Grant changes whose probe's ConfigMap did not show them within a minute."}, []string{"fleet", "change"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_writes_sent_total",
 			Help: "Writes of ConfigBindings the load generator sent (kind create, update or delete)."}, []string{"fleet", "kind"}),
 		expected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loadtest_propagation_expected_total",
@@ -81,7 +89,7 @@ func newObservations(ownWrites, ownSyncs *atomic.Int64) (*observations, error) {
 		cfsThrottled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "loadtest_cgroup_cfs_throttled_periods",
 			Help: "CFS periods that ended with the replica process's quota spent (nr_throttled, cumulative)."}, []string{"fleet", "replica", "process"}),
 	}
-	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.sent, o.flaps, o.expected, o.changes, o.cfsPeriods, o.cfsThrottled,
+	o.reg.MustRegister(o.ready, o.labeled, o.propagation, o.grants, o.grantsLost, o.sent, o.flaps, o.expected, o.changes, o.cfsPeriods, o.cfsThrottled,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "loadtest_object_writes_total",
 			Help: "Writes of ConfigBindings and ConfigMaps (any verb and subresource) the load tester sent: the API server's counts less these are the controllers'."},
 			func() float64 { return float64(ownWrites.Load()) }),
@@ -134,6 +142,10 @@ func (o *observations) setFleet(fleet string, started time.Time) {
 	o.changes.WithLabelValues(fleet, "written")
 	o.changes.WithLabelValues(fleet, "skipped")
 	o.flaps.WithLabelValues(fleet)
+	for _, change := range []string{"revoke", "grant"} {
+		o.grants.WithLabelValues(fleet, change)
+		o.grantsLost.WithLabelValues(fleet, change)
+	}
 }
 
 func (o *observations) current() (string, time.Time) {
@@ -192,6 +204,19 @@ func (o *observations) propagated(d time.Duration) {
 	}
 	fleet, _ := o.current()
 	o.propagation.WithLabelValues(fleet).Observe(d.Seconds())
+}
+
+// authorized records a grant change its probe's ConfigMap showed d after.
+func (o *observations) authorized(change string, d time.Duration) {
+	fleet, _ := o.current()
+	o.grants.WithLabelValues(fleet, change).Observe(d.Seconds())
+}
+
+// authorizationLost records a grant change its probe's ConfigMap never
+// showed.
+func (o *observations) authorizationLost(change string) {
+	fleet, _ := o.current()
+	o.grantsLost.WithLabelValues(fleet, change).Inc()
 }
 
 // valueChanged counts a change the propagation probes made, or one they

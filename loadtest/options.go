@@ -410,6 +410,7 @@ func scenarioNames() string {
 var fleetModes = map[string]Mode{
 	"sharded": ModeSharded, "off": ModeSingleton, "plain": ModePlain,
 	"cache": ModeCache, "mirror": ModeMirror, "direct": ModeDirect,
+	"authorized": ModeAuthorized,
 }
 
 // parseFleets reads Fleets; nil for "".

@@ -35,6 +35,7 @@ const (
 	jobEtcd         = "etcd"
 	jobConfigCenter = "configcenter"
 	jobConfigEtcd   = "config-etcd"
+	jobSpiceDB      = "spicedb"
 	jobLoadTester   = "loadtest"
 )
 
@@ -86,6 +87,8 @@ type promOptions struct {
 	// a run has one of them, and the queries of the other say "not
 	// scraped".
 	configCenter, configEtcd promScrape
+	// spicedb is the run's SpiceDB, when a fleet is authorized.
+	spicedb promScrape
 }
 
 // startPrometheus starts a Prometheus under procs with its data in
@@ -108,7 +111,7 @@ func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOpt
 		return nil, fmt.Errorf("creating Prometheus's folder: %w", err)
 	}
 	p := &promServer{interval: o.interval, targets: filepath.Join(o.dir, "replicas.json")}
-	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobConfigEtcd: o.configEtcd, jobLoadTester: o.tester} {
+	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobConfigEtcd: o.configEtcd, jobSpiceDB: o.spicedb, jobLoadTester: o.tester} {
 		if s.addr == "" {
 			p.absent = append(p.absent, job)
 		} else {
@@ -200,7 +203,7 @@ func promConfig(o promOptions, targets string) map[string]any {
 	for _, j := range []struct {
 		name string
 		s    promScrape
-	}{{jobAPIServer, o.apiServer}, {jobEtcd, o.etcd}, {jobConfigCenter, o.configCenter}, {jobConfigEtcd, o.configEtcd}} {
+	}{{jobAPIServer, o.apiServer}, {jobEtcd, o.etcd}, {jobConfigCenter, o.configCenter}, {jobConfigEtcd, o.configEtcd}, {jobSpiceDB, o.spicedb}} {
 		if j.s.addr != "" {
 			jobs = append(jobs, job(j.name, j.s))
 		}

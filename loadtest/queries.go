@@ -35,6 +35,8 @@ type query struct {
 	// reconciles read an external cache has it.
 	Sharded bool `json:"sharded,omitempty"`
 	Cache   bool `json:"cache,omitempty"`
+	// Authorized says only a fleet whose replicas ask SpiceDB has it.
+	Authorized bool `json:"authorized,omitempty"`
 }
 
 // querySet is a queries file: the Fleets table's rows, and the columns of
@@ -129,8 +131,9 @@ type queryWindow struct {
 	step                 time.Duration
 	memoryLimit, ceiling float64
 	// sharded says the fleet is sharded (query.Sharded), cache that its
-	// reconciles read an external cache (query.Cache).
-	sharded, cache bool
+	// reconciles read an external cache (query.Cache), authorized that its
+	// replicas ask SpiceDB (query.Authorized).
+	sharded, cache, authorized bool
 }
 
 // expand fills in q's variables for w, and says when to evaluate it:
@@ -203,6 +206,8 @@ func (w queryWindow) notApplicable(q query) string {
 		return "no ring"
 	case q.Cache && !w.cache:
 		return "no external cache read"
+	case q.Authorized && !w.authorized:
+		return "no authorization"
 	case strings.Contains(q.Query, "$ceiling") && w.ceiling <= 0:
 		return "not calibrated"
 	case strings.Contains(q.Query, "$memory_limit") && w.memoryLimit <= 0:

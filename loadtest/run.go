@@ -150,6 +150,8 @@ type run struct {
 	audit   *auditTail
 	// propagation probes config-center changes (--value-change-interval).
 	propagation *propagation
+	// authz is the run's SpiceDB, nil unless a fleet is authorized.
+	authz *authorization
 
 	mu     sync.Mutex
 	fleet  *fleet
@@ -231,6 +233,13 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		return nil, err
 	}
 	if err := r.startCenter(ctx); err != nil {
+		return nil, err
+	}
+	err = r.startAuthorization(ctx)
+	if r.authz != nil {
+		defer r.authz.close()
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := r.startMeasuring(ctx, etcdURL); err != nil {

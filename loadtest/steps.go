@@ -183,6 +183,13 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 			r.propagation.run(loadCtx, r.opts.ValueChangeInterval)
 		}
 	}()
+	granted := make(chan struct{})
+	go func() {
+		defer close(granted)
+		if r.authz != nil && f.mode.authorized() {
+			r.probeGrants(loadCtx)
+		}
+	}()
 	var err error
 	if actions != nil {
 		err = actions(ctx)
@@ -195,6 +202,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	r.endLoad(ctx, f)
 	prof.end(ctx, r, f)
 	<-probed
+	<-granted
 	r.mark("load ends")
 	return err
 }

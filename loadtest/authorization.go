@@ -1,0 +1,246 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
+	"github.com/kshard/kshard/authzcache/spicedbsource"
+	"github.com/kshard/kshard/internal/configcenter"
+	"github.com/kshard/kshard/internal/replica"
+	"github.com/kshard/kshard/internal/spicedbserver"
+)
+
+// GrantNamespace holds the bindings whose grants the load tester revokes
+// and gives back during an authorized fleet's load: a namespace of their
+// own, so that a revoked binding is never one of the load's objects.
+const GrantNamespace = "loadtest-grants"
+
+// The grant probes: grantProbes bindings, one per domain, each readable by
+// GrantNamespace through a direct grant of its domain; grantPause between
+// two changes, so that each is a change of its own.
+const (
+	grantProbes  = 8
+	grantPause   = 500 * time.Millisecond
+	grantTimeout = time.Minute
+)
+
+// authorization is the run's SpiceDB, started when a fleet of the run is
+// authorized (--authorization=spicedb): kshard's schema, namespace
+// Namespace a member of team loadtest, the team a reader of every seeded
+// domain, and the grant probes' direct grants.
+type authorization struct {
+	server    *spicedbserver.Server
+	grants    *spicedbserver.Grants
+	tokenFile string
+}
+
+// authorizes says whether a fleet of the run asks SpiceDB.
+func (r *run) authorizes() bool {
+	return slices.ContainsFunc(r.chosen, func(s fleetSpec) bool { return s.Mode.authorized() })
+}
+
+// startAuthorization starts SpiceDB with its grants, and creates the grant
+// probes' bindings, if a fleet of the run is authorized.
+func (r *run) startAuthorization(ctx context.Context) error {
+	if !r.authorizes() {
+		return nil
+	}
+	if r.pods != nil {
+		return fmt.Errorf("an authorized fleet runs on processes: the pods ask their cluster's SpiceDB (deploy/spicedb)")
+	}
+	dir := filepath.Join(r.work, "spicedb")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating SpiceDB's folder: %w", err)
+	}
+	srv, err := spicedbserver.Start(ctx, spicedbserver.Options{Dir: dir, Token: "kshard-loadtest"})
+	if err != nil {
+		return err
+	}
+	a := &authorization{server: srv, tokenFile: filepath.Join(dir, "token")}
+	r.authz = a
+	if err := os.WriteFile(a.tokenFile, []byte(srv.Token()), 0o600); err != nil {
+		return fmt.Errorf("writing SpiceDB's token: %w", err)
+	}
+	if a.grants, err = spicedbserver.Dial(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: a.tokenFile}); err != nil {
+		return err
+	}
+	if err := a.grants.WriteSchema(ctx); err != nil {
+		return err
+	}
+	rels := []string{"team:loadtest#member@kubernetes/namespace:" + Namespace}
+	for i := range r.opts.Domains {
+		rels = append(rels, "configdomain:"+configcenter.SeedDomain(i)+"#reader@team:loadtest#member")
+	}
+	for i := range grantProbes {
+		rels = append(rels, probeGrant(i))
+	}
+	if err := a.grants.Touch(ctx, rels...); err != nil {
+		return err
+	}
+	if err := r.ensureNamespace(ctx, GrantNamespace, map[string]string{targetsLabel: "enabled"}); err != nil {
+		return err
+	}
+	for i := range grantProbes {
+		cb := grantProbe(i)
+		if err := r.c.Create(ctx, cb); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating grant probe %s/%s: %w", cb.Namespace, cb.Name, err)
+		}
+	}
+	r.progress.printf("authorization: SpiceDB at %s (in memory): namespace %s reads the %d domains through team loadtest; %s reads domain-0…%d by direct grants, revoked and given back during an authorized fleet's load",
+		srv.Endpoint(), Namespace, r.opts.Domains, GrantNamespace, grantProbes-1)
+	return nil
+}
+
+// probeGrant is grant probe i's direct grant.
+func probeGrant(i int) string {
+	return "configdomain:" + configcenter.SeedDomain(i) + "#reader@kubernetes/namespace:" + GrantNamespace
+}
+
+// grantProbe is grant probe i's binding: key-0 of domain-i.
+func grantProbe(i int) *configv1alpha1.ConfigBinding {
+	name := fmt.Sprintf("grant-%d", i)
+	return &configv1alpha1.ConfigBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: GrantNamespace, Name: name},
+		Spec: configv1alpha1.ConfigBindingSpec{
+			Domain: configcenter.SeedDomain(i),
+			Keys:   []configv1alpha1.ConfigKey{configv1alpha1.ConfigKey(configcenter.SeedKey(0))},
+			Target: configv1alpha1.ConfigBindingTarget{ConfigMapName: name},
+		},
+	}
+}
+
+// argsFor are the flags pointing a replica of mode at the run's SpiceDB:
+// none for a mode that does not ask it, or a run with no SpiceDB.
+func (a *authorization) argsFor(mode Mode) []string {
+	if a == nil || !mode.authorized() {
+		return nil
+	}
+	return []string{"--spicedb-endpoint", a.server.Endpoint(), "--spicedb-token-file", a.tokenFile}
+}
+
+// close releases the client; the supervisor of SpiceDB's process stops it.
+func (a *authorization) close() {
+	if a.grants != nil {
+		_ = a.grants.Close()
+	}
+	_ = a.server.Close()
+}
+
+// probeGrants revokes and gives back the grant probes' grants, one change
+// at a time, until ctx ends, and times each from its write to the watch
+// showing the probe's ConfigMap without its value (revoke) or with it
+// (grant): loadtest_authorization_seconds.
+func (r *run) probeGrants(ctx context.Context) {
+	wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
+	if err != nil {
+		r.log.Error(err, "Creating the grant probes' watch client")
+		return
+	}
+	maps := &grantMaps{has: map[string]bool{}, changed: make(chan struct{})}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ready := make(chan struct{})
+	go maps.watch(wctx, wc, ready)
+	<-ready
+	for i := 0; ctx.Err() == nil; i++ {
+		p := i % grantProbes
+		name := grantProbe(p).Name
+		for _, give := range []bool{false, true} {
+			change := map[bool]string{false: "revoke", true: "grant"}[give]
+			at := time.Now()
+			var err error
+			if give {
+				err = r.authz.grants.Touch(ctx, probeGrant(p))
+			} else {
+				err = r.authz.grants.Delete(ctx, probeGrant(p))
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Error(err, "Changing a grant", "grant", probeGrant(p))
+				}
+				return
+			}
+			if d, ok := maps.await(context.WithoutCancel(ctx), name, give, at); ok {
+				r.obs.authorized(change, d)
+			} else {
+				r.obs.authorizationLost(change)
+			}
+			if sleep(ctx, grantPause) != nil {
+				break
+			}
+		}
+	}
+	// The probes end granted, as the next fleet finds them.
+	for p := range grantProbes {
+		_ = r.authz.grants.Touch(context.WithoutCancel(ctx), probeGrant(p))
+	}
+}
+
+// grantMaps is what the watch of GrantNamespace's ConfigMaps last showed:
+// whether each holds its value.
+type grantMaps struct {
+	mu      sync.Mutex
+	has     map[string]bool
+	changed chan struct{} // closed at every change, then replaced
+}
+
+// watch follows GrantNamespace's ConfigMaps until ctx ends.
+func (g *grantMaps) watch(ctx context.Context, c client.WithWatch, ready chan<- struct{}) {
+	once := sync.Once{}
+	defer once.Do(func() { close(ready) })
+	for ctx.Err() == nil {
+		w, err := c.Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(GrantNamespace))
+		if err != nil {
+			time.Sleep(time.Second)
+			continue
+		}
+		once.Do(func() { close(ready) })
+		for ev := range w.ResultChan() {
+			cm, ok := ev.Object.(*corev1.ConfigMap)
+			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+				continue
+			}
+			_, has := cm.Data[configcenter.SeedKey(0)]
+			g.mu.Lock()
+			g.has[cm.Name] = has
+			close(g.changed)
+			g.changed = make(chan struct{})
+			g.mu.Unlock()
+		}
+		w.Stop()
+	}
+}
+
+// await waits until ConfigMap name holds its value (want) or not, and says
+// how long after at; false after grantTimeout.
+func (g *grantMaps) await(ctx context.Context, name string, want bool, at time.Time) (time.Duration, bool) {
+	deadline := time.NewTimer(time.Until(at.Add(grantTimeout)))
+	defer deadline.Stop()
+	for {
+		g.mu.Lock()
+		has, changed := g.has[name], g.changed
+		g.mu.Unlock()
+		if has == want {
+			return time.Since(at), true
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return 0, false
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+}
