@@ -199,10 +199,11 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	}
 	stopLoad()
 	<-done
+	// A grant change still awaited belongs to the phase, shown or not.
+	<-granted
 	r.endLoad(ctx, f)
 	prof.end(ctx, r, f)
 	<-probed
-	<-granted
 	r.mark("load ends")
 	return err
 }
