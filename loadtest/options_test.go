@@ -37,6 +37,17 @@ func TestOptionsDefaultsPerScenario(t *testing.T) {
 	if o.OutageAfter != 30*time.Second || o.OutageFor != 30*time.Second {
 		t.Errorf("outage %s after, for %s; want the middle third of 90s", o.OutageAfter, o.OutageFor)
 	}
+	// A scenario's rate in all holds with the load tester's default
+	// object count, and with the caller's.
+	for _, objects := range []int{0, 400} {
+		o = Options{Scenario: "authorization", Objects: objects, Out: t.TempDir()}
+		if err := o.setDefaults(scenarios["authorization"]); err != nil {
+			t.Fatal(err)
+		}
+		if got := o.UpdateRate * float64(o.Objects); got < 99.99 || got > 100.01 {
+			t.Errorf("authorization with %d objects: %v updates/s, want its 100", o.Objects, got)
+		}
+	}
 }
 
 func TestOptionsRejectBadInput(t *testing.T) {

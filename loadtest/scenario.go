@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"fmt"
@@ -158,9 +159,11 @@ func setOption(o *Options, name, value string) error {
 }
 
 // derive sets the defaults that follow from other options.
+// It runs before the load tester's defaults fill the rest, so an object
+// count left to them is theirs.
 func (sc *scenario) derive(o *Options) {
-	if sc.UpdatesPerSecond > 0 && o.UpdateRate == 0 && o.Objects > 0 {
-		o.UpdateRate = sc.UpdatesPerSecond / float64(o.Objects)
+	if objects := cmp.Or(o.Objects, defaultOptions.Objects); sc.UpdatesPerSecond > 0 && o.UpdateRate == 0 && objects > 0 {
+		o.UpdateRate = sc.UpdatesPerSecond / float64(objects)
 	}
 	if sc.OutageThird && o.OutageFor == 0 {
 		o.OutageAfter, o.OutageFor = o.Duration/3, o.Duration/3
