@@ -2,7 +2,6 @@ package loadtest
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,20 +17,18 @@ import (
 // do not call it (the decisions come from the cache: a call per reconcile
 // would make the ratio at least 1), and a relationship
 // change costs a bulk re-check of what the replicas hold. The cache fleet
-// has none of these figures.
+// has none of these figures. The run starts a control plane of its own, as
+// a user's run does: the package's is TestSmoke's, which refuses another
+// run's leftover objects (a control plane with no garbage collector or
+// namespace controller cannot remove them).
 func TestAuthorizationScenario(t *testing.T) {
 	controlplane.Require(t, cp)
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, cp.KubeconfigBytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, Options{
 		Scenario: "authorization", Objects: 200, Domains: 20, Replicas: 2, Duration: 10 * time.Second,
 		UpdateRate: 0.05, CalibrateFor: -1,
-		Kubeconfig: kubeconfig, APIServerAuditLog: apiAudit,
 		Out: filepath.Join(dir, "results"), WorkDir: filepath.Join(dir, "work"),
 		Command: "go test -run TestAuthorizationScenario ./loadtest/", Progress: testWriter{t},
 	})
