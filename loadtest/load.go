@@ -124,6 +124,9 @@ type generator struct {
 	mu      sync.Mutex
 	created []bool
 	live    []int
+	// held are objects the spec updates leave alone meanwhile: a probe's,
+	// whose keys must stay what the probe changed.
+	held map[int]bool
 }
 
 func newGenerator(c client.Client, set *objectSet, t *tracker) *generator {
@@ -165,6 +168,23 @@ func (g *generator) markCreated(i int) {
 	}
 }
 
+// hold keeps the spec updates off object i until release.
+func (g *generator) hold(i int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held == nil {
+		g.held = map[int]bool{}
+	}
+	g.held[i] = true
+}
+
+// release lets the spec updates at object i again.
+func (g *generator) release(i int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.held, i)
+}
+
 // existing is the number of objects that exist.
 func (g *generator) existing() int {
 	g.mu.Lock()
@@ -196,7 +216,11 @@ func (g *generator) updateFor(ctx context.Context, d time.Duration, perSecond fl
 		}
 		rmu.Lock()
 		defer rmu.Unlock()
-		return g.live[rng.IntN(len(g.live))], true
+		for {
+			if i := g.live[rng.IntN(len(g.live))]; !g.held[i] || len(g.held) >= len(g.live) {
+				return i, !g.held[i]
+			}
+		}
 	}
 	_ = g.parallel(ctx, -1, lim, func(ctx context.Context, _ int) error {
 		i, ok := next()

@@ -351,10 +351,11 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 	if err := sleep(ctx, r.opts.OutageAfter); err != nil {
 		return err
 	}
-	last, err := r.changeBeforeOutage(ctx)
+	last, held, err := r.changeBeforeOutage(ctx)
 	if err != nil {
 		return err
 	}
+	defer r.gen.release(held)
 	r.mark("config center outage: it %s", r.center.outage())
 	if err := r.center.setOutage(ctx, true); err != nil {
 		return err
@@ -386,22 +387,27 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 
 // changeBeforeOutage puts a new value into a key that a live binding
 // reads, the moment before the config center goes away: a change the
-// replicas may have had no time to fetch, which must not be lost.
-func (r *run) changeBeforeOutage(ctx context.Context) (*probe, error) {
+// replicas may have had no time to fetch, which must not be lost. The
+// spec updates leave that binding alone until the caller releases it
+// (held), so that it still reads the key when the check looks: with its
+// keys switched by an update, the check had no binding to decide on.
+func (r *run) changeBeforeOutage(ctx context.Context) (pr *probe, held int, err error) {
 	r.gen.mu.Lock()
 	live := slices.Clone(r.gen.live)
 	r.gen.mu.Unlock()
 	if len(live) == 0 {
-		return nil, errors.New("no object exists to change a value of before the outage")
+		return nil, 0, errors.New("no object exists to change a value of before the outage")
 	}
 	i := live[0]
-	pr := &probe{domain: configcenter.SeedDomain(r.set.domains[i]), key: string(r.set.keys(i, r.set.updates[i].Load())[0]),
+	r.gen.hold(i)
+	pr = &probe{domain: configcenter.SeedDomain(r.set.domains[i]), key: string(r.set.keys(i, r.set.updates[i].Load())[0]),
 		value: fmt.Sprintf("before-outage-%d", time.Now().UnixNano())}
 	if err := r.center.put(ctx, pr.domain, pr.key, pr.value); err != nil {
-		return nil, fmt.Errorf("changing %s/%s before the outage: %w", pr.domain, pr.key, err)
+		r.gen.release(i)
+		return nil, 0, fmt.Errorf("changing %s/%s before the outage: %w", pr.domain, pr.key, err)
 	}
 	pr.at = time.Now()
-	return pr, nil
+	return pr, i, nil
 }
 
 // checkChangeBeforeOutage waits, at most the settle timeout after the
