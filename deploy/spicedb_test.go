@@ -106,11 +106,7 @@ func TestNodeSpiceDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(srv.Token()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	client, err := spicedbsource.NewClient(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: tokenFile})
+	client, err := spicedbsource.NewClient(srv.ClientOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
-	"github.com/kshard/kshard/authzcache/spicedbsource"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/spicedbserver"
@@ -41,9 +40,8 @@ const (
 // Namespace a member of team loadtest, the team a reader of every seeded
 // domain, and the grant probes' direct grants.
 type authorization struct {
-	server    *spicedbserver.Server
-	grants    *spicedbserver.Grants
-	tokenFile string
+	server *spicedbserver.Server
+	grants *spicedbserver.Grants
 }
 
 // authorizes says whether a fleet of the run asks SpiceDB.
@@ -68,12 +66,9 @@ func (r *run) startAuthorization(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a := &authorization{server: srv, tokenFile: filepath.Join(dir, "token")}
+	a := &authorization{server: srv}
 	r.authz = a
-	if err := os.WriteFile(a.tokenFile, []byte(srv.Token()), 0o600); err != nil {
-		return fmt.Errorf("writing SpiceDB's token: %w", err)
-	}
-	if a.grants, err = spicedbserver.Dial(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: a.tokenFile}); err != nil {
+	if a.grants, err = spicedbserver.Dial(srv.ClientOptions()); err != nil {
 		return err
 	}
 	if err := a.grants.WriteSchema(ctx); err != nil {
@@ -127,7 +122,8 @@ func (a *authorization) argsFor(mode Mode) []string {
 	if a == nil || !mode.authorized() {
 		return nil
 	}
-	return []string{"--spicedb-endpoint", a.server.Endpoint(), "--spicedb-token-file", a.tokenFile}
+	o := a.server.ClientOptions()
+	return []string{"--spicedb-endpoint", o.Endpoint, "--spicedb-token-file", o.TokenFile}
 }
 
 // close releases the client; the supervisor of SpiceDB's process stops it.

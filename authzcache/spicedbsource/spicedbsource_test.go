@@ -2,8 +2,6 @@ package spicedbsource_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -33,13 +31,12 @@ func startSpiceDB(t *testing.T) (*spicedbserver.Server, *authzed.Client) {
 	return srv, c
 }
 
+// client connects to srv at endpoint (its own, or a proxy in front of it).
 func client(t *testing.T, srv *spicedbserver.Server, endpoint string) *authzed.Client {
 	t.Helper()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(srv.Token()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := spicedbsource.NewClient(spicedbsource.ClientOptions{Endpoint: endpoint, TokenFile: tokenFile})
+	o := srv.ClientOptions()
+	o.Endpoint = endpoint
+	c, err := spicedbsource.NewClient(o)
 	if err != nil {
 		t.Fatal(err)
 	}

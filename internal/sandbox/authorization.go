@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
-	"github.com/kshard/kshard/authzcache/spicedbsource"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/spicedbserver"
 )
@@ -18,9 +17,8 @@ import (
 // Namespace a member of team Team, the team a reader of every domain, and
 // namespace Ungranted a reader of none.
 type authorization struct {
-	server    *spicedbserver.Server
-	grants    *spicedbserver.Grants
-	tokenFile string
+	server *spicedbserver.Server
+	grants *spicedbserver.Grants
 }
 
 // startAuthorization starts SpiceDB and writes the schema and the grants.
@@ -33,12 +31,8 @@ func (s *sandbox) startAuthorization(ctx context.Context) (*authorization, error
 	if err != nil {
 		return nil, err
 	}
-	a := &authorization{server: srv, tokenFile: filepath.Join(dir, "token")}
-	if err := os.WriteFile(a.tokenFile, []byte(srv.Token()), 0o600); err != nil {
-		_ = srv.Close()
-		return nil, fmt.Errorf("writing SpiceDB's token: %w", err)
-	}
-	if a.grants, err = spicedbserver.Dial(spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: a.tokenFile}); err != nil {
+	a := &authorization{server: srv}
+	if a.grants, err = spicedbserver.Dial(srv.ClientOptions()); err != nil {
 		_ = srv.Close()
 		return nil, err
 	}

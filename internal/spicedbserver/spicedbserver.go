@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kshard/kshard/authzcache/spicedbsource"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/controlplane"
 )
@@ -32,7 +33,7 @@ type Options struct {
 	// Binary is the SpiceDB executable. Defaults to $SPICEDB, else
 	// <repository>/bin/spicedb/spicedb.
 	Binary string
-	// Dir holds the log. Required.
+	// Dir holds the log and the token file clients read. Required.
 	Dir string
 	// Token is the preshared key clients present. Default "kshard-test".
 	Token string
@@ -47,6 +48,8 @@ type Server struct {
 	opts    Options
 	grpc    string // host:port, kept across restarts
 	metrics string
+	// tokenFile holds the preshared key, for clients.
+	tokenFile string
 	// procs runs the process: in its own group, killed with the caller.
 	procs *childproc.Supervisor
 
@@ -80,7 +83,12 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, grpc: "127.0.0.1:" + strconv.Itoa(ports[0]), metrics: "127.0.0.1:" + strconv.Itoa(ports[1]),
-		procs: childproc.NewSupervisor(nil)}
+		tokenFile: filepath.Join(opts.Dir, "token"), procs: childproc.NewSupervisor(nil)}
+	// Clients read the key from a file, as from a mounted Secret, with the
+	// trailing newline a Secret made from a file often has.
+	if err := os.WriteFile(s.tokenFile, []byte(opts.Token+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("writing SpiceDB's token file: %w", err)
+	}
 	if err := s.Restart(ctx); err != nil {
 		_ = s.Close()
 		return nil, err
@@ -96,8 +104,11 @@ func (s *Server) Endpoint() string { return s.grpc }
 // reads.
 func (s *Server) Metrics() string { return s.metrics }
 
-// Token is the preshared key.
-func (s *Server) Token() string { return s.opts.Token }
+// ClientOptions are how a client reaches this SpiceDB: its endpoint and
+// the file holding its preshared key.
+func (s *Server) ClientOptions() spicedbsource.ClientOptions {
+	return spicedbsource.ClientOptions{Endpoint: s.grpc, TokenFile: s.tokenFile}
+}
 
 // Restart starts SpiceDB, empty, if it is not running, and waits until it
 // accepts connections.

@@ -3,8 +3,6 @@ package configbinding_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/kshard/kshard/authzcache/spicedbsource"
 	"github.com/kshard/kshard/internal/configcenter"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
@@ -34,11 +31,7 @@ func withSpiceDB(t *testing.T) (func(*replica.Options), *spicedbserver.Grants) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte(srv.Token()), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts := spicedbsource.ClientOptions{Endpoint: srv.Endpoint(), TokenFile: tokenFile}
+	opts := srv.ClientOptions()
 	g, err := spicedbserver.Dial(opts)
 	if err != nil {
 		t.Fatal(err)
