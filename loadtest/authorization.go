@@ -58,6 +58,9 @@ func (r *run) startAuthorization(ctx context.Context) error {
 	if r.pods != nil {
 		return fmt.Errorf("an authorized fleet runs on processes: the pods ask their cluster's SpiceDB (deploy/spicedb)")
 	}
+	if r.opts.Domains < grantProbes {
+		return fmt.Errorf("an authorized fleet needs at least %d domains (--domains), one per grant probe, not %d", grantProbes, r.opts.Domains)
+	}
 	dir := filepath.Join(r.work, "spicedb")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating SpiceDB's folder: %w", err)
@@ -126,7 +129,7 @@ func (a *authorization) argsFor(mode Mode) []string {
 	return []string{"--spicedb-endpoint", o.Endpoint, "--spicedb-token-file", o.TokenFile}
 }
 
-// close releases the client; the supervisor of SpiceDB's process stops it.
+// close releases the client and stops SpiceDB.
 func (a *authorization) close() {
 	if a.grants != nil {
 		_ = a.grants.Close()
