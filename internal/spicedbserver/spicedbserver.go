@@ -2,10 +2,12 @@
 // system: a process of the SpiceDB make spicedb builds from its pinned
 // module, serving gRPC on loopback with a preshared key, on its in-memory
 // datastore, with its telemetry and release check off (nothing leaves the
-// machine). Tests and the sandbox put it behind authzcache/spicedbsource,
-// what users point at their own SpiceDB. Stopped and started again it has
-// lost every relationship and revision, as an in-memory SpiceDB does: the
-// fault a cache of its decisions must survive.
+// machine). Tests, the sandbox and the load tester put it behind
+// authzcache/spicedbsource, what users point at their own SpiceDB, and
+// write its schema and grants with Grants, as a user's zed would (to this
+// SpiceDB or a cluster's). Stopped and started again it has lost every
+// relationship and revision but its bootstrap files', as an in-memory
+// SpiceDB does: the fault a cache of its decisions must survive.
 package spicedbserver
 
 import (
