@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/authzed/authzed-go/proto/authzed/api/v1"
 	authzed "github.com/authzed/authzed-go/v1"
 
 	"github.com/kshard/kshard/authzcache"
@@ -15,8 +14,9 @@ import (
 	"github.com/kshard/kshard/internal/spicedbserver"
 )
 
-// startSpiceDB runs a SpiceDB of the test's own, with kshard's schema.
-func startSpiceDB(t *testing.T) (*spicedbserver.Server, *authzed.Client) {
+// startSpiceDB runs a SpiceDB of the test's own, with kshard's schema, and
+// returns a client of it and a writer of its grants.
+func startSpiceDB(t *testing.T) (*spicedbserver.Server, *authzed.Client, *spicedbserver.Grants) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a SpiceDB process")
@@ -26,9 +26,13 @@ func startSpiceDB(t *testing.T) (*spicedbserver.Server, *authzed.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
-	c := client(t, srv, srv.Endpoint())
-	writeSchema(t, c)
-	return srv, c
+	g, err := spicedbserver.Dial(srv.ClientOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	writeSchema(t, g)
+	return srv, client(t, srv, srv.Endpoint()), g
 }
 
 // client connects to srv at endpoint (its own, or a proxy in front of it).
@@ -44,33 +48,24 @@ func client(t *testing.T, srv *spicedbserver.Server, endpoint string) *authzed.C
 	return c
 }
 
-func writeSchema(t *testing.T, c *authzed.Client) {
+func writeSchema(t *testing.T, g *spicedbserver.Grants) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for {
-		_, err := c.WriteSchema(ctx, &v1.WriteSchemaRequest{Schema: spicedbsource.Schema})
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("writing the schema: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := g.WriteSchema(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 
-func write(t *testing.T, c *authzed.Client, op v1.RelationshipUpdate_Operation, rels ...string) {
+// touch writes relationships; remove deletes them.
+func touch(t *testing.T, g *spicedbserver.Grants, rels ...string) {
 	t.Helper()
-	req := &v1.WriteRelationshipsRequest{}
-	for _, r := range rels {
-		rel, err := spicedbsource.ParseRelationship(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Updates = append(req.Updates, &v1.RelationshipUpdate{Operation: op, Relationship: rel})
+	if err := g.Touch(context.Background(), rels...); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := c.WriteRelationships(context.Background(), req); err != nil {
+}
+
+func remove(t *testing.T, g *spicedbserver.Grants, rels ...string) {
+	t.Helper()
+	if err := g.Delete(context.Background(), rels...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -90,8 +85,8 @@ var (
 // TestCheck: a direct grant and a grant through a team allow; a namespace
 // with neither is denied, and the answer names the grant that is missing.
 func TestCheck(t *testing.T) {
-	_, c := startSpiceDB(t)
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	_, c, g := startSpiceDB(t)
+	touch(t, g, direct, teamRead, member)
 	s, err := spicedbsource.New(c)
 	if err != nil {
 		t.Fatal(err)
@@ -163,20 +158,20 @@ func decided(t *testing.T, cache *authzcache.Cache, q authzcache.Question, allow
 // from the team changes no relationship of the domain, yet team-b's
 // decision turns to denied; removing the direct grant denies team-a.
 func TestRevokedThroughTheTeam(t *testing.T) {
-	_, c := startSpiceDB(t)
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	_, c, g := startSpiceDB(t)
+	touch(t, g, direct, teamRead, member)
 	cache, changed := cacheOn(t, c)
 	decided(t, cache, teamA, true)
 	decided(t, cache, teamB, true)
 	decided(t, cache, teamC, false)
 
-	write(t, c, v1.RelationshipUpdate_OPERATION_DELETE, member)
+	remove(t, g, member)
 	decided(t, cache, teamB, false)
 	decided(t, cache, teamA, true)
-	write(t, c, v1.RelationshipUpdate_OPERATION_DELETE, direct)
+	remove(t, g, direct)
 	decided(t, cache, teamA, false)
 	// A grant given later allows without a restart.
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, "configdomain:payments#reader@kubernetes/namespace:team-c")
+	touch(t, g, "configdomain:payments#reader@kubernetes/namespace:team-c")
 	decided(t, cache, teamC, true)
 	told := map[authzcache.Question]int{}
 	for len(changed) > 0 {
@@ -193,15 +188,15 @@ func TestRevokedThroughTheTeam(t *testing.T) {
 // relationship; the cache does not keep serving its old grants as fresh:
 // they turn to denied once it answers again.
 func TestSpiceDBRestarted(t *testing.T) {
-	srv, c := startSpiceDB(t)
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	srv, c, g := startSpiceDB(t)
+	touch(t, g, direct)
 	cache, _ := cacheOn(t, c)
 	decided(t, cache, teamA, true)
 	srv.Stop(5 * time.Second)
 	if err := srv.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	writeSchema(t, c)
+	writeSchema(t, g)
 	decided(t, cache, teamA, false)
 }
 
@@ -209,8 +204,8 @@ func TestSpiceDBRestarted(t *testing.T) {
 // Unknown (never allowed by default); once it answers, the decision
 // arrives.
 func TestUnreachableAtStart(t *testing.T) {
-	srv, c := startSpiceDB(t)
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	srv, c, g := startSpiceDB(t)
+	touch(t, g, direct)
 	srv.Stop(5 * time.Second)
 	cache, _ := cacheOn(t, c)
 	for range 10 {
@@ -222,8 +217,8 @@ func TestUnreachableAtStart(t *testing.T) {
 	if err := srv.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	writeSchema(t, c)
-	write(t, c, v1.RelationshipUpdate_OPERATION_TOUCH, direct)
+	writeSchema(t, g)
+	touch(t, g, direct)
 	decided(t, cache, teamA, true)
 }
 
@@ -234,8 +229,8 @@ func TestUnreachableAtStart(t *testing.T) {
 // report it; the Checks go through a connection of their own, so that the
 // delay holds back only the Watch.)
 func TestWatchCut(t *testing.T) {
-	srv, admin := startSpiceDB(t)
-	write(t, admin, v1.RelationshipUpdate_OPERATION_TOUCH, direct, teamRead, member)
+	srv, _, g := startSpiceDB(t)
+	touch(t, g, direct, teamRead, member)
 	proxy, err := netfault.Listen(srv.Endpoint())
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +251,7 @@ func TestWatchCut(t *testing.T) {
 		}
 	}
 	decided(t, cache, teamB, true)
-	write(t, admin, v1.RelationshipUpdate_OPERATION_DELETE, member)
+	remove(t, g, member)
 	decided(t, cache, teamB, false)
 }
 
