@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -151,7 +150,7 @@ func (r *run) probeGrants(ctx context.Context) {
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	ready := make(chan struct{})
-	go maps.watch(wctx, wc, ready)
+	go followConfigMaps(wctx, wc, GrantNamespace, ready, maps.observe)
 	<-ready
 	for i := 0; ctx.Err() == nil; i++ {
 		p := i % grantProbes
@@ -195,31 +194,14 @@ type grantMaps struct {
 	changed chan struct{} // closed at every change, then replaced
 }
 
-// watch follows GrantNamespace's ConfigMaps until ctx ends.
-func (g *grantMaps) watch(ctx context.Context, c client.WithWatch, ready chan<- struct{}) {
-	once := sync.Once{}
-	defer once.Do(func() { close(ready) })
-	for ctx.Err() == nil {
-		w, err := c.Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(GrantNamespace))
-		if err != nil {
-			time.Sleep(time.Second)
-			continue
-		}
-		once.Do(func() { close(ready) })
-		for ev := range w.ResultChan() {
-			cm, ok := ev.Object.(*corev1.ConfigMap)
-			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
-				continue
-			}
-			_, has := cm.Data[configcenter.SeedKey(0)]
-			g.mu.Lock()
-			g.has[cm.Name] = has
-			close(g.changed)
-			g.changed = make(chan struct{})
-			g.mu.Unlock()
-		}
-		w.Stop()
-	}
+// observe records whether cm holds its value.
+func (g *grantMaps) observe(cm *corev1.ConfigMap, _ time.Time) {
+	_, has := cm.Data[configcenter.SeedKey(0)]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.has[cm.Name] = has
+	close(g.changed)
+	g.changed = make(chan struct{})
 }
 
 // await waits until ConfigMap name holds its value (want) or not, and says

@@ -60,7 +60,7 @@ func (p *propagation) run(ctx context.Context, interval time.Duration) {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWatch()
 	watching := make(chan struct{})
-	go p.watch(wctx, watching)
+	go followConfigMaps(wctx, p.c, Namespace, watching, p.observe)
 	<-watching
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -176,12 +176,14 @@ func (p *propagation) open() int {
 	return n
 }
 
-// watch feeds ConfigMap changes to the open probes until ctx ends,
-// re-establishing the watch when the API server closes it.
-func (p *propagation) watch(ctx context.Context, ready chan<- struct{}) {
+// followConfigMaps calls seen with every ConfigMap of namespace added or
+// changed, and when, until ctx ends, watching again when the API server
+// closes the watch; ready is closed once the first watch is open.
+func followConfigMaps(ctx context.Context, c client.WithWatch, namespace string, ready chan<- struct{}, seen func(*corev1.ConfigMap, time.Time)) {
 	once := sync.Once{}
+	defer once.Do(func() { close(ready) })
 	for ctx.Err() == nil {
-		w, err := p.c.Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(Namespace))
+		w, err := c.Watch(ctx, &corev1.ConfigMapList{}, client.InNamespace(namespace))
 		if err != nil {
 			time.Sleep(time.Second)
 			continue
@@ -192,12 +194,11 @@ func (p *propagation) watch(ctx context.Context, ready chan<- struct{}) {
 				continue
 			}
 			if cm, ok := ev.Object.(*corev1.ConfigMap); ok {
-				p.observe(cm, time.Now())
+				seen(cm, time.Now())
 			}
 		}
 		w.Stop()
 	}
-	once.Do(func() { close(ready) })
 }
 
 // observe ends the waits cm's data answers, and the probes with nothing
