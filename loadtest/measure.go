@@ -56,7 +56,7 @@ func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
 	if r.prom, err = startPrometheus(ctx, r.procs, o); err != nil {
 		return err
 	}
-	r.progress.printf("Prometheus at %s scrapes every %s", r.prom.url, o.interval)
+	r.progress.printf("Prometheus at %s scrapes every %s (the API server and its etcd every %s)", r.prom.url, o.interval, r.prom.controlPlane)
 	return nil
 }
 

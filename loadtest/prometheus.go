@@ -49,8 +49,10 @@ const (
 type promServer struct {
 	api promv1.API
 	url string
-	// interval is the scrape interval: a figure is as fresh as one.
-	interval time.Duration
+	// interval is the scrape interval of the replicas, the config center
+	// and the load tester: a figure is as fresh as one. controlPlane is
+	// the API server's and its etcd's (controlPlaneInterval).
+	interval, controlPlane time.Duration
 	// targets is the replicas' file_sd file.
 	targets string
 	// static are the jobs of one fixed target each; absent are the jobs
@@ -110,7 +112,7 @@ func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOpt
 	if err := os.MkdirAll(o.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating Prometheus's folder: %w", err)
 	}
-	p := &promServer{interval: o.interval, targets: filepath.Join(o.dir, "replicas.json")}
+	p := &promServer{interval: o.interval, controlPlane: controlPlaneInterval(o.interval), targets: filepath.Join(o.dir, "replicas.json")}
 	for job, s := range map[string]promScrape{jobAPIServer: o.apiServer, jobEtcd: o.etcd, jobConfigCenter: o.configCenter, jobConfigEtcd: o.configEtcd, jobSpiceDB: o.spicedb, jobLoadTester: o.tester} {
 		if s.addr == "" {
 			p.absent = append(p.absent, job)
@@ -164,11 +166,25 @@ func startPrometheus(ctx context.Context, procs *childproc.Supervisor, o promOpt
 	}
 }
 
+// controlPlaneInterval is how often the API server and its etcd are
+// scraped when the rest is every interval: twice as long, at least 2 s.
+// The API server's /metrics is some 21,000 series; on a loaded 2-core
+// machine rendering and parsing them took up to a second, and a scrape
+// timed out at a 1 s interval (Prometheus's timeout is at most its
+// interval), leaving a short phase with no sample of the API server.
+func controlPlaneInterval(interval time.Duration) time.Duration {
+	return max(2*interval, 2*time.Second)
+}
+
 // promConfig is Prometheus's configuration for o.
 func promConfig(o promOptions, targets string) map[string]any {
 	interval := model.Duration(o.interval).String()
+	controlPlane := model.Duration(controlPlaneInterval(o.interval)).String()
 	job := func(name string, s promScrape) map[string]any {
 		j := map[string]any{"job_name": name, "scheme": s.scheme}
+		if name == jobAPIServer || name == jobEtcd {
+			j["scrape_interval"], j["scrape_timeout"] = controlPlane, controlPlane
+		}
 		if j["scheme"] == "" {
 			j["scheme"] = "http"
 		}
@@ -308,7 +324,7 @@ func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64
 // a target scraped late, or none of one whose scrapes failed. False when
 // no target was scraped after t within the window caughtUp waits.
 func (p *promServer) firstScrapeAfter(ctx context.Context, t time.Time) (time.Time, bool, error) {
-	wait := max(10*p.interval, 10*time.Second)
+	wait := max(10*p.controlPlane, 10*time.Second)
 	q := fmt.Sprintf("up[%dms]", (2 * wait).Milliseconds())
 	v, _, _, err := p.api.Query(ctx, q, t.Add(wait))
 	if err != nil {
@@ -351,6 +367,7 @@ func (p *promServer) readEnds(ctx context.Context, w queryWindow) queryWindow {
 		spans[name] = sp
 	}
 	w.spans = spans
+	w.last = 2 * p.controlPlane
 	return w
 }
 
@@ -360,7 +377,7 @@ func (p *promServer) readEnds(ctx context.Context, w queryWindow) queryWindow {
 // it. It gives up after ten scrape intervals, or 10 s if longer:
 // a target that answers no more is no reason to wait.
 func (p *promServer) caughtUp(ctx context.Context, t time.Time) error {
-	deadline := time.Now().Add(max(10*p.interval, 10*time.Second))
+	deadline := time.Now().Add(max(10*p.controlPlane, 10*time.Second))
 	for {
 		targets, err := p.api.Targets(ctx)
 		if err != nil {

@@ -127,8 +127,10 @@ type span struct {
 type queryWindow struct {
 	fleet string
 	// spans are the fleet's, by name; one it did not have is missing.
-	spans                map[string]span
-	step                 time.Duration
+	spans map[string]span
+	// step is the replicas' scrape interval; last is twice the longest
+	// of any job's (promServer.readEnds sets it; 2 × step before).
+	step, last           time.Duration
 	memoryLimit, ceiling float64
 	// sharded says the fleet is sharded (query.Sharded), cache that its
 	// reconciles read an external cache (query.Cache), authorized that its
@@ -158,12 +160,16 @@ func (w queryWindow) expand(q query) (string, time.Time, bool) {
 	if end.IsZero() {
 		end = sp.to.Add(w.step)
 	}
+	last := w.last
+	if last <= 0 {
+		last = 2 * w.step
+	}
 	return strings.NewReplacer(
 		"$delta(", "$delta(", // expanded below, with $from and $to
 		"$replicas", fmt.Sprintf(`job=%q,fleet=%q`, jobReplicas, w.fleet),
 		"$fleet", w.fleet,
 		"$range", promDur(end.Sub(sp.from)), "$from", unix(sp.from), "$to", unix(end),
-		"$step", promDur(w.step), "$last", promDur(2*w.step), "$at", unix(sp.to), "$objects", number(float64(sp.objects)),
+		"$step", promDur(w.step), "$last", promDur(last), "$at", unix(sp.to), "$objects", number(float64(sp.objects)),
 		"$memory_limit", number(w.memoryLimit), "$ceiling", number(w.ceiling),
 	).Replace(expandDelta(q.Query, unix(sp.from), unix(end))), end, true
 }
@@ -243,7 +249,7 @@ func (p *promServer) figures(ctx context.Context, qs []query, w queryWindow) []F
 		case errors.Is(err, errNoData) && p.unscraped(f.Query) != "":
 			f.NoData = notScraped + p.unscraped(f.Query)
 		case errors.Is(err, errNoData):
-			f.NoData = "no data"
+			f.NoData = "no data" + p.scrapeHealth(ctx, f.Query, w.spans[q.Over].from, at)
 		case err != nil:
 			f.NoData = err.Error()
 		default:
@@ -316,6 +322,39 @@ func (p *promServer) unscraped(q string) string {
 		}
 	}
 	return ""
+}
+
+// scrapeHealth says how the scrapes of the jobs q selects went from from
+// until at, when some failed: a figure without data because Prometheus
+// could not scrape its service says so, with the target's last error,
+// rather than reading as a service that exported nothing.
+func (p *promServer) scrapeHealth(ctx context.Context, q string, from, at time.Time) string {
+	window := fmt.Sprintf("[%dms]", max(at.Sub(from).Milliseconds(), 1))
+	var b strings.Builder
+	for _, job := range p.static {
+		if !strings.Contains(q, fmt.Sprintf("job=%q", job)) {
+			continue
+		}
+		sel := fmt.Sprintf("up{job=%q}", job)
+		tried, err := p.scalar(ctx, "sum(count_over_time("+sel+window+"))", at)
+		if err != nil {
+			fmt.Fprintf(&b, "; job %s: no scrape in the span", job)
+			continue
+		}
+		ok, err := p.scalar(ctx, "sum(sum_over_time("+sel+window+"))", at)
+		if err != nil || ok == tried {
+			continue
+		}
+		fmt.Fprintf(&b, "; job %s: %.0f of %.0f scrapes in the span failed", job, tried-ok, tried)
+		if targets, err := p.api.Targets(ctx); err == nil {
+			for _, t := range targets.Active {
+				if t.ScrapePool == job && t.LastError != "" {
+					fmt.Fprintf(&b, " (last error: %s, last scrape took %.2fs)", t.LastError, t.LastScrapeDuration)
+				}
+			}
+		}
+	}
+	return b.String()
 }
 
 // noSpan begins the NoData of a figure over a span the fleet did not have.
