@@ -127,6 +127,10 @@ type generator struct {
 	// held are objects the spec updates leave alone meanwhile: a probe's,
 	// whose keys must stay what the probe changed.
 	held map[int]bool
+	// phases counts the update phases: the n-th draws its objects from
+	// (Seed, n), so a run with the same seed updates the same objects in
+	// the same order.
+	phases uint64
 }
 
 func newGenerator(c client.Client, set *objectSet, t *tracker) *generator {
@@ -206,7 +210,11 @@ func (g *generator) updateFor(ctx context.Context, d time.Duration, perSecond fl
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	lim := rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond/10)))
-	rng := rand.New(rand.NewPCG(g.set.o.Seed, uint64(time.Now().UnixNano())))
+	g.mu.Lock()
+	g.phases++
+	phase := g.phases
+	g.mu.Unlock()
+	rng := rand.New(rand.NewPCG(g.set.o.Seed, phase))
 	var rmu sync.Mutex
 	next := func() (int, bool) {
 		g.mu.Lock()

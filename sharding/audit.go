@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // AuditRecord is one line of the audit log: the start or the end of one
@@ -21,6 +23,24 @@ type AuditRecord struct {
 	Namespace  string `json:"namespace"`
 	Name       string `json:"name"`
 	Generation int64  `json:"generation"`
+	// Outcome, on an end, is what the reconcile asked of its queue: "done",
+	// "requeue", "requeue after <duration>", or "error" (retried with the
+	// rate limiter's backoff). A run of ends that never says "done" is an
+	// object reconciled in a loop.
+	Outcome string `json:"outcome,omitempty"`
+}
+
+// outcome names what a reconcile's result asks of the work queue.
+func outcome(res reconcile.Result, err error) string {
+	switch {
+	case err != nil:
+		return "error"
+	case res.RequeueAfter > 0:
+		return "requeue after " + res.RequeueAfter.String()
+	case res.Requeue: //nolint:staticcheck // the deprecated field still requeues
+		return "requeue"
+	}
+	return "done"
 }
 
 // auditLog writes AuditRecords as JSON lines, one write per record so lines
@@ -49,8 +69,8 @@ type auditedReconcile struct {
 	rec AuditRecord
 }
 
-func (a *auditedReconcile) record(event string) {
+func (a *auditedReconcile) record(event, outcome string) {
 	rec := a.rec
-	rec.Event, rec.Time = event, time.Now()
+	rec.Event, rec.Time, rec.Outcome = event, time.Now(), outcome
 	a.log.write(rec)
 }

@@ -141,7 +141,7 @@ func noteRefusal(ctx context.Context) {
 }
 
 // reconcile runs the inner reconciler, between audit records when asked.
-func (g *guard) reconcile(ctx context.Context, s *shard, req Request) (reconcile.Result, error) {
+func (g *guard) reconcile(ctx context.Context, s *shard, req Request) (res reconcile.Result, err error) {
 	if g.audit == nil {
 		return g.inner.Reconcile(ctx, req)
 	}
@@ -151,7 +151,15 @@ func (g *guard) reconcile(ctx context.Context, s *shard, req Request) (reconcile
 			a.rec.Generation = obj.GetGeneration()
 		}
 	}
-	a.record("start")
-	defer a.record("end")
+	a.record("start", "")
+	// Deferred: a reconciler's panic, which controller-runtime recovers
+	// from, still ends the record (as an error: the panic's).
+	defer func() {
+		if p := recover(); p != nil {
+			a.record("end", "error")
+			panic(p)
+		}
+		a.record("end", outcome(res, err))
+	}()
 	return g.inner.Reconcile(ctx, req)
 }
