@@ -33,7 +33,6 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/shardwrites"
-	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
 )
 
@@ -207,14 +206,18 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 	}
 	// The Leases before the bindings that take them as params: a binding
 	// whose Lease is missing refuses everyone's writes to its shard.
+	base := shardwrites.DefaultRing()
+	base.Namespace, base.Shards = ns, shards
+	own := base
+	own.Name = ring
 	var fence []any
-	for _, l := range shardwrites.Leases(ring, ns, sharding.DefaultLabelPrefix, shards) {
+	for _, l := range own.Leases() {
 		fence = append(fence, &l)
 	}
-	for _, b := range shardwrites.Bindings(baseRing, ns, sharding.DefaultLabelPrefix, shards) {
+	for _, b := range base.Bindings() {
 		fence = append(fence, &b)
 	}
-	labels, labelsBinding := shardwrites.Labels(ns, replica.DefaultShardTable, sharding.DefaultLabelPrefix, shards)
+	labels, labelsBinding := base.Labels()
 	fence = append(fence, labels, labelsBinding)
 	for _, f := range fence {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(f)

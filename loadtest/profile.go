@@ -10,16 +10,21 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/client-go/rest"
 )
 
 // profiles takes the pprof profiles of one fleet's measured phase
 // (Options.Profile): a CPU profile of every replica over the phase, and a
-// heap profile of each at its end. They answer where a fleet's time and
-// memory go, which the report's counts only locate.
+// heap profile of each and of the API server at its end. They answer where
+// a fleet's time and memory go, which the report's counts only locate.
 type profiles struct {
 	dir string
 	hc  *http.Client
-	wg  sync.WaitGroup
+	// apiServer reaches the API server's /debug/pprof with the load
+	// tester's credentials; nil when it cannot be built.
+	apiServer *http.Client
+	wg        sync.WaitGroup
 }
 
 // beginProfiles starts a CPU profile of every running replica of f for
@@ -32,6 +37,11 @@ func (r *run) beginProfiles(ctx context.Context, f *fleet, d time.Duration) *pro
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
 		r.log.Error(err, "Creating the profile folder")
 		return nil
+	}
+	if hc, err := rest.HTTPClientFor(r.restConfig); err == nil {
+		p.apiServer = hc
+	} else {
+		r.log.Error(err, "A client of the API server's profiles")
 	}
 	secs := max(int(d.Seconds()), 1)
 	for _, s := range f.runningSlots() {
@@ -60,6 +70,16 @@ func (p *profiles) end(ctx context.Context, r *run, f *fleet) {
 			r.log.Error(err, "Taking a heap profile", "replica", s.id)
 		}
 	}
+	if p.apiServer != nil {
+		// In use and allocated since the API server started: what holds
+		// its memory at the phase's end, and what churned it meanwhile.
+		// (Not gc=1: a collection forced in the API server would change
+		// the RSS the report reads next.)
+		path := p.file(f, &slot{id: "kube-apiserver"}, "heap")
+		if err := p.get(ctx, p.apiServer, strings.TrimSuffix(r.restConfig.Host, "/")+"/debug/pprof/heap", path); err != nil {
+			r.log.Error(err, "Taking the API server's heap profile")
+		}
+	}
 	p.wg.Wait()
 	r.progress.printf("profiles of %s in %s", f.label(), p.dir)
 }
@@ -71,18 +91,24 @@ func (p *profiles) file(f *fleet, s *slot, kind string) string {
 	return filepath.Join(p.dir, fmt.Sprintf("%s.%s.%s.pprof", fleet, s.id, kind))
 }
 
+// fetch writes a replica's profile what (its /debug/pprof path) to path.
 func (p *profiles) fetch(ctx context.Context, addr, what, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/debug/pprof/"+what, nil)
+	return p.get(ctx, p.hc, "http://"+addr+"/debug/pprof/"+what, path)
+}
+
+// get writes what url answers to path.
+func (p *profiles) get(ctx context.Context, hc *http.Client, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := p.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("fetching %s from %s: %w", what, addr, err)
+		return fmt.Errorf("fetching %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("fetching %s from %s: %s", what, addr, resp.Status)
+		return fmt.Errorf("fetching %s: %s", url, resp.Status)
 	}
 	out, err := os.Create(path)
 	if err != nil {

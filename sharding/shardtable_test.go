@@ -33,7 +33,7 @@ func shippedShardLabelPolicy(t *testing.T) *admissionregistrationv1.MutatingAdmi
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(root, "deploy", "base", "shard-label-policy.yaml"))
+	raw, err := os.ReadFile(filepath.Join(root, "deploy", "base", "shard-fence.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func shippedShardLabelPolicy(t *testing.T) *admissionregistrationv1.MutatingAdmi
 			return &p
 		}
 	}
-	t.Fatal("deploy/base/shard-label-policy.yaml has no MutatingAdmissionPolicy")
+	t.Fatal("deploy/base/shard-fence.yaml has no MutatingAdmissionPolicy")
 	return nil
 }
 

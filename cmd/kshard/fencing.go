@@ -3,73 +3,86 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/shardwrites"
-	"github.com/kshard/kshard/sharding"
 )
 
 func newFencingCommand() *cobra.Command {
-	var ring, namespace, table, prefix string
-	var shards int32
+	r := shardwrites.DefaultRing()
+	forKind := r.For.String()
+	writes := make([]string, 0, len(r.Writes))
+	for _, w := range r.Writes {
+		writes = append(writes, w.String())
+	}
 	cmd := &cobra.Command{
 		Use:   "fencing",
-		Short: "Print the part of the admission fence that depends on the shard count (deploy/base/shard-fence.yaml)",
-		Long: `Print one ValidatingAdmissionPolicyBinding of the kshard-shard-writes policy per shard:
-each selects the objects labelled with its shard before or after a write and takes that
-shard's Lease as its param, so the API server checks a write against the Lease of every
-shard it touches. Then each shard's Lease, held by nobody: a binding whose Lease is missing
-refuses everyone's writes to the shard's objects, an administrator's too, so the Leases
-are installed with the bindings and the replicas take them. (One binding selecting all the Leases runs the policy once per Lease:
-with 64 shards, a status patch's p50 went from 0.5 ms to 6 ms over no policy; see
-docs/sharding.md.) Then the kshard-shard-labels policy and its binding, which refuse a
-replica's write that leaves an object in no shard of the ring. Regenerate them when
---shards changes:
+		Short: "Print a ring's admission fence (deploy/base/shard-fence.yaml for kshard's own)",
+		Long: `Print the admission fence of a ring: the policies with which the API server refuses a
+replica's write to an object of a shard whose Lease its pod does not hold (per shard, one
+ValidatingAdmissionPolicyBinding of <ring>-shard-writes selecting the shard's objects and taking
+its Lease as param, so a write is checked against the Lease of every shard it touches), each
+shard's Lease (held by nobody: a binding whose Lease is missing refuses everyone's writes to the
+shard's objects, an administrator's too), the policies that keep a replica's labels, relabels and
+Lease deletes inside its tenure, and the policy that labels an object at its creation from the
+shard table. (One binding selecting all the Leases runs the policy once per Lease: with 64 shards,
+a status patch's p50 went from 0.5 ms to 6 ms over no policy; see docs/sharding.md.)
 
-  kshard fencing --shards 128 > deploy/base/shard-fence.yaml`,
+kshard's own ring is the default; a controller that embeds the sharding library prints its own:
+
+  kshard fencing --shards 128 > deploy/base/shard-fence.yaml
+  kshard fencing --ring pricing --lease-namespace pricing-system --service-account pricing \
+    --label-prefix pricing.example.dev --for configmaps --domain label:example.dev/price-domain \
+    --writes secrets --labels-only=false --shard-table pricing-shard-table`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if shards < 1 || shards > 4096 {
-				return fmt.Errorf("--shards must be in [1, 4096], got %d", shards)
+			var err error
+			if r.For, err = shardwrites.ParseResource(forKind); err != nil {
+				return fmt.Errorf("--for: %w", err)
 			}
-			return writeFence(cmd.OutOrStdout(), ring, namespace, table, prefix, shards)
+			r.Writes = r.Writes[:0]
+			for _, w := range writes {
+				res, err := shardwrites.ParseResource(w)
+				if err != nil {
+					return fmt.Errorf("--writes: %w", err)
+				}
+				r.Writes = append(r.Writes, res)
+			}
+			if err := r.Validate(); err != nil {
+				return err
+			}
+			return writeFence(cmd.OutOrStdout(), r)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&ring, "ring", "kshard", "ring name: the Leases are <ring>-shard-<n>")
-	f.StringVar(&namespace, "lease-namespace", "kshard-system", "namespace of the ring's Leases and of the replicas' ServiceAccount")
-	f.StringVar(&table, "shard-table", replica.DefaultShardTable, "the replicas' --shard-table, which carries no shard label")
-	f.Int32Var(&shards, "shards", sharding.DefaultShards, "the ring's shard count (the replicas' --shards)")
-	f.StringVar(&prefix, "label-prefix", sharding.DefaultLabelPrefix, "the ring's label prefix (sharding.Options.LabelPrefix): the shard label is <prefix>/shard")
+	f.StringVar(&r.Name, "ring", r.Name, "ring name (sharding.Options.Ring): the Leases are <ring>-shard-<n>, the policies <ring>-shard-writes, ...")
+	f.StringVar(&r.Namespace, "lease-namespace", r.Namespace, "namespace of the ring's Leases, its shard table and its replicas' ServiceAccount")
+	f.StringVar(&r.ServiceAccount, "service-account", r.ServiceAccount, "the replicas' ServiceAccount: the fence applies to its tokens")
+	f.StringVar(&r.ShardTable, "shard-table", replica.DefaultShardTable, "the replicas' --shard-table (sharding.Options.ShardTable), which carries no shard label; empty: no labelling at creation")
+	f.Int32Var(&r.Shards, "shards", r.Shards, "the ring's shard count (the replicas' --shards)")
+	f.StringVar(&r.LabelPrefix, "label-prefix", r.LabelPrefix, "the ring's label prefix (sharding.Options.LabelPrefix): the shard label is <prefix>/shard")
+	f.StringVar(&forKind, "for", forKind, "the sharded kind's resource, resource.group (the labeler stamps its objects)")
+	f.StringVar(&r.Domain, "domain", r.Domain, "where a For object's domain is: a field path (spec.domain) or label:<key>")
+	f.StringSliceVar(&writes, "writes", writes, "the resources the replicas write per object of a shard: the For kind's subresources (configbindings/status.config.kshard.dev) and the kinds they own")
+	f.BoolVar(&r.LabelsOnly, "labels-only", r.LabelsOnly, "the replicas change nothing of a For object but its shard and domain labels")
 	return cmd
 }
 
-// writeFence writes the per-shard bindings and the label policy as one YAML
-// stream.
-func writeFence(w io.Writer, ring, namespace, table, prefix string, shards int32) error {
-	flags := fmt.Sprintf("--ring %s --lease-namespace %s --shard-table %s --shards %d", ring, namespace, table, shards)
-	if prefix != sharding.DefaultLabelPrefix {
-		flags += " --label-prefix " + prefix
-	}
-	if _, err := fmt.Fprintf(w, "# Generated by `kshard fencing %s`:\n"+
-		"# one binding of the %s policy per shard, each shard's Lease (held by nobody until a\n"+
-		"# replica takes it), and the %s policy (shard-writes-policy.yaml says why). Do not edit.\n",
-		flags, shardwrites.Policy, shardwrites.LabelsPolicy); err != nil {
+// writeFence writes r's fence as one YAML stream, with the command that
+// writes it again.
+func writeFence(w io.Writer, r shardwrites.Ring) error {
+	if _, err := fmt.Fprintf(w, "# Generated by `kshard fencing%s`. Do not edit.\n"+
+		"# The admission fence of ring %s: the API server refuses a write of its replicas'\n"+
+		"# ServiceAccount %s/%s to an object of a shard whose Lease the writing pod does not hold\n"+
+		"# (docs/security.md says what each policy refuses, and what remains).\n",
+		flagsOf(r), r.Name, r.Namespace, r.ServiceAccount); err != nil {
 		return err
 	}
-	var objs []any
-	for _, b := range shardwrites.Bindings(ring, namespace, prefix, shards) {
-		objs = append(objs, b)
-	}
-	for _, l := range shardwrites.Leases(ring, namespace, prefix, shards) {
-		objs = append(objs, l)
-	}
-	policy, binding := shardwrites.Labels(namespace, table, prefix, shards)
-	objs = append(objs, policy, binding)
-	for i, o := range objs {
+	for i, o := range r.Fence() {
 		out, err := yaml.Marshal(o)
 		if err != nil {
 			return fmt.Errorf("rendering object %d of the fence: %w", i, err)
@@ -79,4 +92,35 @@ func writeFence(w io.Writer, ring, namespace, table, prefix string, shards int32
 		}
 	}
 	return nil
+}
+
+// flagsOf are the flags that print r, those that differ from kshard's ring.
+func flagsOf(r shardwrites.Ring) string {
+	d := shardwrites.DefaultRing()
+	var b strings.Builder
+	add := func(flag, v, def string) {
+		if v != def {
+			fmt.Fprintf(&b, " --%s %s", flag, v)
+		}
+	}
+	add("ring", r.Name, d.Name)
+	add("lease-namespace", r.Namespace, d.Namespace)
+	add("service-account", r.ServiceAccount, d.ServiceAccount)
+	add("shard-table", r.ShardTable, d.ShardTable)
+	add("shards", fmt.Sprint(r.Shards), fmt.Sprint(d.Shards))
+	add("label-prefix", r.LabelPrefix, d.LabelPrefix)
+	add("for", r.For.String(), d.For.String())
+	add("domain", r.Domain, d.Domain)
+	join := func(rs []shardwrites.Resource) string {
+		s := make([]string, 0, len(rs))
+		for _, x := range rs {
+			s = append(s, x.String())
+		}
+		return strings.Join(s, ",")
+	}
+	add("writes", join(r.Writes), join(d.Writes))
+	if r.LabelsOnly != d.LabelsOnly {
+		fmt.Fprintf(&b, " --labels-only=%t", r.LabelsOnly)
+	}
+	return b.String()
 }

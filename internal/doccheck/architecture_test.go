@@ -24,7 +24,7 @@ var (
 // code to the code. In every table row, the code spans are read left to
 // right: a Go file (`sharding/shard.go`) or a package folder
 // (`sharding/ring`) becomes the row's current place, and must exist (as
-// must any other file it names: `deploy/base/shard-label-policy.yaml`); a Go
+// must any other file it names: `deploy/base/shard-fence.yaml`); a Go
 // name after it (`ShardOf`, `labeler.reconcile`, `Values.Get`: a top-level
 // name, or a type's method, field or interface method) must be declared in
 // that file, or in that package. A name qualified by a package

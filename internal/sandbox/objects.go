@@ -1,14 +1,10 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"golang.org/x/sync/errgroup"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,11 +12,10 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/controlplane"
+	"github.com/kshard/kshard/internal/shardwrites"
 )
 
 // newClient is the sandbox's own API client: it creates the sample objects
@@ -58,27 +53,9 @@ func createNamespaces(ctx context.Context, c client.Client, names ...string) err
 // labeler has seen its domain is labeled by the API server at its CREATE,
 // as on a cluster. Ones that exist (an existing cluster) are kept.
 func installShardLabelPolicy(ctx context.Context, c client.Client) error {
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return fmt.Errorf("finding deploy/base: %w", err)
-	}
-	path := filepath.Join(root, "deploy", "base", "shard-label-policy.yaml")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("reading the shard-label policy: %w", err)
-	}
-	docs := bytes.Split(raw, []byte("\n---\n"))
-	if len(docs) != 2 {
-		return fmt.Errorf("%s: %d documents, want the policy and its binding", path, len(docs))
-	}
-	policy := &admissionregistrationv1.MutatingAdmissionPolicy{}
-	binding := &admissionregistrationv1.MutatingAdmissionPolicyBinding{}
-	for i, o := range []client.Object{policy, binding} {
-		if err := yaml.UnmarshalStrict(docs[i], o); err != nil {
-			return fmt.Errorf("%s, document %d: %w", path, i+1, err)
-		}
-	}
-	binding.Spec.ParamRef.Namespace = LeaseNamespace
+	ring := shardwrites.DefaultRing()
+	ring.Namespace = LeaseNamespace
+	policy, binding := ring.ShardLabel()
 	for _, o := range []client.Object{policy, binding} {
 		if err := c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("installing %s: %w", o.GetName(), err)

@@ -97,7 +97,7 @@ func bindFlags(fs *flag.FlagSet, o *loadtest.Options, fl *flags) {
 		o.ReplicaArgs = append(o.ReplicaArgs, strings.Fields(v)...)
 		return nil
 	})
-	fs.BoolVar(&o.Profile, "profile", false, "write CPU and heap profiles of every replica per measured phase into the work folder's profiles/")
+	fs.BoolVar(&o.Profile, "profile", false, "write CPU and heap profiles of every replica, and the API server's heap, per measured phase into the work folder's profiles/")
 	fs.StringVar(&o.Out, "out", "", "report folder (default loadtest/results)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "target this cluster instead of starting a control plane (it must hold no namespace \"loadtest\")")
 	fs.StringVar(&o.NodeFaults, "node-faults", "", "with --statefulset: the command that injects faults of the pods' node (make cluster's hack/cluster/fault.sh)")
