@@ -115,4 +115,3 @@ func (r Ring) Labels() (*admissionregistrationv1.ValidatingAdmissionPolicy, *adm
 	}
 	return policy, r.binding(policyShardLabels, nil)
 }
-
