@@ -567,14 +567,12 @@ type serverSyncs struct {
 // serverSyncs reads the API server's counts at, through Prometheus, once
 // it has scraped the server after at.
 func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error) {
-	if err := r.prom.caughtUp(ctx, at); err != nil {
+	// Read at the API server's own first successful scrape after at: a
+	// restarted server on a loaded machine may fail a few, and its series
+	// are stale until one succeeds.
+	readAt, err := r.prom.scrapedAfter(ctx, jobAPIServer, at)
+	if err != nil {
 		return serverSyncs{}, err
-	}
-	readAt := at.Add(r.opts.SampleInterval)
-	if t, ok, err := r.prom.firstScrapeAfter(ctx, at); err != nil {
-		return serverSyncs{}, err
-	} else if ok {
-		readAt = t
 	}
 	started, err := r.prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), readAt)
 	if err != nil {

@@ -353,6 +353,34 @@ func (p *promServer) firstScrapeAfter(ctx context.Context, t time.Time) (time.Ti
 	return at, !at.IsZero(), nil
 }
 
+// scrapedAfter waits for job's first successful scrape after t, for as
+// long as caughtUp waits for all, and returns its time.
+func (p *promServer) scrapedAfter(ctx context.Context, job string, t time.Time) (time.Time, error) {
+	deadline := time.Now().Add(max(10*p.controlPlane, 10*time.Second))
+	for {
+		// The raw samples of up since t: a scrape's, not a lookback's.
+		now := time.Now()
+		q := fmt.Sprintf("up{job=%q}[%dms]", job, max(now.Sub(t).Milliseconds(), 1))
+		if v, _, _, err := p.api.Query(ctx, q, now); err == nil {
+			if m, ok := v.(model.Matrix); ok {
+				for _, series := range m {
+					for _, s := range series.Values {
+						if s.Value == 1 && s.Timestamp.Time().After(t) {
+							return s.Timestamp.Time(), nil
+						}
+					}
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("no successful scrape of job %s since %s", job, t.Format(time.RFC3339))
+		}
+		if err := sleep(ctx, p.interval/2); err != nil {
+			return time.Time{}, err
+		}
+	}
+}
+
 // readEnds sets when each span of w ends is read: the first scrape after
 // it (firstScrapeAfter), or, for a span after which nothing was scraped,
 // one step after it. A query that fails here fails again in the figure,
