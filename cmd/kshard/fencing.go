@@ -46,6 +46,9 @@ kshard's own ring is the default; a controller that embeds the sharding library 
 			}
 			r.Writes = r.Writes[:0]
 			for _, w := range writes {
+				if w == "" {
+					continue
+				}
 				res, err := shardwrites.ParseResource(w)
 				if err != nil {
 					return fmt.Errorf("--writes: %w", err)
@@ -100,7 +103,7 @@ func flagsOf(r shardwrites.Ring) string {
 	var b strings.Builder
 	add := func(flag, v, def string) {
 		if v != def {
-			fmt.Fprintf(&b, " --%s %s", flag, v)
+			fmt.Fprintf(&b, " --%s=%s", flag, v)
 		}
 	}
 	add("ring", r.Name, d.Name)
