@@ -242,4 +242,3 @@ func podConfig(t *testing.T, admin client.Client, id string) *rest.Config {
 	cfg.BearerToken = tr.Status.Token
 	return cfg
 }
-
