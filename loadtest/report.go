@@ -86,7 +86,7 @@ func renderHeader(b *strings.Builder, rep *Report) {
 	}
 	p("Reproduce with:\n\n```sh\n%s\n```\n\n", rep.Command)
 	m := rep.Machine
-	where := fmt.Sprintf("kube-apiserver %s and etcd on the same machine, every process on loopback", orUnknown(m.KubeAPIServer))
+	where := fmt.Sprintf("kube-apiserver %s and etcd (GOGC %s) on the same machine, every process on loopback", orUnknown(m.KubeAPIServer), orUnknown(m.ControlPlaneGOGC))
 	if m.Pods != "" {
 		where = fmt.Sprintf("kube-apiserver %s of the --kubeconfig cluster, the replicas %s", orUnknown(m.KubeAPIServer), m.Pods)
 	}

@@ -57,6 +57,9 @@ type Machine struct {
 	GoVersion     string
 	OS            string
 	KubeAPIServer string
+	// ControlPlaneGOGC is the GOGC of the etcd and kube-apiserver the run
+	// started; empty for a --kubeconfig cluster.
+	ControlPlaneGOGC string `json:",omitempty"`
 	// LoadMean and LoadMax are the 1-minute load average during the run
 	// (sampled): how busy the machine was, with everything else on it; -1
 	// without a sample (not Linux).
@@ -183,7 +186,8 @@ func (r *run) newReport(ctx context.Context) *Report {
 		Machine: Machine{
 			CPUs: runtime.NumCPU(), CPUModel: cpuModel(), GoVersion: runtime.Version(),
 			OS: runtime.GOOS + "/" + runtime.GOARCH, KubeAPIServer: r.serverVersion,
-			Calibration: r.calibration,
+			ControlPlaneGOGC: r.controlPlaneGOGC,
+			Calibration:      r.calibration,
 		},
 	}
 	if t := r.pods; t != nil {

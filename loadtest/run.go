@@ -99,6 +99,9 @@ type run struct {
 
 	restConfig    *rest.Config
 	serverVersion string
+	// controlPlaneGOGC is the GOGC of the control plane the run started
+	// ("" for a --kubeconfig cluster).
+	controlPlaneGOGC string
 	// apiAuditLog is the API server's audit log under internal/audit's
 	// Policy, the evidence of the write check: the one the run's own
 	// control plane writes, or Options.APIServerAuditLog; empty without
@@ -432,8 +435,15 @@ func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err err
 		r.progress.printf("starting the control plane (etcd + kube-apiserver) ...")
 		start := time.Now()
 		r.apiAuditLog = filepath.Join(r.work, "apiserver-audit.log")
+		// Go's default GOGC, as a cluster's API server runs: the tests'
+		// 400 makes its heap grow to five times what is live, and the
+		// reports' memory of the API server would be the tests' setting.
+		r.controlPlaneGOGC = "100"
+		if env, ok := os.LookupEnv("GOGC"); ok {
+			r.controlPlaneGOGC = env
+		}
 		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
-			AuditLogPath: r.apiAuditLog, RestartLogPath: filepath.Join(r.work, "logs", "kube-apiserver-restarted.log")})
+			AuditLogPath: r.apiAuditLog, RestartLogPath: filepath.Join(r.work, "logs", "kube-apiserver-restarted.log"), GOGC: r.controlPlaneGOGC})
 		if err != nil {
 			return nil, "", err
 		}
