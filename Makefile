@@ -212,7 +212,7 @@ cluster-smoke: ## On the running cluster: a kshard:dev pod runs, deploy/node's 3
 	hack/cluster/smoke.sh
 
 .PHONY: e2e
-e2e: ## On the running cluster: install deploy/ (e2e/overlay) and a Prometheus with the shipped alerts, 2,000 objects, scale 3→5→2, rollout restart, SIGKILL, an unowned-shards alert, partition and control-plane restarts, HPA through kshard-metrics-adapter and through KEDA; audit the pods and the API server.
+e2e: ## On the running cluster: install deploy/ (e2e/overlay) and a Prometheus with the shipped alerts, 2,000 objects, the example controller examples/teamdigest beside kshard, scale 3→5→2, rollout restart, SIGKILL, an unowned-shards alert, partition and control-plane restarts, HPA through kshard-metrics-adapter and through KEDA; audit the pods and the API server.
 	@[[ -s $(CLUSTER_KUBECONFIG) ]] || { echo "no cluster: run \`make cluster\` first (docs/cluster.md)" >&2; exit 1; }
 	$(MAKE) --no-print-directory cluster-images
 	KSHARD_E2E_KUBECONFIG=$(CLUSTER_KUBECONFIG) KSHARD_E2E_KUBECTL=$(BIN)/node/kubectl KSHARD_E2E_CONTAINERD=$(BIN)/cluster/run/containerd.sock KSHARD_E2E_APISERVER_AUDIT=$(BIN)/cluster/log/kube-apiserver-audit.log KSHARD_E2E_FAULT=$(CURDIR)/hack/cluster/fault.sh go test -count=1 -timeout 60m -v ./e2e/

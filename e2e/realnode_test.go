@@ -42,6 +42,7 @@ func TestRealNode(t *testing.T) {
 	}{
 		{"deploy", testDeploy},
 		{"authorization", testAuthorization},
+		{"teamdigest", testTeamDigest},
 		{"scale", testScale},
 		{"rollout-restart", testRolloutRestart},
 		{"sigkill", testSIGKILL},

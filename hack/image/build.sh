@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes the images `make cluster` imports, as docker archives, without a
-# container engine: kshard:dev (the static kshard, kshard-metrics-adapter and
-# configcenter binaries, user 65532, like the Dockerfile's distroless image),
+# container engine: kshard:dev (the static kshard, kshard-metrics-adapter,
+# configcenter and examples/teamdigest binaries, user 65532, like the Dockerfile's distroless image),
 # etcd:dev (deploy/config-etcd's config center), spicedb:dev (deploy/spicedb's
 # authorization system), prometheus:dev, keda:dev (with KEDA's manifests rendered into bin/keda for
 # e2e/keda) and the pause image (bin/node/pause, built from the Kubernetes module's C
@@ -15,12 +15,12 @@ bin=$(mkdir -p "${1:-$repo/bin}" && cd "${1:-$repo/bin}" && pwd)
 [[ -x $bin/node/pause ]] || { echo "image: $bin/node/pause is missing: run \`make node-binaries\`" >&2; exit 1; }
 
 # The Dockerfile's build line: static, no cgo, stripped.
-(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/" ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter)
+(cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$bin/image/" ./cmd/kshard ./cmd/kshard-metrics-adapter ./cmd/configcenter ./examples/teamdigest)
 (cd "$here" && GOWORK=off go build -o "$bin/image/image" .)
 
 "$bin/image/image" -tag kshard:dev -o "$bin/images/kshard.tar" -user 65532:65532 -entrypoint /kshard \
 	-add "/kshard=$bin/image/kshard" -add "/kshard-metrics-adapter=$bin/image/kshard-metrics-adapter" \
-	-add "/configcenter=$bin/image/configcenter"
+	-add "/configcenter=$bin/image/configcenter" -add "/teamdigest=$bin/image/teamdigest"
 # etcd:dev, for deploy/config-etcd: etcd from the control plane's pinned
 # module (hack/controlplane/etcd), static, at the path of etcd's release
 # image (/usr/local/bin/etcd).
