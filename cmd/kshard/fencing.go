@@ -72,6 +72,7 @@ kshard's own ring is the default; a controller that embeds the sharding library 
 	f.StringVar(&r.Domain, "domain", r.Domain, "where a For object's domain is: a field path (spec.domain) or label:<key>")
 	f.StringSliceVar(&writes, "writes", writes, "the resources the replicas write per object of a shard: the For kind's subresources (configbindings/status.config.kshard.dev) and the kinds they own")
 	f.BoolVar(&r.LabelsOnly, "labels-only", r.LabelsOnly, "the replicas change nothing of a For object but its shard and domain labels")
+	f.BoolVar(&r.ImmutableDomain, "immutable-domain", false, "refuse anyone's change or removal of a label domain (--domain label:<key>) on an object that has it")
 	return cmd
 }
 
@@ -124,6 +125,9 @@ func flagsOf(r shardwrites.Ring) string {
 	add("writes", join(r.Writes), join(d.Writes))
 	if r.LabelsOnly != d.LabelsOnly {
 		fmt.Fprintf(&b, " --labels-only=%t", r.LabelsOnly)
+	}
+	if r.ImmutableDomain {
+		b.WriteString(" --immutable-domain")
 	}
 	return b.String()
 }

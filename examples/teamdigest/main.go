@@ -11,7 +11,11 @@
 //
 //	kshard fencing --ring team-digest --lease-namespace team-digest --service-account team-digest \
 //	  --label-prefix teams.example.dev --shards 16 --shard-table team-digest-shard-table \
-//	  --for configmaps --domain label:example.dev/team --writes= --labels-only=false
+//	  --for configmaps --domain label:example.dev/team --writes= --labels-only=false --immutable-domain
+//
+// With --immutable-domain the fence also refuses anyone's change of a
+// ConfigMap's team: a team is the ConfigMap's domain, and a ConfigMap moved
+// to another team would move to another shard.
 package main
 
 import (

@@ -9,7 +9,8 @@ import (
 // shard Leases, before the per-shard bindings that take them as params (a
 // binding whose Lease is missing refuses everyone's writes to its shard);
 // the per-shard bindings; the shard-labels policy; and, with a shard table,
-// the policy that labels a For object at its creation.
+// the policy that labels a For object at its creation; with ImmutableDomain,
+// the policy that keeps a domain label as it was.
 func (r Ring) Fence() []client.Object {
 	var out []client.Object
 	out = append(out, r.shardWritesPolicy())
@@ -32,6 +33,10 @@ func (r Ring) Fence() []client.Object {
 	if r.ShardTable != "" {
 		label, labelBinding := r.ShardLabel()
 		out = append(out, label, labelBinding)
+	}
+	if r.ImmutableDomain {
+		domain, domainBinding := r.immutableDomain()
+		out = append(out, domain, domainBinding)
 	}
 	return out
 }

@@ -33,6 +33,9 @@ const (
 	// policyShardLabel is the MutatingAdmissionPolicy that labels a For
 	// object at its creation from the shard table.
 	policyShardLabel = "shard-label"
+	// policyDomain refuses anyone's change of a For object's domain label
+	// (Ring.ImmutableDomain).
+	policyDomain = "domain"
 )
 
 // podVariable is the name of the writing pod, from its pod-bound token.
@@ -283,6 +286,29 @@ func (r Ring) ShardLabel() (*admissionregistrationv1.MutatingAdmissionPolicy, *a
 		},
 	}
 	return policy, binding
+}
+
+// immutableDomain is policyDomain and its binding: for every user, an
+// update of a For object that has the domain label keeps it as it was.
+func (r Ring) immutableDomain() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+	key := celString(r.domainLabel())
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyDomain)},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(updateOnly, r.For)},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "has-a-domain",
+				Expression: fmt.Sprintf("has(oldObject.metadata.labels) && %s in oldObject.metadata.labels", key)}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("has(object.metadata.labels) && %[1]s in object.metadata.labels && object.metadata.labels[%[1]s] == oldObject.metadata.labels[%[1]s]", key),
+				Message: fmt.Sprintf("label %s is the domain ring %s shards %s by: it cannot change or go (create the object anew instead)",
+					r.domainLabel(), r.Name, r.For.Resource),
+				Reason: ptr.To(metav1.StatusReasonInvalid),
+			}},
+		},
+	}
+	return policy, r.binding(policyDomain, nil)
 }
 
 // binding binds one of the ring's validating policies, with param when it

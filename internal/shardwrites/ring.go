@@ -45,6 +45,13 @@ type Ring struct {
 	// the For kind's subresources ("configbindings/status") and the kinds
 	// they own, each labelled with its owner's shard.
 	Writes []Resource
+	// ImmutableDomain, for a label domain, refuses anyone's update that
+	// changes or removes the label of an object that has it: an object
+	// whose domain changes moves to another shard (correct, but a move and
+	// two writes per change), and a domain that never changes is what the
+	// sharding assumes. A field domain is made immutable by its CRD (kshard's
+	// spec.domain: self == oldSelf).
+	ImmutableDomain bool
 	// LabelsOnly says the replicas change nothing of a For object but its
 	// shard and domain labels (its spec, annotations, finalizers and owners
 	// are its user's): a controller that writes a status subresource and
@@ -110,6 +117,8 @@ func (r Ring) Validate() error {
 		return fmt.Errorf("the sharded kind's resource %q is not a resource", r.For.Resource)
 	case r.ShardTable != "" && r.domainPresent() == "":
 		return fmt.Errorf("domain %q: want a field path (spec.domain) or label:<key>", r.Domain)
+	case r.ImmutableDomain && r.domainLabel() == "":
+		return fmt.Errorf("an immutable domain is a label domain's (label:<key>); a field's is its CRD's rule")
 	}
 	for _, w := range r.Writes {
 		if w.Resource == "" {
