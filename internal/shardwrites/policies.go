@@ -106,26 +106,22 @@ func (r Ring) shardWritesPolicy() *admissionregistrationv1.ValidatingAdmissionPo
 	if !r.LabelsOnly {
 		forOps = []admissionregistrationv1.OperationType{admissionregistrationv1.Update, admissionregistrationv1.Delete}
 	}
-	return &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyShardWrites)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			ParamKind:     &admissionregistrationv1.ParamKind{APIVersion: "coordination.k8s.io/v1", Kind: "Lease"},
-			// The For kind's own updates (the holder removing a wrong
-			// label; without LabelsOnly, its writes), never its creates:
-			// users' creates stay out of this policy and of a missing
-			// Lease.
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: append(rules(createUpdateDelete, r.Writes...), rules(forOps, r.For)...)},
-			MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas()},
-			Variables:        []admissionregistrationv1.Variable{podVariable, holderVariable, {Name: "labelerStamp", Expression: r.stamp()}},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression:        "variables.labelerStamp || (" + holds + ")",
-				MessageExpression: notHolder + "so it may not write an object that is or was in its shard'",
-				Reason:            ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
+	return validatingPolicy(r.policy(policyShardWrites), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+		ParamKind:     &admissionregistrationv1.ParamKind{APIVersion: "coordination.k8s.io/v1", Kind: "Lease"},
+		// The For kind's own updates (the holder removing a wrong
+		// label; without LabelsOnly, its writes), never its creates:
+		// users' creates stay out of this policy and of a missing
+		// Lease.
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: append(rules(createUpdateDelete, r.Writes...), rules(forOps, r.For)...)},
+		MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas()},
+		Variables:        []admissionregistrationv1.Variable{podVariable, holderVariable, {Name: "labelerStamp", Expression: r.stamp()}},
+		Validations: []admissionregistrationv1.Validation{{
+			Expression:        "variables.labelerStamp || (" + holds + ")",
+			MessageExpression: notHolder + "so it may not write an object that is or was in its shard'",
+			Reason:            ptr.To(metav1.StatusReasonForbidden),
+		}},
+	})
 }
 
 // labelerWrites is policyLabelerWrites and its binding, whose param is the
@@ -148,22 +144,18 @@ func (r Ring) labelerWrites() (*admissionregistrationv1.ValidatingAdmissionPolic
 	if r.ShardTable != "" {
 		message += " or write the shard table"
 	}
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyLabelerWrites)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
-			ParamKind:        &admissionregistrationv1.ParamKind{APIVersion: "coordination.k8s.io/v1", Kind: "Lease"},
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: resourceRules},
-			MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas(), {Name: "labeler-writes", Expression: strings.Join(what, " || ")}},
-			Variables:        []admissionregistrationv1.Variable{podVariable, holderVariable},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression:        holds,
-				MessageExpression: message + "'",
-				Reason:            ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
+	policy := validatingPolicy(r.policy(policyLabelerWrites), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+		ParamKind:        &admissionregistrationv1.ParamKind{APIVersion: "coordination.k8s.io/v1", Kind: "Lease"},
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: resourceRules},
+		MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas(), {Name: "labeler-writes", Expression: strings.Join(what, " || ")}},
+		Variables:        []admissionregistrationv1.Variable{podVariable, holderVariable},
+		Validations: []admissionregistrationv1.Validation{{
+			Expression:        holds,
+			MessageExpression: message + "'",
+			Reason:            ptr.To(metav1.StatusReasonForbidden),
+		}},
+	})
 	return policy, r.binding(policyLabelerWrites, &admissionregistrationv1.ParamRef{
 		Name: lease.LabelerName(r.Name), Namespace: r.Namespace, ParameterNotFoundAction: ptr.To(admissionregistrationv1.AllowAction)})
 }
@@ -176,43 +168,39 @@ func (r Ring) forWrites() (*admissionregistrationv1.ValidatingAdmissionPolicy, *
 	keys := r.keys()
 	labels := fmt.Sprintf("%s and %s labels", keys.Shard, keys.Domain)
 	reason := ptr.To(metav1.StatusReasonForbidden)
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyForWrites)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(updateOnly, r.For)},
-			MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas()},
-			Variables:        []admissionregistrationv1.Variable{{Name: "ringLabels", Expression: fmt.Sprintf("[%s, %s]", celString(keys.Shard), celString(keys.Domain))}},
-			Validations: []admissionregistrationv1.Validation{
-				{
-					// Of a kind with no spec (a built-in with data), the
-					// comparison is of nothing: has() guards it.
-					Expression: "has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)",
-					Message:    fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its spec", r.For.Resource, labels),
-					Reason:     reason,
-				},
-				{
-					Expression: "has(object.metadata.annotations) == has(oldObject.metadata.annotations) && " +
-						"(!has(object.metadata.annotations) || object.metadata.annotations == oldObject.metadata.annotations) && " +
-						"has(object.metadata.finalizers) == has(oldObject.metadata.finalizers) && " +
-						"(!has(object.metadata.finalizers) || object.metadata.finalizers == oldObject.metadata.finalizers) && " +
-						"has(object.metadata.ownerReferences) == has(oldObject.metadata.ownerReferences) && " +
-						"(!has(object.metadata.ownerReferences) || object.metadata.ownerReferences == oldObject.metadata.ownerReferences)",
-					Message: fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its annotations, finalizers or owners", r.For.Resource, labels),
-					Reason:  reason,
-				},
-				{
-					Expression: "(!has(oldObject.metadata.labels) || oldObject.metadata.labels.all(k, k in variables.ringLabels || " +
-						"  (has(object.metadata.labels) && k in object.metadata.labels && object.metadata.labels[k] == oldObject.metadata.labels[k]))) && " +
-						"(!has(object.metadata.labels) || object.metadata.labels.all(k, k in variables.ringLabels || " +
-						"  (has(oldObject.metadata.labels) && k in oldObject.metadata.labels)))",
-					Message: fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its other labels", r.For.Resource, labels),
-					Reason:  reason,
-				},
+	policy := validatingPolicy(r.policy(policyForWrites), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(updateOnly, r.For)},
+		MatchConditions:  []admissionregistrationv1.MatchCondition{r.replicas()},
+		Variables:        []admissionregistrationv1.Variable{{Name: "ringLabels", Expression: fmt.Sprintf("[%s, %s]", celString(keys.Shard), celString(keys.Domain))}},
+		Validations: []admissionregistrationv1.Validation{
+			{
+				// Of a kind with no spec (a built-in with data), the
+				// comparison is of nothing: has() guards it.
+				Expression: "has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec)",
+				Message:    fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its spec", r.For.Resource, labels),
+				Reason:     reason,
+			},
+			{
+				Expression: "has(object.metadata.annotations) == has(oldObject.metadata.annotations) && " +
+					"(!has(object.metadata.annotations) || object.metadata.annotations == oldObject.metadata.annotations) && " +
+					"has(object.metadata.finalizers) == has(oldObject.metadata.finalizers) && " +
+					"(!has(object.metadata.finalizers) || object.metadata.finalizers == oldObject.metadata.finalizers) && " +
+					"has(object.metadata.ownerReferences) == has(oldObject.metadata.ownerReferences) && " +
+					"(!has(object.metadata.ownerReferences) || object.metadata.ownerReferences == oldObject.metadata.ownerReferences)",
+				Message: fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its annotations, finalizers or owners", r.For.Resource, labels),
+				Reason:  reason,
+			},
+			{
+				Expression: "(!has(oldObject.metadata.labels) || oldObject.metadata.labels.all(k, k in variables.ringLabels || " +
+					"  (has(object.metadata.labels) && k in object.metadata.labels && object.metadata.labels[k] == oldObject.metadata.labels[k]))) && " +
+					"(!has(object.metadata.labels) || object.metadata.labels.all(k, k in variables.ringLabels || " +
+					"  (has(oldObject.metadata.labels) && k in oldObject.metadata.labels)))",
+				Message: fmt.Sprintf("kshard fencing: a replica may change only a %s object's %s, not its other labels", r.For.Resource, labels),
+				Reason:  reason,
 			},
 		},
-	}
+	})
 	return policy, r.binding(policyForWrites, nil)
 }
 
@@ -223,23 +211,19 @@ func (r Ring) forWrites() (*admissionregistrationv1.ValidatingAdmissionPolicy, *
 // labeler Lease likewise. Matched by name, which an update cannot change
 // (labels can).
 func (r Ring) leaseDeletes() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyLeaseDeletes)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(
-				[]admissionregistrationv1.OperationType{admissionregistrationv1.Delete}, Resource{Group: "coordination.k8s.io", Resource: "leases"})},
-			MatchConditions: []admissionregistrationv1.MatchCondition{r.replicas()},
-			Variables:       []admissionregistrationv1.Variable{podVariable},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: fmt.Sprintf("variables.pod != '' && request.name.endsWith(%s + variables.pod)", celString(strings.TrimSuffix(lease.MemberName(r.Name, "x"), "x"))),
-				MessageExpression: "'kshard fencing: a replica deletes only its own member Lease; pod ' + " +
-					"(variables.pod == '' ? '(none: not a pod-bound token)' : variables.pod) + ' may not delete Lease ' + request.name",
-				Reason: ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
+	policy := validatingPolicy(r.policy(policyLeaseDeletes), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(
+			[]admissionregistrationv1.OperationType{admissionregistrationv1.Delete}, Resource{Group: "coordination.k8s.io", Resource: "leases"})},
+		MatchConditions: []admissionregistrationv1.MatchCondition{r.replicas()},
+		Variables:       []admissionregistrationv1.Variable{podVariable},
+		Validations: []admissionregistrationv1.Validation{{
+			Expression: fmt.Sprintf("variables.pod != '' && request.name.endsWith(%s + variables.pod)", celString(strings.TrimSuffix(lease.MemberName(r.Name, "x"), "x"))),
+			MessageExpression: "'kshard fencing: a replica deletes only its own member Lease; pod ' + " +
+				"(variables.pod == '' ? '(none: not a pod-bound token)' : variables.pod) + ' may not delete Lease ' + request.name",
+			Reason: ptr.To(metav1.StatusReasonForbidden),
+		}},
+	})
 	return policy, r.binding(policyLeaseDeletes, nil)
 }
 
@@ -292,23 +276,28 @@ func (r Ring) ShardLabel() (*admissionregistrationv1.MutatingAdmissionPolicy, *a
 // update of a For object that has the domain label keeps it as it was.
 func (r Ring) immutableDomain() (*admissionregistrationv1.ValidatingAdmissionPolicy, *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
 	key := celString(r.domainLabel())
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyDomain)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(updateOnly, r.For)},
-			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "has-a-domain",
-				Expression: fmt.Sprintf("has(oldObject.metadata.labels) && %s in oldObject.metadata.labels", key)}},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: fmt.Sprintf("has(object.metadata.labels) && %[1]s in object.metadata.labels && object.metadata.labels[%[1]s] == oldObject.metadata.labels[%[1]s]", key),
-				Message: fmt.Sprintf("label %s is the domain ring %s shards %s by: it cannot change or go (create the object anew instead)",
-					r.domainLabel(), r.Name, r.For.Resource),
-				Reason: ptr.To(metav1.StatusReasonInvalid),
-			}},
-		},
-	}
+	policy := validatingPolicy(r.policy(policyDomain), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(updateOnly, r.For)},
+		MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "has-a-domain",
+			Expression: fmt.Sprintf("has(oldObject.metadata.labels) && %s in oldObject.metadata.labels", key)}},
+		Validations: []admissionregistrationv1.Validation{{
+			Expression: fmt.Sprintf("has(object.metadata.labels) && %[1]s in object.metadata.labels && object.metadata.labels[%[1]s] == oldObject.metadata.labels[%[1]s]", key),
+			Message: fmt.Sprintf("label %s is the domain ring %s shards %s by: it cannot change or go (create the object anew instead)",
+				r.domainLabel(), r.Name, r.For.Resource),
+			Reason: ptr.To(metav1.StatusReasonInvalid),
+		}},
+	})
 	return policy, r.binding(policyDomain, nil)
+}
+
+// validatingPolicy is a ValidatingAdmissionPolicy named name.
+func validatingPolicy(name string, spec admissionregistrationv1.ValidatingAdmissionPolicySpec) *admissionregistrationv1.ValidatingAdmissionPolicy {
+	return &admissionregistrationv1.ValidatingAdmissionPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       spec,
+	}
 }
 
 // binding binds one of the ring's validating policies, with param when it

@@ -92,26 +92,22 @@ func (r Ring) Labels() (*admissionregistrationv1.ValidatingAdmissionPolicy, *adm
 		conds = append(conds, admissionregistrationv1.MatchCondition{Name: "not-the-shard-table", Expression: fmt.Sprintf(
 			"!(request.resource.resource == 'configmaps' && request.namespace == %s && request.name == %s)", celString(r.Namespace), celString(r.ShardTable))})
 	}
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: admissionregistrationv1.SchemeGroupVersion.String(), Kind: "ValidatingAdmissionPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: r.policy(policyShardLabels)},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(
-				[]admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, append(r.Writes, r.For)...)},
-			MatchConditions: conds,
-			Variables: []admissionregistrationv1.Variable{
-				{Name: "shard", Expression: fmt.Sprintf("has(object.metadata.labels) && %[1]s in object.metadata.labels ? object.metadata.labels[%[1]s] : ''", label)},
-				{Name: "removed", Expression: fmt.Sprintf(
-					"request.operation == 'UPDATE' && variables.shard == '' && has(oldObject.metadata.labels) && %s in oldObject.metadata.labels", label)},
-			},
-			Validations: []admissionregistrationv1.Validation{{
-				Expression: fmt.Sprintf("variables.removed || (variables.shard.matches('^(0|[1-9][0-9]{0,3})$') && int(variables.shard) < %d)", r.Shards),
-				MessageExpression: fmt.Sprintf("'kshard fencing: a replica leaves every object it writes in one of the ring\\'s %d shards (label %s in [0, %d)); ' + "+
-					"request.resource.resource + ' ' + request.name + ' would have ' + (variables.shard == '' ? 'none' : variables.shard)", r.Shards, shardLabel, r.Shards),
-				Reason: ptr.To(metav1.StatusReasonForbidden),
-			}},
+	policy := validatingPolicy(r.policy(policyShardLabels), admissionregistrationv1.ValidatingAdmissionPolicySpec{
+		FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+		MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: rules(
+			[]admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, append(r.Writes, r.For)...)},
+		MatchConditions: conds,
+		Variables: []admissionregistrationv1.Variable{
+			{Name: "shard", Expression: fmt.Sprintf("has(object.metadata.labels) && %[1]s in object.metadata.labels ? object.metadata.labels[%[1]s] : ''", label)},
+			{Name: "removed", Expression: fmt.Sprintf(
+				"request.operation == 'UPDATE' && variables.shard == '' && has(oldObject.metadata.labels) && %s in oldObject.metadata.labels", label)},
 		},
-	}
+		Validations: []admissionregistrationv1.Validation{{
+			Expression: fmt.Sprintf("variables.removed || (variables.shard.matches('^(0|[1-9][0-9]{0,3})$') && int(variables.shard) < %d)", r.Shards),
+			MessageExpression: fmt.Sprintf("'kshard fencing: a replica leaves every object it writes in one of the ring\\'s %d shards (label %s in [0, %d)); ' + "+
+				"request.resource.resource + ' ' + request.name + ' would have ' + (variables.shard == '' ? 'none' : variables.shard)", r.Shards, shardLabel, r.Shards),
+			Reason: ptr.To(metav1.StatusReasonForbidden),
+		}},
+	})
 	return policy, r.binding(policyShardLabels, nil)
 }
