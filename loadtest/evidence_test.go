@@ -39,7 +39,7 @@ func apiEvent(t *testing.T, resource, ns, name, by string, code, rv int, shard, 
 		"requestReceivedTimestamp": now, "stageTimestamp": now,
 	}
 	if code == 403 {
-		ev["responseStatus"] = map[string]any{"code": code, "message": "ValidatingAdmissionPolicy '" + audit.FencingPolicy + "-" + LeaseNamespace + "' denied request: kshard fencing"}
+		ev["responseStatus"] = map[string]any{"code": code, "message": "ValidatingAdmissionPolicy '" + Ring + "-shard-writes' denied request: kshard fencing"}
 	}
 	if rv > 0 {
 		obj := map[string]any{"kind": "X", "metadata": map[string]any{"name": name, "resourceVersion": strconv.Itoa(rv), "labels": map[string]string{sharding.LabelShard: shard}}}

@@ -29,11 +29,9 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
-	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 	"github.com/kshard/kshard/internal/shardwrites"
-	"github.com/kshard/kshard/sharding/lease"
 )
 
 // The load tester's sharded replicas run as deploy/base runs them on a
@@ -54,19 +52,11 @@ import (
 // fieldOwner is the field manager of what the load tester applies.
 const fieldOwner = "kshard-loadtest"
 
-// baseRing is the ring deploy/base's fencing bindings name the Leases of.
-const baseRing = "kshard"
-
-// fencingKinds are the kinds of deploy/base the fencing needs (of its
-// validating admission policies, only audit.FencingPolicy's; the label
-// policy comes from internal/shardwrites with the run's shard count), and
-// the shard-label policy's.
+// fencingKinds are the kinds of deploy/base the run installs: the
+// replicas' identity and RBAC, and its FlowSchemas. The fence itself is the
+// run's ring's, from internal/shardwrites (fenceFor).
 var fencingKinds = map[string]bool{
 	"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true,
-	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
-	// The shard-label policy: the sharded fleets' create storms are
-	// labeled at admission, as on a cluster with deploy/base.
-	"MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
 	// The replicas' initial syncs in their own priority level, as on a
 	// cluster with deploy/base (the scale scenario compares an API server
 	// restart with and without it).
@@ -96,13 +86,10 @@ type fencing struct {
 // before the run's suffix.
 const syncsFlowSchema = "kshard-syncs"
 
-// installFencing applies deploy/base's ServiceAccount, RBAC (with the
-// mirror component's, for --external-source=mirror) and fencing policy into
-// LeaseNamespace, renamed as a user's overlay with `namespace:` would
-// rename them (kustomize does not rewrite the user name in the policy's
-// CEL, nor the ring in its binding: this does, as such a user must).
-// Cluster-scoped objects get the namespace as a name suffix, so that they
-// do not clash with a kshard installed on the cluster.
+// installFencing applies deploy/base's ServiceAccount and RBAC (with the
+// mirror component's, for --external-source=mirror) into LeaseNamespace,
+// renamed as a user's overlay with `namespace:` would rename them, and the
+// fence `kshard fencing` writes for the run's ring there (fenceFor).
 func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 	objs, err := fencingObjects(LeaseNamespace, Ring, r.opts.Shards)
 	if err != nil {
@@ -142,8 +129,8 @@ func (r *run) installFencing(ctx context.Context) (*fencing, error) {
 }
 
 // fencingObjects builds deploy/base with the mirror component into
-// namespace ns and returns its objects of fencingKinds, renamed for ns and
-// ring.
+// namespace ns and returns its objects of fencingKinds, renamed for ns, and
+// the fence of ring (fenceFor).
 func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured, error) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -183,61 +170,58 @@ func fencingObjects(ns, ring string, shards int32) ([]*unstructured.Unstructured
 			return nil, fmt.Errorf("%s: %w", rs.CurId(), err)
 		}
 		o := &unstructured.Unstructured{Object: m}
-		policy := o.GetName()
-		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
-			policy, _, _ = unstructured.NestedString(o.Object, "spec", "policyName")
-		}
-		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && policy != audit.FencingPolicy {
-			// The ConfigMap, binding and Lease policies limit what a
-			// replica may write, not when: not what the load tester
-			// measures. Nor is the labeler's policy bound: its stamps are
-			// checked against the labeler Lease by the audit log only.
-			continue
-		}
-		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
-			// deploy/base binds its 64 shards; the run's count is bound
-			// below, as `kshard fencing --shards` writes them.
-			continue
-		}
-		if err := renameFor(o, ns, ring, shards); err != nil {
+		if err := renameFor(o, ns); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 		out = append(out, o)
 	}
-	// The Leases before the bindings that take them as params: a binding
-	// whose Lease is missing refuses everyone's writes to its shard.
-	base := shardwrites.DefaultRing()
-	base.Namespace, base.Shards = ns, shards
-	own := base
-	own.Name = ring
-	var fence []any
-	for _, l := range own.Leases() {
-		fence = append(fence, &l)
+	fence, err := fenceFor(ns, ring, shards)
+	if err != nil {
+		return nil, err
 	}
-	for _, b := range base.Bindings() {
-		fence = append(fence, &b)
-	}
-	labels, labelsBinding := base.Labels()
-	fence = append(fence, labels, labelsBinding)
-	for _, f := range fence {
+	return append(out, fence...), nil
+}
+
+// fenceFor is the admission fence `kshard fencing` writes for the run's
+// ring, in the order to apply it (the Leases before the bindings that take
+// them as params), of the policies that decide when a replica may write:
+// the shard-writes policy with a binding per shard, the shard-labels
+// policy, and the shard-label policy that labels an object at its
+// creation. The policies that limit what a replica may write (its
+// ConfigBinding changes, its Lease deletes) are not what the load tester
+// measures, nor is the labeler's: its stamps are checked against the
+// labeler Lease by the audit log.
+func fenceFor(ns, ring string, shards int32) ([]*unstructured.Unstructured, error) {
+	r := shardwrites.DefaultRing()
+	r.Name, r.Namespace, r.Shards = ring, ns, shards
+	measured := map[string]bool{r.Name + "-shard-writes": true, r.Name + "-shard-labels": true}
+	var out []*unstructured.Unstructured
+	for _, f := range r.Fence() {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(f)
 		if err != nil {
 			return nil, fmt.Errorf("the fence of %d shards: %w", shards, err)
 		}
 		o := &unstructured.Unstructured{Object: m}
-		if err := renameFor(o, ns, ring, shards); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
+		o.SetAPIVersion(f.GetObjectKind().GroupVersionKind().GroupVersion().String())
+		o.SetKind(f.GetObjectKind().GroupVersionKind().Kind)
+		policy := o.GetName()
+		if o.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			policy, _, _ = unstructured.NestedString(o.Object, "spec", "policyName")
+		}
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") && !measured[policy] {
+			continue
 		}
 		out = append(out, o)
 	}
 	return out, nil
 }
 
-// renameFor renames one object of deploy/base for namespace ns and ring:
-// what kustomize's `namespace:` leaves to the user (the user name in the
-// policy's CEL; the bindings' params, which `kshard fencing --ring
-// --lease-namespace` would write).
-func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) error {
+// renameFor renames one object of deploy/base for namespace ns, as a
+// user's overlay with `namespace:` must beyond what kustomize does:
+// cluster-scoped objects get ns as a suffix, so that they do not clash
+// with a kshard installed on the cluster, and the FlowSchemas' subjects
+// and priority levels follow.
+func renameFor(o *unstructured.Unstructured, ns string) error {
 	switch o.GetKind() {
 	case "ClusterRole":
 		o.SetName(o.GetName() + "-" + ns)
@@ -245,17 +229,6 @@ func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) erro
 		o.SetName(o.GetName() + "-" + ns)
 		ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
 		return unstructured.SetNestedField(o.Object, ref+"-"+ns, "roleRef", "name")
-	case "ValidatingAdmissionPolicy":
-		o.SetName(o.GetName() + "-" + ns)
-		conds, _, err := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
-		if err != nil {
-			return err
-		}
-		for _, c := range conds {
-			m := c.(map[string]any)
-			m["expression"] = strings.ReplaceAll(m["expression"].(string), "system:serviceaccount:kshard-system:", "system:serviceaccount:"+ns+":")
-		}
-		return unstructured.SetNestedSlice(o.Object, conds, "spec", "matchConditions")
 	case "PriorityLevelConfiguration":
 		o.SetNamespace("")
 		o.SetName(o.GetName() + "-" + ns)
@@ -280,40 +253,6 @@ func renameFor(o *unstructured.Unstructured, ns, ring string, shards int32) erro
 			}
 		}
 		return unstructured.SetNestedSlice(o.Object, rules, "spec", "rules")
-	case "MutatingAdmissionPolicy":
-		// Kustomize v0.21 does not know the kind is cluster-scoped.
-		o.SetNamespace("")
-		o.SetName(o.GetName() + "-" + ns)
-	case "MutatingAdmissionPolicyBinding":
-		// Its param is the labeler's shard table in ns.
-		o.SetNamespace("")
-		o.SetName(o.GetName() + "-" + ns)
-		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
-		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
-			return err
-		}
-		return unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace")
-	case "ValidatingAdmissionPolicyBinding":
-		// One binding per shard, its param the shard's Lease by name
-		// (deploy/base/shard-fence.yaml, `kshard fencing`); the label
-		// policy's has none.
-		o.SetName(o.GetName() + "-" + ns)
-		ref, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
-		if err := unstructured.SetNestedField(o.Object, ref+"-"+ns, "spec", "policyName"); err != nil {
-			return err
-		}
-		if _, ok, _ := unstructured.NestedMap(o.Object, "spec", "paramRef"); !ok {
-			return nil
-		}
-		if err := unstructured.SetNestedField(o.Object, ns, "spec", "paramRef", "namespace"); err != nil {
-			return err
-		}
-		param, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
-		n, ok := lease.ParseShardName(baseRing, param, shards)
-		if !ok {
-			return fmt.Errorf("its param %q is no shard Lease of ring %s", param, baseRing)
-		}
-		return unstructured.SetNestedField(o.Object, lease.ShardName(ring, n), "spec", "paramRef", "name")
 	}
 	return nil
 }

@@ -6,16 +6,14 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/internal/shardwrites"
 	"github.com/kshard/kshard/sharding"
 	"github.com/kshard/kshard/sharding/lease"
 )
 
-// TestFencingObjects: deploy/base builds into the load tester's namespace
-// with its fencing policy fencing the load tester's ring: the policy
-// matches the renamed ServiceAccount's user, one binding per shard takes
+// TestFencingObjects: deploy/base's identity and RBAC build into the load
+// tester's namespace, with the fence `kshard fencing` writes for the load
+// tester's ring: the policy matches the renamed ServiceAccount's user, one binding per shard takes
 // that shard's Lease of ring "loadtest" in namespace kshard-loadtest, which
 // is installed with it (held by nobody, labelled for the ring's watch), and
 // the RBAC binds the renamed ServiceAccount.
@@ -36,7 +34,7 @@ func TestFencingObjects(t *testing.T) {
 			kinds[o.GetKind()]++
 			switch o.GetKind() {
 			case "ValidatingAdmissionPolicy":
-				if o.GetName() != audit.FencingPolicy+"-"+LeaseNamespace && o.GetName() != shardwrites.LabelsPolicy+"-"+LeaseNamespace {
+				if o.GetName() != Ring+"-shard-writes" && o.GetName() != Ring+"-shard-labels" {
 					t.Errorf("policy %s", o.GetName())
 				}
 				conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
@@ -45,18 +43,18 @@ func TestFencingObjects(t *testing.T) {
 				}
 			case "ValidatingAdmissionPolicyBinding":
 				policy, _, _ := unstructured.NestedString(o.Object, "spec", "policyName")
-				if policy == shardwrites.LabelsPolicy+"-"+LeaseNamespace {
+				if policy == Ring+"-shard-labels" {
 					continue
 				}
 				name, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "name")
 				ns, _, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace")
-				if policy != audit.FencingPolicy+"-"+LeaseNamespace || ns != LeaseNamespace {
+				if policy != Ring+"-shard-writes" || ns != LeaseNamespace {
 					t.Errorf("binding %s: policy %s, params in %s", o.GetName(), policy, ns)
 				}
 				params[name] = true
 			case "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding":
-				if o.GetNamespace() != "" || !strings.HasSuffix(o.GetName(), "-"+LeaseNamespace) {
-					t.Errorf("%s %s/%s: want cluster-scoped, named for %s", o.GetKind(), o.GetNamespace(), o.GetName(), LeaseNamespace)
+				if o.GetNamespace() != "" || o.GetName() != Ring+"-shard-label" {
+					t.Errorf("%s %s/%s: want cluster-scoped, named for ring %s", o.GetKind(), o.GetNamespace(), o.GetName(), Ring)
 				}
 				if ns, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ns != LeaseNamespace {
 					t.Errorf("shard-label binding's table in %s, want %s", ns, LeaseNamespace)
