@@ -105,6 +105,7 @@ func (s *suite) digested(ctx context.Context, t *testing.T, teams map[string]boo
 		if last = s.c.List(ctx, &list, client.InNamespace(teamsNamespace)); last != nil {
 			return false, nil
 		}
+		clear(digests)
 		for _, cm := range list.Items {
 			d := cm.Annotations[digestAnnotation]
 			switch {

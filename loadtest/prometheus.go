@@ -324,7 +324,7 @@ func (p *promServer) scalar(ctx context.Context, q string, t time.Time) (float64
 // a target scraped late, or none of one whose scrapes failed. False when
 // no target was scraped after t within the window caughtUp waits.
 func (p *promServer) firstScrapeAfter(ctx context.Context, t time.Time) (time.Time, bool, error) {
-	wait := max(10*p.controlPlane, 10*time.Second)
+	wait := p.patience()
 	q := fmt.Sprintf("up[%dms]", (2 * wait).Milliseconds())
 	v, _, _, err := p.api.Query(ctx, q, t.Add(wait))
 	if err != nil {
@@ -353,10 +353,15 @@ func (p *promServer) firstScrapeAfter(ctx context.Context, t time.Time) (time.Ti
 	return at, !at.IsZero(), nil
 }
 
+// patience is how long a wait for a scrape lasts: ten of the longest
+// scrape interval, or 10 s if longer. A target that answers no more is no
+// reason to wait longer.
+func (p *promServer) patience() time.Duration { return max(10*p.controlPlane, 10*time.Second) }
+
 // scrapedAfter waits for job's first successful scrape after t, for as
 // long as caughtUp waits for all, and returns its time.
 func (p *promServer) scrapedAfter(ctx context.Context, job string, t time.Time) (time.Time, error) {
-	deadline := time.Now().Add(max(10*p.controlPlane, 10*time.Second))
+	deadline := time.Now().Add(p.patience())
 	for {
 		// The raw samples of up since t: a scrape's, not a lookback's.
 		now := time.Now()
@@ -402,10 +407,9 @@ func (p *promServer) readEnds(ctx context.Context, w queryWindow) queryWindow {
 // caughtUp waits until Prometheus has scraped (or tried) every target,
 // each fixed one included, at least once after t, so a query at t reads
 // the moment t: a figure at a phase's edge must not be the scrape before
-// it. It gives up after ten scrape intervals, or 10 s if longer:
-// a target that answers no more is no reason to wait.
+// it. It gives up after patience.
 func (p *promServer) caughtUp(ctx context.Context, t time.Time) error {
-	deadline := time.Now().Add(max(10*p.controlPlane, 10*time.Second))
+	deadline := time.Now().Add(p.patience())
 	for {
 		targets, err := p.api.Targets(ctx)
 		if err != nil {
