@@ -147,7 +147,9 @@ func (r *run) probeGrants(ctx context.Context) {
 		return
 	}
 	maps := &grantMaps{has: map[string]bool{}, changed: make(chan struct{})}
-	wctx, stop := context.WithCancel(ctx)
+	// The watch outlives ctx: the last change is awaited after the load
+	// ends, and a watch stopped with the load would never show it.
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	ready := make(chan struct{})
 	go followConfigMaps(wctx, wc, GrantNamespace, ready, maps.observe)
