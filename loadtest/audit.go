@@ -567,10 +567,7 @@ func (r *run) evidence() evidenceFor {
 		ev.check = audit.CheckOptions{Ring: Ring, LeaseNamespace: LeaseNamespace, ShardTable: replica.DefaultShardTable}
 		ev.fencing = fencingNone
 	}
-	r.mu.Lock()
-	ev.held = slices.Clone(r.held)
-	ev.restarts = slices.Clone(r.restarts)
-	r.mu.Unlock()
+	ev.held, ev.restarts = r.faults.record()
 	ev.heldSpan = 2*r.opts.DelayFor + r.opts.RetryPeriod
 	ev.restartSpan = r.opts.ChaosInterval
 	return ev

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -177,12 +178,63 @@ func signed(d time.Duration) string {
 	return d.String()
 }
 
-// chaosFaults injects a fault on a random running replica every chaos
+// faults injects faults into a fleet: the chaos scenario's rotation, and
+// the scale scenario's API server restarts. It keeps what the evidence
+// must excuse or count of them: the windows that held a replica's requests
+// on the wire, the API server's restarts, and the proxies that hold them.
+type faults struct {
+	r *run
+	// rotation is the chaos scenario's order of faults (Options.Faults).
+	rotation []faultKind
+	// restartServer restarts the control plane's kube-apiserver: nil on a
+	// cluster the load tester did not start and cannot restart.
+	restartServer func(context.Context) error
+
+	mu       sync.Mutex
+	held     []heldWindow
+	restarts []apiServerRestart
+	proxies  []*netfault.Proxy
+}
+
+// newFaults is the faults of a run: Options.Faults' rotation on the
+// target's fault kinds; on a cluster of the user's, without an API server
+// restart unless the node's fault command can make one.
+func newFaults(r *run) *faults {
+	o := r.opts
+	rotation, _ := parseFaults(o.Faults, o.StatefulSet != "", o.NodeFaults != "") // validated by setDefaults
+	if o.Faults == "" && o.Kubeconfig != "" && o.NodeFaults == "" {
+		rotation = slices.DeleteFunc(rotation, func(k faultKind) bool { return k == faultAPIServerRestart })
+	}
+	return &faults{r: r, rotation: rotation}
+}
+
+// injects says whether the chaos scenario's rotation has a fault of kind.
+func (fs *faults) injects(kind faultKind) bool {
+	return slices.Contains(fs.rotation, kind)
+}
+
+// addProxy keeps a replica's proxy to the API server, to close it at the
+// end of the run.
+func (fs *faults) addProxy(p *netfault.Proxy) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.proxies = append(fs.proxies, p)
+}
+
+// record is what the faults held and restarted so far, for the evidence.
+func (fs *faults) record() ([]heldWindow, []apiServerRestart) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return slices.Clone(fs.held), slices.Clone(fs.restarts)
+}
+
+// run injects a fault on a random running replica every chaos
 // interval, in rotation, until the duration ends, each settled before the
 // next interval counts.
-func (r *run) chaosFaults(ctx context.Context, f *fleet) error {
+func (fs *faults) run(ctx context.Context, f *fleet) error {
+	r := fs.r
 	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
-	plan := faultPlan{rotation: r.chaos, offset: r.opts.ClockOffset}
+	plan := faultPlan{rotation: fs.rotation, offset: r.opts.ClockOffset}
 	var done []injected
 	defer func() { r.addFinding(faultsFinding(plan.rotation, done)) }()
 	end := time.Now().Add(r.opts.Duration)
@@ -201,7 +253,7 @@ func (r *run) chaosFaults(ctx context.Context, f *fleet) error {
 		}
 		s := victims[rng.IntN(len(victims))]
 		in := injected{fault: ft, replica: s.id, at: time.Since(r.begin)}
-		if err := r.inject(ctx, f, s, ft); err != nil {
+		if err := fs.inject(ctx, f, s, ft); err != nil {
 			return err
 		}
 		done = append(done, in)
@@ -228,24 +280,25 @@ func (i injected) String() string {
 
 // inject runs one fault on replica s and waits for the fleet to settle
 // after it (a handover under load, from the fault's signal).
-func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
+func (fs *faults) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
+	r := fs.r
 	// The relist window of an API server restart ends before the next
 	// fault, whose recovery may sync caches of its own.
-	r.closeRestartWindow(ctx)
+	fs.closeRestartWindow(ctx)
 	switch ft.kind {
 	case faultForceDelete, faultDelete:
-		return r.deletePod(ctx, f, s, ft.kind == faultForceDelete)
+		return fs.deletePod(ctx, f, s, ft.kind == faultForceDelete)
 	case faultKill:
-		return r.killAndRestart(ctx, f, s)
+		return fs.killAndRestart(ctx, f, s)
 	case faultPause:
-		return r.pauseAndResume(ctx, f, s)
+		return fs.pauseAndResume(ctx, f, s)
 	case faultDelay, faultPartition:
 		if r.pods != nil {
-			return r.podNetworkFault(ctx, f, s, ft.kind)
+			return fs.podNetworkFault(ctx, f, s, ft.kind)
 		}
-		return r.holdRequests(ctx, f, s, ft.kind)
+		return fs.holdRequests(ctx, f, s, ft.kind)
 	case faultAPIServerRestart:
-		return r.restartAPIServerFault(ctx, f)
+		return fs.restartAPIServer(ctx, f)
 	case faultClock:
 		r.mark("SIGTERM %s", s.id)
 		at, err := f.terminate(ctx, s)
@@ -265,7 +318,8 @@ func (r *run) inject(ctx context.Context, f *fleet, s *slot, ft fault) error {
 // deletePod deletes the replica's pod, forced (grace 0) or with its grace
 // period, and waits for the StatefulSet's new one. A forced deletion
 // returns at once, a graceful one when the container ended.
-func (r *run) deletePod(ctx context.Context, f *fleet, s *slot, force bool) error {
+func (fs *faults) deletePod(ctx context.Context, f *fleet, s *slot, force bool) error {
+	r := fs.r
 	deletePod, verb, event := f.terminate, "delete", "deletion of pod %s (its grace period)"
 	if force {
 		deletePod, verb, event = f.kill, "force-delete", "forced deletion of pod %s (grace 0)"
@@ -284,7 +338,8 @@ func (r *run) deletePod(ctx context.Context, f *fleet, s *slot, force bool) erro
 
 // killAndRestart crashes the replica (SIGKILL) and starts it again after
 // the restart delay.
-func (r *run) killAndRestart(ctx context.Context, f *fleet, s *slot) error {
+func (fs *faults) killAndRestart(ctx context.Context, f *fleet, s *slot) error {
+	r := fs.r
 	r.mark("SIGKILL %s", s.id)
 	at, err := f.kill(ctx, s)
 	if err != nil {
@@ -304,7 +359,8 @@ func (r *run) killAndRestart(ctx context.Context, f *fleet, s *slot) error {
 
 // pauseAndResume stops the replica (SIGSTOP) for PauseFor, then continues
 // it.
-func (r *run) pauseAndResume(ctx context.Context, f *fleet, s *slot) error {
+func (fs *faults) pauseAndResume(ctx context.Context, f *fleet, s *slot) error {
+	r := fs.r
 	r.mark("SIGSTOP %s", s.id)
 	at, err := f.pause(s)
 	if err == nil {
@@ -324,10 +380,11 @@ func (r *run) pauseAndResume(ctx context.Context, f *fleet, s *slot) error {
 	return nil
 }
 
-// restartAPIServerFault restarts the API server the load tester started
+// restartAPIServer restarts the API server the load tester started
 // and waits for the fleet to settle, reading Leases directly meanwhile.
-func (r *run) restartAPIServerFault(ctx context.Context, f *fleet) error {
-	if r.restartAPIServer == nil {
+func (fs *faults) restartAPIServer(ctx context.Context, f *fleet) error {
+	r := fs.r
+	if fs.restartServer == nil {
 		return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
 	}
 	r.mark("restart the API server")
@@ -336,13 +393,13 @@ func (r *run) restartAPIServerFault(ctx context.Context, f *fleet) error {
 	stopPoll := r.ring.poll(ctx)
 	defer stopPoll()
 	at := time.Now()
-	if err := r.restartAPIServer(ctx); err != nil {
+	if err := fs.restartServer(ctx); err != nil {
 		return err
 	}
 	ready := time.Now()
 	r.handover(ctx, f, fmt.Sprintf("restart of the API server (SIGTERM, then the same command line), ready again after %s", round(ready.Sub(at))), at)
 	stopPoll()
-	r.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
+	fs.noteRestart(apiServerRestart{At: at, Ready: ready, Settled: time.Now()})
 	return nil
 }
 
@@ -376,10 +433,10 @@ type heldWindow struct {
 
 // noteHeld records a delay or partition fault, for the write evidence:
 // either holds the victim's writes on the wire.
-func (r *run) noteHeld(kind faultKind, replica string, from time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.held = append(r.held, heldWindow{kind: kind, replica: replica, from: from})
+func (fs *faults) noteHeld(kind faultKind, replica string, from time.Time) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.held = append(fs.held, heldWindow{kind: kind, replica: replica, from: from})
 }
 
 // heldFault says how a fault that holds a replica process's connection to
@@ -405,7 +462,8 @@ var heldFault = map[faultKind]struct {
 // holdRequests holds what the victim's proxy carries for DelayFor, as the
 // delay or the partition fault does, and delivers it late. The fault is
 // over once what the victim sent at its start arrived and was answered.
-func (r *run) holdRequests(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+func (fs *faults) holdRequests(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+	r := fs.r
 	o, how := r.opts, heldFault[kind]
 	if s.proxy == nil {
 		return fmt.Errorf("%s of %s: it does not reach the API server through a proxy", kind, s.id)
@@ -414,7 +472,7 @@ func (r *run) holdRequests(ctx context.Context, f *fleet, s *slot, kind faultKin
 	r.mark(how.mark, s.id, o.DelayFor)
 	at := time.Now()
 	how.hold(s.proxy, o.DelayFor)
-	r.noteHeld(kind, s.id, at)
+	fs.noteHeld(kind, s.id, at)
 	if err := sleep(ctx, o.DelayFor+o.RetryPeriod); err != nil {
 		return err
 	}
@@ -443,7 +501,8 @@ var podNetworkFaults = map[faultKind]struct {
 
 // podNetworkFault applies a network fault to a replica pod for DelayFor,
 // then ends it.
-func (r *run) podNetworkFault(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+func (fs *faults) podNetworkFault(ctx context.Context, f *fleet, s *slot, kind faultKind) error {
+	r := fs.r
 	o, how := r.opts, podNetworkFaults[kind]
 	var c *container
 	if in := s.current(); in != nil {
@@ -457,7 +516,7 @@ func (r *run) podNetworkFault(ctx context.Context, f *fleet, s *slot, kind fault
 	if err := nodeFault(ctx, o.NodeFaults, how.command, how.on, c.id); err != nil {
 		return err
 	}
-	r.noteHeld(kind, s.id, at)
+	fs.noteHeld(kind, s.id, at)
 	err := sleep(ctx, o.DelayFor)
 	// Ended on every way out: a pod left cut off would fail the rest.
 	r.mark("%s %s of %s", how.command, how.off, s.id)
@@ -510,31 +569,31 @@ type apiServerRestart struct {
 
 // noteRestart records an API server restart, for the relist evidence and
 // the unowned check.
-func (r *run) noteRestart(x apiServerRestart) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.restarts = append(r.restarts, x)
+func (fs *faults) noteRestart(x apiServerRestart) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.restarts = append(fs.restarts, x)
 }
 
 // closeRestartWindow ends the relist window of the last API server
 // restart, if still open: it reads the initial syncs the restarted server
 // completed since it started, which are this window's (the server's
 // counters start over with its process).
-func (r *run) closeRestartWindow(ctx context.Context) {
-	r.mu.Lock()
-	n := len(r.restarts)
-	open := n > 0 && r.restarts[n-1].Counted.IsZero()
-	r.mu.Unlock()
+func (fs *faults) closeRestartWindow(ctx context.Context) {
+	fs.mu.Lock()
+	n := len(fs.restarts)
+	open := n > 0 && fs.restarts[n-1].Counted.IsZero()
+	fs.mu.Unlock()
 	if !open {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	now := time.Now()
-	syncs, err := r.serverSyncs(ctx, now)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	x := &r.restarts[n-1]
+	syncs, err := fs.serverSyncs(ctx, now)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	x := &fs.restarts[n-1]
 	x.Counted, x.Syncs = now, syncs
 	switch {
 	case err != nil:
@@ -566,15 +625,16 @@ type serverSyncs struct {
 
 // serverSyncs reads the API server's counts at, through Prometheus, once
 // it has scraped the server after at.
-func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error) {
+func (fs *faults) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error) {
+	prom := fs.r.prom
 	// Read at the API server's own first successful scrape after at: a
 	// restarted server on a loaded machine may fail a few, and its series
 	// are stale until one succeeds.
-	readAt, err := r.prom.scrapedAfter(ctx, jobAPIServer, at)
+	readAt, err := prom.scrapedAfter(ctx, jobAPIServer, at)
 	if err != nil {
 		return serverSyncs{}, err
 	}
-	started, err := r.prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), readAt)
+	started, err := prom.scalar(ctx, fmt.Sprintf(`max(process_start_time_seconds{job=%q})`, jobAPIServer), readAt)
 	if err != nil {
 		return serverSyncs{}, fmt.Errorf("the API server's start: %w", err)
 	}
@@ -585,7 +645,7 @@ func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error
 		`or sum by (resource) (apiserver_watch_list_duration_seconds_count{job=%q,scope="cluster",resource=~%q}) `+
 		`or sum by (resource) (apiserver_request_total{job=%q,verb="LIST",scope="cluster",code="200",resource=~%q})`,
 		jobAPIServer, res, jobAPIServer, res, jobAPIServer, res, jobAPIServer, res)
-	v, err := r.prom.vector(ctx, q, readAt)
+	v, err := prom.vector(ctx, q, readAt)
 	if err != nil {
 		return serverSyncs{}, err
 	}
@@ -599,14 +659,14 @@ func (r *run) serverSyncs(ctx context.Context, at time.Time) (serverSyncs, error
 }
 
 // closeProxies closes the delay and partition faults' proxies.
-func (r *run) closeProxies() {
-	r.mu.Lock()
-	proxies := r.proxies
-	r.proxies = nil
-	r.mu.Unlock()
+func (fs *faults) closeProxies() {
+	fs.mu.Lock()
+	proxies := fs.proxies
+	fs.proxies = nil
+	fs.mu.Unlock()
 	for _, p := range proxies {
 		if err := p.Close(); err != nil {
-			r.log.Error(err, "Closing a proxy to the API server", "addr", p.Addr())
+			fs.r.log.Error(err, "Closing a proxy to the API server", "addr", p.Addr())
 		}
 	}
 }

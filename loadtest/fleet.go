@@ -412,14 +412,12 @@ func (f *fleet) connect(ctx context.Context, s *slot) error {
 		return nil
 	}
 	server := ""
-	if (slices.Contains(r.chaos, faultDelay) || slices.Contains(r.chaos, faultPartition)) && r.sc.Faults {
+	if (r.faults.injects(faultDelay) || r.faults.injects(faultPartition)) && r.sc.Faults {
 		p, err := netfault.Listen(r.apiAddr)
 		if err != nil {
 			return fmt.Errorf("the proxy of %s: %w", s.id, err)
 		}
-		r.mu.Lock()
-		r.proxies = append(r.proxies, p)
-		r.mu.Unlock()
+		r.faults.addProxy(p)
 		s.proxy, server = p, p.Addr()
 	}
 	kubeconfig, err := r.fencing.kubeconfigFor(ctx, s.id, server)

@@ -220,7 +220,7 @@ func (r *run) settings() [][2]string {
 	}
 	if r.sc.Faults {
 		var rotation []string
-		for _, k := range r.chaos {
+		for _, k := range r.faults.rotation {
 			rotation = append(rotation, r.faultText(k))
 		}
 		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
@@ -362,9 +362,7 @@ func (r *run) finish(ctx context.Context, runErr error) {
 	if !sharded {
 		rep.Checks = append(rep.Checks, notApplicableCheck("no shard unowned beyond "+bound.String(), "no sharded fleet"))
 	} else {
-		r.mu.Lock()
-		outages := slices.Clone(r.restarts)
-		r.mu.Unlock()
+		_, outages := r.faults.record()
 		rep.Checks = append(rep.Checks, unownedCheck(r.ring.unownedIntervals(), r.ring.guardedTicks(), bound, r.begin, outages))
 	}
 	// 5. Every event settled.

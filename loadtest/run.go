@@ -26,7 +26,6 @@ import (
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/controlplane"
-	"github.com/kshard/kshard/internal/netfault"
 	"github.com/kshard/kshard/internal/replica"
 )
 
@@ -59,12 +58,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if r.chosen == nil {
 		r.chosen, _ = sc.fleets(opts.Replicas) // validated when loaded
 	}
-	r.chaos, _ = parseFaults(opts.Faults, opts.StatefulSet != "", opts.NodeFaults != "") // likewise
-	if opts.Faults == "" && opts.Kubeconfig != "" && opts.NodeFaults == "" {
-		// The default rotation on a cluster of the user's: its API server
-		// is not the load tester's to restart.
-		r.chaos = slices.DeleteFunc(r.chaos, func(k faultKind) bool { return k == faultAPIServerRestart })
-	}
+	r.faults = newFaults(r)
 	return r.run(ctx)
 }
 
@@ -80,13 +74,8 @@ type run struct {
 	concluders []func(context.Context)
 	sc         *scenario
 	log        logr.Logger
-	// chaos is the chaos scenario's fault rotation (Options.Faults).
-	chaos []faultKind
-	// restartAPIServer restarts the control plane's kube-apiserver: nil on
-	// a cluster the load tester did not start. restarts are the chaos
-	// scenario's.
-	restartAPIServer func(context.Context) error
-	restarts         []apiServerRestart
+	// faults are what the run breaks, and what it broke.
+	faults *faults
 
 	work       string
 	begin      time.Time
@@ -124,10 +113,6 @@ type run struct {
 	// apiAddr is the API server's "host:port", which the proxies of the
 	// delay fault forward to.
 	apiAddr string
-	// held are the faults injected that held a replica's requests on the
-	// wire (delays, partitions), for the write evidence.
-	held    []heldWindow
-	proxies []*netfault.Proxy
 	// center is the config center (Options.ConfigCenter, or the cluster's
 	// on a StatefulSet's pods).
 	center center
@@ -202,7 +187,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 
 	// The delay fault's proxies close after the children stopped (defers
 	// run in reverse), so that a stopping replica reaches the API server.
-	defer r.closeProxies()
+	defer r.faults.closeProxies()
 	// Children stop before the cluster (defers run in reverse): replicas
 	// hand over while the API server still answers.
 	removeQuota, err := r.startCPUQuota()
@@ -272,7 +257,7 @@ func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) e
 		err = context.Cause(ctx)
 	}
 	// The last API server restart's relist window ends with the scenario.
-	r.closeRestartWindow(ctx)
+	r.faults.closeRestartWindow(ctx)
 	// Stop whatever fleet still runs (an error left it), so its numbers are
 	// final, then stop sampling.
 	if f := r.currentFleet(); f != nil && f.result == nil {
@@ -454,12 +439,12 @@ func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err err
 			}
 		}
 		cfg = cp.Config
-		r.restartAPIServer = cp.RestartAPIServer
+		r.faults.restartServer = cp.RestartAPIServer
 		etcdURL = cp.EtcdURL()
 		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
 	}
 	if r.opts.NodeFaults != "" {
-		r.restartAPIServer = func(ctx context.Context) error { return restartNodeAPIServer(ctx, r.opts.NodeFaults, cfg) }
+		r.faults.restartServer = func(ctx context.Context) error { return restartNodeAPIServer(ctx, r.opts.NodeFaults, cfg) }
 	}
 	host := cfg.Host
 	if !strings.Contains(host, "://") {

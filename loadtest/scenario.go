@@ -298,7 +298,7 @@ func stepStart(ctx context.Context, r *run, arg string) error {
 func stepLoad(ctx context.Context, r *run, action string) error {
 	f := r.currentFleet()
 	acts := map[string]func(context.Context, *fleet) error{
-		"": nil, "scale-out": r.scaleOut, "rolling-restart": r.rollingRestart, "outage": r.outage, "chaos": r.chaosFaults,
+		"": nil, "scale-out": r.scaleOut, "rolling-restart": r.rollingRestart, "outage": r.outage, "chaos": r.faults.run,
 	}
 	act, ok := acts[action]
 	if !ok {

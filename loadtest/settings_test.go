@@ -38,7 +38,8 @@ func TestSettingsText(t *testing.T) {
 			t.Fatalf("%s: %v", tc.scenario, err)
 		}
 		r := &run{opts: o, sc: sc, apiAuditLog: "audit.log", fencing: &fencing{enforced: true}, center: &etcdCenter{desc: "(the etcd center's description)"}}
-		r.chaos, _ = parseFaults(o.Faults, tc.pods, o.NodeFaults != "")
+		r.faults = &faults{r: r}
+		r.faults.rotation, _ = parseFaults(o.Faults, tc.pods, o.NodeFaults != "")
 		if tc.pods {
 			r.pods = &podTarget{namespace: "kshard", name: "kshard", image: "kshard:dev", ring: "kshard"}
 			r.center = &httpCenter{desc: "(the cluster's stand-in's description)"}
