@@ -230,32 +230,32 @@ const (
 
 // updatesBetween are the spec updates seen Ready from from until to, and
 // their p99, as text for a finding.
-func (r *run) updatesBetween(ctx context.Context, from, to time.Time) (count, p99 string) {
+func (p *promServer) updatesBetween(ctx context.Context, from, to time.Time) (count, p99 string) {
 	span := fmt.Sprintf("[%dms]", max(to.Sub(from).Milliseconds(), 1))
 	h := `sum(increase(loadtest_ready_seconds{kind="update"}` + span + `))`
 	count, p99 = noData, noData
-	if v, err := r.prom.scalar(ctx, "histogram_count("+h+")", to); err == nil {
+	if v, err := p.scalar(ctx, "histogram_count("+h+")", to); err == nil {
 		count = fmt.Sprintf("%.0f", v)
 	}
-	if v, err := r.prom.scalar(ctx, "histogram_quantile(0.99, "+h+")", to); err == nil {
+	if v, err := p.scalar(ctx, "histogram_quantile(0.99, "+h+")", to); err == nil {
 		p99 = fmtDur(time.Duration(v * float64(time.Second)))
 	}
 	return count, p99
 }
 
 // cpuSeconds is the CPU a scraped job's process used from from until to.
-func (r *run) cpuSeconds(ctx context.Context, job string, from, to time.Time) (float64, bool) {
-	v, err := r.prom.scalar(ctx, fmt.Sprintf(`sum(increase(process_cpu_seconds_total{job=%q}[%dms]))`, job, max(to.Sub(from).Milliseconds(), 1)), to)
+func (p *promServer) cpuSeconds(ctx context.Context, job string, from, to time.Time) (float64, bool) {
+	v, err := p.scalar(ctx, fmt.Sprintf(`sum(increase(process_cpu_seconds_total{job=%q}[%dms]))`, job, max(to.Sub(from).Milliseconds(), 1)), to)
 	return v, err == nil
 }
 
 // live is the sum of what q selects, now: a fleet's state as its replicas
 // export it (work queues, fetches, reconciles), at most a scrape interval
-// old, for the settle's waits. ok is false when q selects nothing.
-func (r *run) live(ctx context.Context, q string) (float64, bool) {
-	v, err := r.prom.vector(ctx, liveQuery(q, 2*r.opts.SampleInterval), time.Now())
+// old, for the settle's waits. ok is false when q selects nothing or
+// Prometheus did not answer.
+func (p *promServer) live(ctx context.Context, q string) (float64, bool) {
+	v, err := p.vector(ctx, liveQuery(q, 2*p.interval), time.Now())
 	if err != nil {
-		r.log.Error(err, "Reading the fleet's state from Prometheus")
 		return 0, false
 	}
 	if len(v) == 0 {

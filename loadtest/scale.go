@@ -159,7 +159,7 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 	r.faults.closeRestartWindow(ctx)
 	steady, _ := p.between(steadyFrom.Add(-restartSettle), steadyFrom)
 	during, failed := p.between(ready, settled.Add(restartSettle))
-	updates, p99 := r.updatesBetween(ctx, at, settled)
+	updates, p99 := r.prom.updatesBetween(ctx, at, settled)
 	settledText := "settled after " + fmtDur(ev.Reconciled)
 	if ev.Error != "" {
 		settledText = "not settled: " + ev.Error
@@ -197,8 +197,8 @@ func (r *run) scaleFindings(ctx context.Context) {
 	for _, ev := range r.report.Events {
 		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
 			from := r.begin.Add(ev.At)
-			api, okAPI := r.cpuSeconds(ctx, jobAPIServer, from, from.Add(ev.Reconciled))
-			etcd, okEtcd := r.cpuSeconds(ctx, jobEtcd, from, from.Add(ev.Reconciled))
+			api, okAPI := r.prom.cpuSeconds(ctx, jobAPIServer, from, from.Add(ev.Reconciled))
+			etcd, okEtcd := r.prom.cpuSeconds(ctx, jobEtcd, from, from.Add(ev.Reconciled))
 			if okAPI && okEtcd {
 				secs := ev.Reconciled.Seconds()
 				g += fmt.Sprintf("; meanwhile kube-apiserver used %.1f and etcd %.1f CPU-seconds (%.2f and %.2f cores of the machine's %d)",

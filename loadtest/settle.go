@@ -70,7 +70,13 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 		f.tableDomains = n
 	}
 	f.sizes = []int{n}
-	r.awaitScansStill(ctx)
+	switch still, err := r.prom.awaitStill(ctx, scansQuery, scansStillFor, scansStillWithin); {
+	case ctx.Err() != nil:
+	case err != nil:
+		r.log.Error(err, "Reading the API server's walks before a fleet's start")
+	case !still:
+		r.progress.printf("%s  the API server's count of ConfigBindings walked still moved after %s; going on", r.elapsed(), scansStillWithin)
+	}
 	r.scraped(ctx)
 	r.mu.Lock()
 	r.fleet = f
@@ -142,14 +148,42 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 // countWrites (its caller waited for a scrape of the quiet before it, see
 // run.scraped).
 func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, countWrites bool, kind settleKind) EventResult {
+	r.setPhase("settling after %s", name)
+	s := settler{ring: r.ring, tracker: r.tracker, audit: r.audit, prom: r.prom}
+	ev, err := s.await(ctx, f, since, kind, r.opts.SettleTimeout)
+	ev.Name, ev.At, ev.WritesCounted = name, since.Sub(r.begin), countWrites
+	if err != nil {
+		ev.Error = err.Error()
+		return ev
+	}
+	r.addEvent(ev)
+	if ev.Error == "" {
+		r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
+	}
+	return ev
+}
+
+// settler decides whether a fleet has settled after an event, from the
+// ring's Leases, the replicas' audit logs, the objects and what the
+// replicas export.
+type settler struct {
+	ring    *ringWatch
+	tracker *tracker
+	audit   *auditTail
+	prom    *promServer
+}
+
+// await polls until the fleet has settled after an event at since, or
+// timeout passed (the result's Error says what was missing). Its error
+// is why ctx ended.
+func (s *settler) await(ctx context.Context, f *fleet, since time.Time, kind settleKind, timeout time.Duration) (EventResult, error) {
 	allReady := kind != settleHandover
-	ev := EventResult{Name: name, At: since.Sub(r.begin), Handover: kind != settleLoad, MovedToOther: -1, WritesCounted: countWrites}
+	ev := EventResult{Handover: kind != settleLoad, MovedToOther: -1}
 	var holdersBefore map[int32]string
 	if f.mode.Sharded() {
-		holdersBefore = r.ring.holdersAt(since)
+		holdersBefore = s.ring.holdersAt(since)
 	}
-	r.setPhase("settling after %s", name)
-	deadline := time.Now().Add(r.opts.SettleTimeout)
+	deadline := time.Now().Add(timeout)
 	hc := &http.Client{Timeout: 2 * time.Second}
 	var heldAt time.Time
 	for {
@@ -157,65 +191,61 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 		var ok bool
 		var detail string
 		if f.mode.Sharded() {
-			ok, detail, heldAt, ev = r.settledSharded(ctx, f, since, now, heldAt, ev)
+			ok, detail, heldAt, ev = s.sharded(ctx, f, since, now, heldAt, ev)
 		} else {
-			ok, detail, heldAt = r.settledSingle(ctx, hc, f, since, now, heldAt)
+			ok, detail, heldAt = s.single(ctx, hc, f, since, now, heldAt)
 		}
 		if ok && allReady {
-			if n, total, ex := r.tracker.notReady(); n > 0 {
+			if n, total, ex := s.tracker.notReady(); n > 0 {
 				ok, detail = false, fmt.Sprintf("%d of %d objects not Ready at their latest generation, e.g. %s", n, total, ex[0])
 			}
 		}
 		if ok {
 			ev.Held = heldAt.Sub(since)
 			ev.Reconciled = now.Sub(since)
-			ev.MovedToOther = r.movedSince(holdersBefore, now)
-			r.addEvent(ev)
-			r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
-			return ev
+			ev.MovedToOther = s.movedSince(holdersBefore, now)
+			return ev, nil
 		}
 		if now.After(deadline) {
-			ev.Error = fmt.Sprintf("%s after %s: %s", errSettle, r.opts.SettleTimeout, detail)
+			ev.Error = fmt.Sprintf("%s after %s: %s", errSettle, timeout, detail)
 			if !heldAt.IsZero() {
 				ev.Held = heldAt.Sub(since)
 			}
-			ev.MovedToOther = r.movedSince(holdersBefore, now)
-			r.addEvent(ev)
-			return ev
+			ev.MovedToOther = s.movedSince(holdersBefore, now)
+			return ev, nil
 		}
 		if err := sleep(ctx, settlePoll); err != nil {
-			ev.Error = err.Error()
-			return ev
+			return ev, err
 		}
 	}
 }
 
 // movedSince counts the shards held by another replica now than before;
 // -1 when no shard had a running holder before.
-func (r *run) movedSince(before map[int32]string, now time.Time) int {
+func (s *settler) movedSince(before map[int32]string, now time.Time) int {
 	if len(before) == 0 {
 		return -1
 	}
-	return movedToOther(before, r.ring.holdersNow(now))
+	return movedToOther(before, s.ring.holdersNow(now))
 }
 
-// settledSharded checks a sharded fleet.
-func (r *run) settledSharded(ctx context.Context, f *fleet, since, now, heldAt time.Time, ev EventResult) (bool, string, time.Time, EventResult) {
+// sharded checks a sharded fleet.
+func (s *settler) sharded(ctx context.Context, f *fleet, since, now, heldAt time.Time, ev EventResult) (bool, string, time.Time, EventResult) {
 	var running []string
-	for _, s := range f.runningSlots() {
-		running = append(running, s.id)
+	for _, sl := range f.runningSlots() {
+		running = append(running, sl.id)
 	}
-	balanced, detail, moved := r.ring.balance(now, since, running)
+	balanced, detail, moved := s.ring.balance(now, since, running)
 	if !balanced {
 		return false, detail, time.Time{}, ev
 	}
 	if heldAt.IsZero() {
 		heldAt = now
 	}
-	if err := r.audit.poll(f.auditPaths()); err != nil {
+	if err := s.audit.poll(f.auditPaths()); err != nil {
 		return false, err.Error(), heldAt, ev
 	}
-	byShard := r.tracker.byShard()
+	byShard := s.tracker.byShard()
 	if keys := byShard[-1]; len(keys) > 0 {
 		return false, fmt.Sprintf("%d objects without a shard label (e.g. %s)", len(keys), keys[0]), heldAt, ev
 	}
@@ -224,7 +254,7 @@ func (r *run) settledSharded(ctx context.Context, f *fleet, since, now, heldAt t
 	for n, m := range moved {
 		for _, key := range byShard[n] {
 			ev.Objects++
-			if !r.audit.reconciledBy(key, m.holder, m.acquired) {
+			if !s.audit.reconciledBy(key, m.holder, m.acquired) {
 				behind++
 				example = fmt.Sprintf("%s (shard %d, held by %s since %s)", key, n, m.holder, m.acquired.Format(time.StampMilli))
 			}
@@ -238,14 +268,14 @@ func (r *run) settledSharded(ctx context.Context, f *fleet, since, now, heldAt t
 		// wait; the values' arrival requeues the objects. The fleet has
 		// settled when that second wave is done too, or its measured phase
 		// would count the fleet's own warm-up.
-		if depth := r.queueDepth(ctx, f); depth > 0 {
+		if depth := s.queueDepth(ctx, f); depth > 0 {
 			return false, fmt.Sprintf("%.0f requests queued in the replicas", depth), heldAt, ev
 		}
 	}
 	return true, "", heldAt, ev
 }
 
-// settledSingle checks a fleet with sharding off: every replica ready and,
+// single checks a fleet with sharding off: every replica ready and,
 // after the fleet's start, the replicas reconciled at least every object
 // (their reconcile counters, sampled) with empty work queues and no key
 // still being fetched into their external caches: the singleton's warm-up,
@@ -254,11 +284,11 @@ func (r *run) settledSharded(ctx context.Context, f *fleet, since, now, heldAt t
 // and an empty queue alone end the warm-up early (the first runs of the
 // scale scenario began the singleton's measured phase with 13,562 of its
 // 16,000 keys still to fetch).
-func (r *run) settledSingle(ctx context.Context, hc *http.Client, f *fleet, since, now, heldAt time.Time) (bool, string, time.Time) {
+func (s *settler) single(ctx context.Context, hc *http.Client, f *fleet, since, now, heldAt time.Time) (bool, string, time.Time) {
 	slots := f.runningSlots()
-	for _, s := range slots {
-		if !ready(ctx, hc, s.healthAddr) {
-			return false, s.id + " not ready", time.Time{}
+	for _, sl := range slots {
+		if !ready(ctx, hc, sl.healthAddr) {
+			return false, sl.id + " not ready", time.Time{}
 		}
 	}
 	if heldAt.IsZero() {
@@ -268,13 +298,13 @@ func (r *run) settledSingle(ctx context.Context, hc *http.Client, f *fleet, sinc
 		return true, "", heldAt
 	}
 	// Counted since the processes started, with the fleet.
-	reconciles, _ := r.live(ctx, f.selector("controller_runtime_reconcile_total", `controller="`+controllerName+`"`))
-	depth := r.queueDepth(ctx, f)
-	objects := r.tracker.count()
+	reconciles, _ := s.prom.live(ctx, f.selector("controller_runtime_reconcile_total", `controller="`+controllerName+`"`))
+	depth := s.queueDepth(ctx, f)
+	objects := s.tracker.count()
 	if reconciles < float64(objects) || depth > 0 {
 		return false, fmt.Sprintf("%.0f reconciles of %d objects since the event, %.0f queued", reconciles, objects, depth), heldAt
 	}
-	fetching, ok := r.live(ctx, f.selector(metricFetches, `state=~"queued|calling|backoff"`))
+	fetching, ok := s.prom.live(ctx, f.selector(metricFetches, `state=~"queued|calling|backoff"`))
 	switch {
 	case !ok && f.mode.externalCache():
 		return false, "no " + metricFetches + " from the replicas: their warm-up cannot be seen", heldAt
@@ -303,8 +333,8 @@ func (r *run) addEvent(ev EventResult) {
 }
 
 // queueDepth is the fleet's work-queue depth, summed over its replicas.
-func (r *run) queueDepth(ctx context.Context, f *fleet) float64 {
-	depth, _ := r.live(ctx, f.selector("workqueue_depth", `name="`+controllerName+`"`))
+func (s *settler) queueDepth(ctx context.Context, f *fleet) float64 {
+	depth, _ := s.prom.live(ctx, f.selector("workqueue_depth", `name="`+controllerName+`"`))
 	return depth
 }
 
@@ -328,36 +358,37 @@ const (
 	metricFetches  = "kshard_external_fetches_in_flight"
 )
 
-// Bounds of awaitScansStill: how long the count must hold, and how long
+// Bounds of the wait for scansQuery to hold still: how long the count must hold, and how long
 // to wait for that at most.
 const (
 	scansStillFor    = 3 * time.Second
 	scansStillWithin = time.Minute
 )
 
-// awaitScansStill waits, at most scansStillWithin, until the API server's
-// count of ConfigBindings walked has held still for scansStillFor, so a
-// fleet's start does not inherit the walks of the fleet before it: the
-// server counts a watch-list's walk after its client is gone, and a
-// consistency check its walks as it goes.
-func (r *run) awaitScansStill(ctx context.Context) {
-	q := `sum(apiserver_storage_list_fetched_objects_total{job="apiserver",resource="configbindings"}) or vector(0)`
+// scansQuery is the API server's count of ConfigBindings walked, which a
+// fleet's start waits to hold still: the server counts a watch-list's walk
+// after its client is gone, and a consistency check's as it goes, and a
+// start must not inherit the walks of the fleet before it.
+const scansQuery = `sum(apiserver_storage_list_fetched_objects_total{job="apiserver",resource="configbindings"}) or vector(0)`
+
+// awaitStill waits, at most within, until what q reads has held still for
+// still, and says whether it did.
+func (p *promServer) awaitStill(ctx context.Context, q string, still, within time.Duration) (bool, error) {
 	var last float64
-	since, deadline := time.Now(), time.Now().Add(scansStillWithin)
+	since, deadline := time.Now(), time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		n, err := r.prom.scalar(ctx, q, time.Now())
+		n, err := p.scalar(ctx, q, time.Now())
 		if err != nil {
-			r.log.Error(err, "Reading the API server's walks before a fleet's start")
-			return
+			return false, err
 		}
 		if n != last {
 			last, since = n, time.Now()
-		} else if time.Since(since) >= scansStillFor {
-			return
+		} else if time.Since(since) >= still {
+			return true, nil
 		}
-		if err := sleep(ctx, r.opts.SampleInterval); err != nil {
-			return
+		if err := sleep(ctx, p.interval); err != nil {
+			return false, err
 		}
 	}
-	r.progress.printf("%s  the API server's count of ConfigBindings walked still moved after %s; going on", r.elapsed(), scansStillWithin)
+	return false, nil
 }
