@@ -258,7 +258,7 @@ const (
 func (r *run) capacityFindings() {
 	caps := r.report.Capacity
 	if len(caps) == 0 || caps[0].Capacity <= 0 {
-		r.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")
+		r.report.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")
 		return
 	}
 	base := caps[0]
@@ -269,7 +269,7 @@ func (r *run) capacityFindings() {
 	}
 	for _, c := range caps[1:] {
 		if c.Capacity <= 0 {
-			r.addFinding(fmt.Sprintf("%s: no window held", c.Fleet))
+			r.report.addFinding(fmt.Sprintf("%s: no window held", c.Fleet))
 			continue
 		}
 		eff := c.Capacity / (per * float64(c.Replicas))
@@ -286,6 +286,6 @@ func (r *run) capacityFindings() {
 		if c.Replicas == largest {
 			s += fmt.Sprintf(": goal ≥ %.2f of linear, %s", goalLinear, metText(eff >= goalLinear))
 		}
-		r.addFinding(s)
+		r.report.addFinding(s)
 	}
 }

@@ -236,7 +236,7 @@ func (fs *faults) run(ctx context.Context, f *fleet) error {
 	rng := rand.New(rand.NewPCG(r.opts.Seed, 7))
 	plan := faultPlan{rotation: fs.rotation, offset: r.opts.ClockOffset}
 	var done []injected
-	defer func() { r.addFinding(faultsFinding(plan.rotation, done)) }()
+	defer func() { r.report.addFinding(faultsFinding(plan.rotation, done)) }()
 	end := time.Now().Add(r.opts.Duration)
 	for {
 		ft := plan.next()

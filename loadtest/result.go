@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kshard/kshard/internal/audit"
@@ -48,6 +49,29 @@ type Report struct {
 	// guide is the link from the report to loadtest/README.md; "" for the
 	// default report folder's.
 	guide string
+	// mu guards what the scenario's goroutines add while it runs.
+	mu sync.Mutex
+}
+
+// addCheck records a scenario's own check.
+func (rep *Report) addCheck(c Check) {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	rep.Checks = append(rep.Checks, c)
+}
+
+// addFinding records a scenario's observation.
+func (rep *Report) addFinding(s string) {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	rep.Findings = append(rep.Findings, s)
+}
+
+// addEvent records an event the fleet settled after, or did not.
+func (rep *Report) addEvent(ev EventResult) {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	rep.Events = append(rep.Events, ev)
 }
 
 // Machine is where the run ran: its numbers hold for this machine.

@@ -102,7 +102,7 @@ const restartSettle = 15 * time.Second
 // and the updates sent meanwhile must all become Ready.
 func (r *run) restartComparison(ctx context.Context, f *fleet) error {
 	if r.faults.restartServer == nil || r.fencing == nil {
-		r.addFinding("API server restarts: not run (the load tester did not start the API server, or the replicas run without deploy/base's identity)")
+		r.report.addFinding("API server restarts: not run (the load tester did not start the API server, or the replicas run without deploy/base's identity)")
 		return nil
 	}
 	ctx, stop := context.WithCancel(ctx)
@@ -164,7 +164,7 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 	if ev.Error != "" {
 		settledText = "not settled: " + ev.Error
 	}
-	r.addFinding(fmt.Sprintf("API server restart %s: %s; the probe (another ServiceAccount listing a few ConfigMaps every %s) "+
+	r.report.addFinding(fmt.Sprintf("API server restart %s: %s; the probe (another ServiceAccount listing a few ConfigMaps every %s) "+
 		"before it p50 %s, p99 %s (%d requests); from the server's readiness until %s after the fleet settled p50 %s, p99 %s, max %s (%d requests, %d failed); "+
 		"spec updates Ready from the restart until the fleet settled: %s, p99 %s until Ready",
 		how, settledText, probeInterval, fmtDur(steady.P50), fmtDur(steady.P99), steady.Count, restartSettle,
@@ -189,10 +189,10 @@ func (r *run) scaleFindings(ctx context.Context) {
 		}
 		if f.mode.Sharded() && single != nil {
 			for _, g := range heapGoals(res, single) {
-				r.addFinding(g)
+				r.report.addFinding(g)
 			}
 		}
-		r.addFinding(scanFinding(res, f.mode.Sharded()))
+		r.report.addFinding(scanFinding(res, f.mode.Sharded()))
 	}
 	for _, ev := range r.report.Events {
 		if g, ok := handoverGoal(ev, r.opts.LeaseDuration); ok {
@@ -204,7 +204,7 @@ func (r *run) scaleFindings(ctx context.Context) {
 				g += fmt.Sprintf("; meanwhile kube-apiserver used %.1f and etcd %.1f CPU-seconds (%.2f and %.2f cores of the machine's %d)",
 					api, etcd, api/secs, etcd/secs, runtime.NumCPU())
 			}
-			r.addFinding(g)
+			r.report.addFinding(g)
 		}
 	}
 }

@@ -156,7 +156,7 @@ func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.
 		ev.Error = err.Error()
 		return ev
 	}
-	r.addEvent(ev)
+	r.report.addEvent(ev)
 	if ev.Error == "" {
 		r.progress.printf("%s  settled after %s: shards held after %s, objects reconciled after %s", r.elapsed(), name, round(ev.Held), round(ev.Reconciled))
 	}
@@ -324,12 +324,6 @@ func round(d time.Duration) time.Duration {
 	default:
 		return d.Round(100 * time.Millisecond)
 	}
-}
-
-func (r *run) addEvent(ev EventResult) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.report.Events = append(r.report.Events, ev)
 }
 
 // queueDepth is the fleet's work-queue depth, summed over its replicas.

@@ -372,7 +372,7 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 		}
 	}
 	for _, x := range during.findings() {
-		r.addFinding(x)
+		r.report.addFinding(x)
 	}
 	r.mark("config center recovers")
 	if err := r.center.setOutage(ctx, false); err != nil {
@@ -421,7 +421,7 @@ func (r *run) checkChangeBeforeOutage(ctx context.Context, pr *probe) {
 	for {
 		var cbs configv1alpha1.ConfigBindingList
 		if err := r.c.List(ctx, &cbs, client.InNamespace(Namespace)); err != nil {
-			r.addCheck(noDataCheck(name, fmt.Sprintf("listing the ConfigBindings: %v", err)))
+			r.report.addCheck(noDataCheck(name, fmt.Sprintf("listing the ConfigBindings: %v", err)))
 			return
 		}
 		binding, stale := 0, 0
@@ -437,14 +437,14 @@ func (r *run) checkChangeBeforeOutage(ctx context.Context, pr *probe) {
 		}
 		switch {
 		case binding == 0:
-			r.addCheck(noDataCheck(name, fmt.Sprintf("no binding reads %s/%s any more, the key changed before the outage", pr.domain, pr.key)))
+			r.report.addCheck(noDataCheck(name, fmt.Sprintf("no binding reads %s/%s any more, the key changed before the outage", pr.domain, pr.key)))
 			return
 		case stale == 0:
-			r.addCheck(Check{Name: name, Passed: true, Detail: fmt.Sprintf("%s/%s changed just before the outage: the ConfigMaps of all %d bindings reading it hold the new value, %s after it was put",
+			r.report.addCheck(Check{Name: name, Passed: true, Detail: fmt.Sprintf("%s/%s changed just before the outage: the ConfigMaps of all %d bindings reading it hold the new value, %s after it was put",
 				pr.domain, pr.key, binding, round(time.Since(pr.at)))})
 			return
 		case time.Now().After(deadline) || sleep(ctx, settlePoll) != nil:
-			r.addCheck(Check{Name: name, Passed: false, Detail: fmt.Sprintf("%s/%s changed just before the outage: %d of the %d bindings reading it have a ConfigMap without the new value %s after the recovery",
+			r.report.addCheck(Check{Name: name, Passed: false, Detail: fmt.Sprintf("%s/%s changed just before the outage: %d of the %d bindings reading it have a ConfigMap without the new value %s after the recovery",
 				pr.domain, pr.key, stale, binding, r.opts.SettleTimeout)})
 			return
 		}
@@ -463,7 +463,7 @@ func (r *run) awaitRecovery(ctx context.Context) error {
 		}
 	}
 	r.mark("no object ExternalUnavailable")
-	r.addFinding(fmt.Sprintf("after the config center recovered, no object said ExternalUnavailable any more after %s", round(time.Since(at))))
+	r.report.addFinding(fmt.Sprintf("after the config center recovered, no object said ExternalUnavailable any more after %s", round(time.Since(at))))
 	return nil
 }
 
@@ -500,18 +500,4 @@ func (o *outageObservation) findings() []string {
 		fmt.Sprintf("during the outage, at most %d objects said ExternalUnavailable at once (sampled %d times)", o.maxUnavailable, o.samples),
 		fmt.Sprintf("during the outage, every ConfigMap kept its data: %d of %d ConfigMaps empty at worst", o.emptyConfigMaps, o.configMaps),
 	}
-}
-
-// addCheck records a scenario's own check.
-func (r *run) addCheck(c Check) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.report.Checks = append(r.report.Checks, c)
-}
-
-// addFinding records a scenario's observation.
-func (r *run) addFinding(s string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.report.Findings = append(r.report.Findings, s)
 }
