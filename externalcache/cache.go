@@ -172,8 +172,7 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 		c.countLookup(l)
 		return l
 	}
-	c.useDomain(sh, key.Domain)
-	l, full := c.fetcher.admit(sh, key, ck)
+	l, full := c.admit(sh, key, ck)
 	l.FeedErr = c.feeds.err(key.Domain)
 	if full {
 		c.metrics.queueRejected.Inc()
@@ -188,6 +187,18 @@ func (c *Cache) Get(shard int32, key Key) Lookup {
 	}
 	c.countLookup(l)
 	return l
+}
+
+// admit uses key's domain in sh and admits the read: again if ReleaseDomain released the domain
+// between the two, so that no flight is left for a domain the shard no longer uses.
+func (c *Cache) admit(sh *shard, key Key, ck string) (Lookup, bool) {
+	for {
+		c.useDomain(sh, key.Domain)
+		l, full := c.fetcher.admit(sh, key, ck)
+		if !errors.Is(l.Err, errDomainReleased) {
+			return l, full
+		}
+	}
 }
 
 // shardForKey is the held shard that key is read in, once key is valid.
@@ -225,6 +236,10 @@ func (c *Cache) Wait(ctx context.Context, shard int32, key Key) (Lookup, error) 
 	for {
 		l, res, room := c.fetcher.await(sh, key, ck)
 		switch {
+		case errors.Is(l.Err, errDomainReleased):
+			// Released between useDomain and the admission: use it again.
+			c.useDomain(sh, key.Domain)
+			continue
 		case room != nil:
 			select {
 			case <-room:
@@ -289,6 +304,11 @@ func (c *Cache) Warm(ctx context.Context, shard int32, keys ...Key) error {
 		c.useDomain(sh, key.Domain)
 		for {
 			l, room := c.fetcher.enqueue(sh, key, ck)
+			if errors.Is(l.Err, errDomainReleased) {
+				// Released between useDomain and the admission: use it again.
+				c.useDomain(sh, key.Domain)
+				continue
+			}
 			if room == nil {
 				if errors.Is(l.Err, ErrShardDropped) || errors.Is(l.Err, ErrStopped) {
 					return fmt.Errorf("warming shard %d: %w", shard, l.Err)

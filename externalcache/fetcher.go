@@ -94,6 +94,13 @@ func (f *fetcher) admitLocked(sh *shard, key Key, ck string) (l Lookup, fl *flig
 		l.Err = fmt.Errorf("fetching %s: %w", key, err)
 		return l, nil, false
 	}
+	if !sh.usesDomain(key.Domain) {
+		// Released since the caller used it: a flight now would store an entry of a domain the
+		// shard no longer uses, which no feed keeps fresh and no later release deletes. The
+		// caller uses the domain again and asks once more.
+		l.Err = fmt.Errorf("fetching %s: %w", key, errDomainReleased)
+		return l, nil, false
+	}
 	fk := flightKey{shard: sh.id, key: key}
 	fl = f.flights[fk]
 	switch {
@@ -398,7 +405,7 @@ func (f *fetcher) requeueLocked(fl *flight) bool {
 // not-found answer is forgotten) and a fetch is enqueued unless one is under way. If the queue is
 // full, the next Get of the now stale key enqueues it.
 func (f *fetcher) refreshLocked(sh *shard, key Key, ck string) {
-	if f.endedLocked(sh) != nil {
+	if f.endedLocked(sh) != nil || !sh.usesDomain(key.Domain) {
 		return
 	}
 	sh.expire(ck, f.opts.Clock.Now())

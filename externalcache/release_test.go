@@ -2,7 +2,10 @@ package externalcache_test
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,4 +89,45 @@ func TestReleaseDomainForgetsExactlyItsState(t *testing.T) {
 		l := h.cache.Get(1, a)
 		return l.State == externalcache.StateFresh && string(l.Value) == "changed"
 	})
+}
+
+// TestReleaseRacingReadsLeavesNothing: reads of a domain racing its releases leave no entry and no
+// flight of it once the domain is released with no read under way. A read uses the domain, then
+// admits its fetch; a release between the two once let the fetch through for a domain the shard
+// no longer used, whose entry no change feed kept fresh and no later release deleted (seen under
+// load in TestReleaseDomainForgetsExactlyItsState).
+func TestReleaseRacingReadsLeavesNothing(t *testing.T) {
+	h := newHarness(t, setup{feed: true})
+	const keys = 16
+	for i := range keys {
+		h.put("alpha", fmt.Sprint("k", i), "v")
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := g; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				h.cache.Get(1, externalcache.Key{Domain: "alpha", Name: fmt.Sprint("k", i%keys)})
+			}
+		})
+	}
+	for range 3000 {
+		h.cache.ReleaseDomain(1, "alpha")
+		runtime.Gosched()
+	}
+	close(stop)
+	wg.Wait()
+	h.cache.ReleaseDomain(1, "alpha")
+	eventually(t, "no flight and no entry of the released domain", func() bool {
+		s := h.cache.Stats()
+		return s.Flights == 0 && s.Entries == 0
+	})
+	if got := h.cache.Domains(1); len(got) != 0 {
+		t.Errorf("shard 1's domains = %v, want none", got)
+	}
 }
