@@ -82,12 +82,11 @@ func ceilingRate(writes int64, elapsed time.Duration) float64 {
 // is recorded in the result (the ceiling's rows say n/a) and the run goes
 // on; a failure to remove the calibration's objects fails the run, because
 // every fleet would list them, and sharded ones label and reconcile them.
-func (r *run) calibrate(ctx context.Context) (*Calibration, error) {
-	d := r.opts.CalibrateFor
+func calibrate(ctx context.Context, restConfig *rest.Config, d time.Duration, progress *progress) (*Calibration, error) {
 	if d <= 0 {
 		return nil, nil
 	}
-	cfg := rest.CopyConfig(r.restConfig)
+	cfg := rest.CopyConfig(restConfig)
 	// No client-side limit: the ceiling is the server's. (The copy keeps the
 	// writeCounter: these patches count as the load tester's own, and no
 	// write mark is taken before the calibration ends.)
@@ -96,15 +95,15 @@ func (r *run) calibrate(ctx context.Context) (*Calibration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the calibration's API client: %w", err)
 	}
-	r.progress.printf("calibrating the API server's write ceiling: %d workers patching the status of %d throwaway ConfigBindings for %s ...", calibrationWorkers, calibrationObjects, d)
+	progress.printf("calibrating the API server's write ceiling: %d workers patching the status of %d throwaway ConfigBindings for %s ...", calibrationWorkers, calibrationObjects, d)
 	cal := &Calibration{Duration: d, Workers: calibrationWorkers, Objects: calibrationObjects}
 	measureErr := calibrationPatches(ctx, c, cal)
 	cleanupErr := cleanupCalibration(context.WithoutCancel(ctx), c)
 	if measureErr != nil {
 		cal.Error = measureErr.Error()
-		r.progress.printf("calibration failed, the ceiling rows will say n/a: %v", measureErr)
+		progress.printf("calibration failed, the ceiling rows will say n/a: %v", measureErr)
 	} else {
-		r.progress.printf("API server write ceiling: %.0f status patches/s (%d in %s, %d errors; p50 %s, p99 %s per patch)",
+		progress.printf("API server write ceiling: %.0f status patches/s (%d in %s, %d errors; p50 %s, p99 %s per patch)",
 			cal.WritesPerSec, cal.Patches, round(cal.Elapsed), cal.Errors, fmtDur(cal.P50), fmtDur(cal.P99))
 	}
 	if cleanupErr != nil {

@@ -91,8 +91,7 @@ func (h *httpCenter) close()         {}
 
 // startHTTPCenter starts the stand-in as a child process with the run's
 // data and faults, and waits until it answers.
-func (r *run) startHTTPCenter(ctx context.Context) (*httpCenter, error) {
-	o := r.opts
+func startHTTPCenter(ctx context.Context, o Options, procs *childproc.Supervisor, bin, work string) (*httpCenter, error) {
 	ports, err := childproc.FreePorts(1)
 	if err != nil {
 		return nil, err
@@ -101,7 +100,7 @@ func (r *run) startHTTPCenter(ctx context.Context) (*httpCenter, error) {
 	h := &httpCenter{url: "http://" + addr, faults: o.centerFaults(),
 		desc: fmt.Sprintf("kshard's stand-in (cmd/configcenter) at http://%s: %d domains × %d keys of %d bytes, %s latency + up to %s jitter, %g error rate",
 			addr, o.Domains, o.KeysPerDomain, o.ValueBytes, o.Latency, o.Jitter, o.ErrorRate)}
-	if _, err := r.procs.Start("configcenter", r.centerBin, filepath.Join(r.work, "logs", "configcenter.log"),
+	if _, err := procs.Start("configcenter", bin, filepath.Join(work, "logs", "configcenter.log"),
 		"--listen", addr,
 		"--seed-domains", strconv.Itoa(o.Domains),
 		"--keys-per-domain", strconv.Itoa(o.KeysPerDomain),
@@ -181,9 +180,8 @@ func (e *etcdCenter) close() {
 
 // startEtcdCenter starts an etcd of the run's own, seeds it, and puts the
 // proxy with the run's latency in front of it.
-func (r *run) startEtcdCenter(ctx context.Context) (*etcdCenter, error) {
-	o := r.opts
-	srv, err := configetcd.Start(ctx, configetcd.Options{Dir: filepath.Join(r.work, "config-etcd")})
+func startEtcdCenter(ctx context.Context, o Options, work string) (*etcdCenter, error) {
+	srv, err := configetcd.Start(ctx, configetcd.Options{Dir: filepath.Join(work, "config-etcd")})
 	if err != nil {
 		return nil, err
 	}

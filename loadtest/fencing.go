@@ -90,34 +90,34 @@ const syncsFlowSchema = "kshard-syncs"
 // mirror component's, for --external-source=mirror) into LeaseNamespace,
 // renamed as a user's overlay with `namespace:` would rename them, and the
 // fence `kshard fencing` writes for the run's ring there (fenceFor).
-func (r *run) installFencing(ctx context.Context) (*fencing, error) {
-	objs, err := fencingObjects(LeaseNamespace, Ring, r.opts.Shards)
+func installFencing(ctx context.Context, c client.Client, o Options, kubeconfig, work string) (*fencing, error) {
+	objs, err := fencingObjects(LeaseNamespace, Ring, o.Shards)
 	if err != nil {
 		return nil, fmt.Errorf("building deploy/base's fencing: %w", err)
 	}
-	fe := &fencing{c: r.c, dir: filepath.Join(r.work, "kubeconfigs"), tokens: map[string]string{}, enforced: !r.opts.NoFencing}
-	for _, o := range objs {
-		if o.GetKind() == "ValidatingAdmissionPolicyBinding" && !fe.enforced {
+	fe := &fencing{c: c, dir: filepath.Join(work, "kubeconfigs"), tokens: map[string]string{}, enforced: !o.NoFencing}
+	for _, obj := range objs {
+		if obj.GetKind() == "ValidatingAdmissionPolicyBinding" && !fe.enforced {
 			// A previous run's binding on the cluster would still fence.
-			if err := r.c.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
-				return nil, fmt.Errorf("deleting %s %s (--no-fencing): %w", o.GetKind(), o.GetName(), err)
+			if err := c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+				return nil, fmt.Errorf("deleting %s %s (--no-fencing): %w", obj.GetKind(), obj.GetName(), err)
 			}
 			continue
 		}
-		if o.GetKind() == "FlowSchema" && strings.HasPrefix(o.GetName(), syncsFlowSchema) {
+		if obj.GetKind() == "FlowSchema" && strings.HasPrefix(obj.GetName(), syncsFlowSchema) {
 			// A copy, through JSON (kustomize's numbers are ints, which
-			// DeepCopy refuses): Apply fills o in from the API server's
+			// DeepCopy refuses): Apply fills obj in from the API server's
 			// answer.
-			if fe.flowSchema, err = jsonCopy(o); err != nil {
+			if fe.flowSchema, err = jsonCopy(obj); err != nil {
 				return nil, err
 			}
 		}
-		if err := r.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-			return nil, fmt.Errorf("applying %s %s of deploy/base: %w", o.GetKind(), o.GetName(), err)
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return nil, fmt.Errorf("applying %s %s of deploy/base: %w", obj.GetKind(), obj.GetName(), err)
 		}
 	}
-	if fe.kubeconfig, err = clientcmd.LoadFromFile(r.kubeconfig); err != nil {
-		return nil, fmt.Errorf("reading kubeconfig %s: %w", r.kubeconfig, err)
+	if fe.kubeconfig, err = clientcmd.LoadFromFile(kubeconfig); err != nil {
+		return nil, fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
 	}
 	if err := os.MkdirAll(fe.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the replicas' kubeconfig folder: %w", err)

@@ -46,7 +46,7 @@ type probeSample struct {
 
 // startProbe creates the probe's ServiceAccount, allowed to list
 // ConfigMaps in the Lease namespace, and runs it until ctx ends.
-func (r *run) startProbe(ctx context.Context) (*latencyProbe, error) {
+func startProbe(ctx context.Context, c client.Client, restConfig *rest.Config) (*latencyProbe, error) {
 	objs := []client.Object{
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: probeServiceAccount}},
 		&rbacv1.Role{
@@ -60,23 +60,23 @@ func (r *run) startProbe(ctx context.Context) (*latencyProbe, error) {
 		},
 	}
 	for _, o := range objs {
-		if err := r.c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, fmt.Errorf("creating the probe's %T: %w", o, err)
 		}
 	}
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64((48 * time.Hour).Seconds()))}}
-	if err := r.c.SubResource("token").Create(ctx, objs[0], tr); err != nil {
+	if err := c.SubResource("token").Create(ctx, objs[0], tr); err != nil {
 		return nil, fmt.Errorf("requesting the probe's token: %w", err)
 	}
-	cfg := rest.AnonymousClientConfig(r.restConfig)
+	cfg := rest.AnonymousClientConfig(restConfig)
 	cfg.BearerToken = tr.Status.Token
 	// Its own rate, not client-go's default limiter's.
 	cfg.QPS, cfg.Burst = -1, 0
-	c, err := client.New(cfg, client.Options{})
+	pc, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("the probe's client: %w", err)
 	}
-	p := &latencyProbe{c: c}
+	p := &latencyProbe{c: pc}
 	go p.run(ctx)
 	return p, nil
 }

@@ -692,16 +692,15 @@ func (r *run) restorePods(ctx context.Context) {
 // cluster IP (the node of `make cluster` routes the Service range to the
 // host). It seeds the run's data into it, as the load tester's own config
 // center would start with.
-func (r *run) connectCenter(ctx context.Context) (center, error) {
-	if r.opts.ConfigCenter == CenterHTTP {
-		return r.connectHTTPCenter(ctx)
+func (t *podTarget) connectCenter(ctx context.Context, o Options, work string) (center, error) {
+	if o.ConfigCenter == CenterHTTP {
+		return t.connectHTTPCenter(ctx, o)
 	}
-	o, t := r.opts, r.pods
-	dir := filepath.Join(r.work, "config-etcd-client")
+	dir := filepath.Join(work, "config-etcd-client")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	cl, err := configetcd.ConnectCluster(ctx, r.cs, t.namespace, dir)
+	cl, err := configetcd.ConnectCluster(ctx, t.cs, t.namespace, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -752,9 +751,8 @@ func (e *clusterEtcdCenter) close()         { _ = e.cluster.Client.Close() }
 // connectHTTPCenter uses the cluster's stand-in, the Service
 // "configcenter" of deploy/configcenter: it seeds the run's data and sets
 // the run's faults through the admin API.
-func (r *run) connectHTTPCenter(ctx context.Context) (*httpCenter, error) {
-	o, t := r.opts, r.pods
-	svc, err := r.cs.CoreV1().Services(t.namespace).Get(ctx, centerService, metav1.GetOptions{})
+func (t *podTarget) connectHTTPCenter(ctx context.Context, o Options) (*httpCenter, error) {
+	svc, err := t.cs.CoreV1().Services(t.namespace).Get(ctx, centerService, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("finding the stand-in config center (Service %s/%s, as deploy/configcenter installs it): %w", t.namespace, centerService, err)
 	}

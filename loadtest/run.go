@@ -217,7 +217,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	// Before anything else loads the machine, and before any replica runs:
 	// the ceiling is the API server's alone, and its throwaway objects are
 	// gone before the first fleet lists ConfigBindings.
-	if r.calibration, err = r.calibrate(ctx); err != nil {
+	if r.calibration, err = calibrate(ctx, r.restConfig, r.opts.CalibrateFor, r.progress); err != nil {
 		return nil, err
 	}
 	if err := r.startCenter(ctx); err != nil {
@@ -505,7 +505,7 @@ func (r *run) prepare(ctx context.Context) error {
 		return err
 	}
 	var err error
-	r.fencing, err = r.installFencing(ctx)
+	r.fencing, err = installFencing(ctx, r.c, r.opts, r.kubeconfig, r.work)
 	return err
 }
 
@@ -555,11 +555,11 @@ func (r *run) startCenter(ctx context.Context) error {
 	var err error
 	switch {
 	case r.pods != nil:
-		r.center, err = r.connectCenter(ctx)
+		r.center, err = r.pods.connectCenter(ctx, r.opts, r.work)
 	case r.opts.ConfigCenter == CenterHTTP:
-		r.center, err = r.startHTTPCenter(ctx)
+		r.center, err = startHTTPCenter(ctx, r.opts, r.procs, r.centerBin, r.work)
 	default:
-		r.center, err = r.startEtcdCenter(ctx)
+		r.center, err = startEtcdCenter(ctx, r.opts, r.work)
 	}
 	if err != nil {
 		return err

@@ -107,7 +107,7 @@ func (r *run) restartComparison(ctx context.Context, f *fleet) error {
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	p, err := r.startProbe(ctx)
+	p, err := startProbe(ctx, r.c, r.restConfig)
 	if err != nil {
 		return err
 	}
