@@ -181,8 +181,7 @@ func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (Capac
 	w := CapacityWindow{Rate: rate, QueueWithin: -1, ReplicaCores: -1, APIServerCores: -1, Throttled: -1}
 	r.setPhase("%s at %.1f updates/s", f.label(), rate)
 	r.mark("%s: %.1f updates/s", f.label(), rate)
-	r.scraped(ctx)
-	from := time.Now()
+	from := r.spanStart(ctx)
 	r.gen.updateFor(ctx, r.opts.Duration, rate)
 	deadline := time.Now().Add(r.opts.SettleTimeout)
 	for {

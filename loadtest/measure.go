@@ -143,12 +143,14 @@ func (r *run) followTargets(ctx context.Context) {
 	}
 }
 
-// scraped returns once Prometheus has scraped everything after now: the
-// start of a span, whose figures count from the last scrape before it.
-func (r *run) scraped(ctx context.Context) {
-	if err := r.prom.caughtUp(ctx, time.Now()); err != nil {
+// spanStart starts a span of the run whose figures count from its start
+// (promServer.spanStart), and returns the start.
+func (r *run) spanStart(ctx context.Context) time.Time {
+	at, err := r.prom.spanStart(ctx)
+	if err != nil {
 		r.log.Error(err, "Waiting for Prometheus to scrape")
 	}
+	return at
 }
 
 // status is the progress line.

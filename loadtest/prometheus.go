@@ -404,6 +404,22 @@ func (p *promServer) readEnds(ctx context.Context, w queryWindow) queryWindow {
 	return w
 }
 
+// spanStart takes the start of a span whose counts are read at it: once
+// every target was scraped after now (the quiet before the span), it takes
+// the start, and returns it once every target finished a scrape begun
+// after it, before the span's work begins. Prometheus stamps a sample with
+// its scrape's start, and a scrape under way at the start (the API
+// server's takes up to its 2 s timeout on a loaded machine) would read
+// what the span does at once and count it before the span: a figure of
+// the span would then miss it, or read no data when nothing else changed.
+func (p *promServer) spanStart(ctx context.Context) (time.Time, error) {
+	if err := p.caughtUp(ctx, time.Now()); err != nil {
+		return time.Now(), err
+	}
+	at := time.Now()
+	return at, p.caughtUp(ctx, at)
+}
+
 // caughtUp waits until Prometheus has scraped (or tried) every target,
 // each fixed one included, at least once after t, so a query at t reads
 // the moment t: a figure at a phase's edge must not be the scrape before

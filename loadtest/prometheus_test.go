@@ -103,7 +103,10 @@ func TestQueriesCountWhatTheServerServed(t *testing.T) {
 		t.Fatalf("no query %q", name)
 	}
 	for i, late := range []bool{false, true} {
-		from := time.Now()
+		from, err := p.spanStart(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		// The phase: 100 applies, 50 status patches, 30 spec patches (the
 		// load tester's), 200 Lease renewals (not object writes).
 		api.set(apiText, 1000+(i+1)*100, 700+(i+1)*50, 400+(i+1)*30, 5000+(i+1)*200)

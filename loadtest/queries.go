@@ -155,7 +155,7 @@ func (w queryWindow) expand(q query) (string, time.Time, bool) {
 	}
 	// A span's end is read at the first scrape after it: what the span
 	// caused is counted up to it (the load tester starts a span only after
-	// a scrape of the quiet before it, see promServer.caughtUp).
+	// a scrape of the quiet before it, see promServer.spanStart).
 	end := sp.end
 	if end.IsZero() {
 		end = sp.to.Add(w.step)

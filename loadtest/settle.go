@@ -77,7 +77,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 	case !still:
 		r.progress.printf("%s  the API server's count of ConfigBindings walked still moved after %s; going on", r.elapsed(), scansStillWithin)
 	}
-	r.scraped(ctx)
+	r.spanStart(ctx)
 	r.mu.Lock()
 	r.fleet = f
 	f.id = fmt.Sprintf("fleet-%d", len(r.fleets)+1)
@@ -146,7 +146,7 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 
 // settleFrom is settle for an event whose object writes are counted when
 // countWrites (its caller waited for a scrape of the quiet before it, see
-// run.scraped).
+// run.spanStart).
 func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, countWrites bool, kind settleKind) EventResult {
 	r.setPhase("settling after %s", name)
 	s := settler{ring: r.ring, tracker: r.tracker, audit: r.audit, prom: r.prom}

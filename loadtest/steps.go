@@ -72,8 +72,7 @@ func (r *run) resyncStorms(ctx context.Context, f *fleet) error {
 		return err
 	}
 	r.settle(ctx, f, fmt.Sprintf("spec update of all %d objects at once", r.gen.existing()), at, settleLoad)
-	r.scraped(ctx)
-	at = time.Now()
+	at = r.spanStart(ctx)
 	r.mark("SIGTERM every replica, start them again")
 	if err := restartAll(ctx, f); err != nil {
 		return err
@@ -211,8 +210,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 // beginLoad starts the fleet's measured phase, once Prometheus scraped the
 // quiet before it: its counts start from that scrape.
 func (r *run) beginLoad(ctx context.Context, f *fleet) {
-	r.scraped(ctx)
-	f.loadFrom = time.Now()
+	f.loadFrom = r.spanStart(ctx)
 }
 
 // endLoad ends the fleet's measured phase, once the load tester's writes
@@ -310,16 +308,14 @@ func (r *run) shardTableDomains(ctx context.Context) (int, error) {
 // the StatefulSet's count), so they are the replicas' handover cost.
 func (r *run) handovers(ctx context.Context, f *fleet) error {
 	n := f.size()
-	r.scraped(ctx)
-	at := time.Now()
+	at := r.spanStart(ctx)
 	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
 	if err := f.scaleTo(ctx, n-1); err != nil {
 		return err
 	}
 	r.settleFrom(ctx, f, fmt.Sprintf("graceful scale-down %d → %d", n, n-1), at, true, settleQuiet)
 
-	r.scraped(ctx)
-	at = time.Now()
+	at = r.spanStart(ctx)
 	r.mark("scale %d → %d", n-1, n)
 	if err := f.scaleTo(ctx, n); err != nil {
 		return err
@@ -327,7 +323,7 @@ func (r *run) handovers(ctx context.Context, f *fleet) error {
 	r.settleFrom(ctx, f, fmt.Sprintf("scale-up %d → %d (join)", n-1, n), at, true, settleQuiet)
 
 	s := f.slot(1)
-	r.scraped(ctx)
+	r.spanStart(ctx)
 	r.mark("SIGKILL %s", s.id)
 	at, err := f.kill(ctx, s)
 	if err != nil {
@@ -335,8 +331,7 @@ func (r *run) handovers(ctx context.Context, f *fleet) error {
 	}
 	r.settleFrom(ctx, f, fmt.Sprintf("crash of %s (SIGKILL, not restarted)", s.id), at, true, settleQuiet)
 
-	r.scraped(ctx)
-	at = time.Now()
+	at = r.spanStart(ctx)
 	r.mark("restart %s", s.id)
 	if err := f.restart(ctx, s, 0); err != nil {
 		return err

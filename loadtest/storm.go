@@ -75,8 +75,7 @@ func stormOfStart(ev EventResult, began time.Time, objects int) CreateStorm {
 // writes of the load tester meanwhile but the creates (their own writes are
 // subtracted anyway).
 func (r *run) measureStorm(ctx context.Context, kind string, objects int, perSecond float64, create func(at time.Time) (settled bool, err error)) (CreateStorm, error) {
-	r.scraped(ctx)
-	at := time.Now()
+	at := r.spanStart(ctx)
 	settled, err := create(at)
 	return CreateStorm{Kind: kind, Began: at, Objects: objects, CreateRate: perSecond, Duration: time.Since(at), Settled: settled}, err
 }
