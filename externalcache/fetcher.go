@@ -3,6 +3,7 @@ package externalcache
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -68,6 +69,8 @@ func (f *fetcher) await(sh *shard, key Key, ck string) (l Lookup, res *resolutio
 	defer f.mu.Unlock()
 	l, fl, full := f.admitLocked(sh, key, ck)
 	switch {
+	case errors.Is(l.Err, errDomainReleased):
+		return l, nil, nil // the caller uses the domain again
 	case full:
 		return l, nil, f.queue.room()
 	case l.State != StatePending || fl == nil || fl.state == stateFailed:
