@@ -3,14 +3,11 @@ package loadtest
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -46,58 +43,6 @@ type authorization struct {
 // authorizes says whether a fleet of the run asks SpiceDB.
 func (r *run) authorizes() bool {
 	return slices.ContainsFunc(r.chosen, func(s fleetSpec) bool { return s.Mode.authorized() })
-}
-
-// startAuthorization starts SpiceDB with its grants, and creates the grant
-// probes' bindings, if a fleet of the run is authorized.
-func (r *run) startAuthorization(ctx context.Context) error {
-	if !r.authorizes() {
-		return nil
-	}
-	if r.pods != nil {
-		return fmt.Errorf("an authorized fleet runs on processes: the pods ask their cluster's SpiceDB (deploy/spicedb)")
-	}
-	if r.opts.Domains < grantProbes {
-		return fmt.Errorf("an authorized fleet needs at least %d domains (--domains), one per grant probe, not %d", grantProbes, r.opts.Domains)
-	}
-	dir := filepath.Join(r.work, "spicedb")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating SpiceDB's folder: %w", err)
-	}
-	srv, err := spicedbserver.Start(ctx, spicedbserver.Options{Dir: dir, Token: "kshard-loadtest"})
-	if err != nil {
-		return err
-	}
-	a := &authorization{server: srv}
-	r.authz = a
-	if a.grants, err = spicedbserver.Dial(srv.ClientOptions()); err != nil {
-		return err
-	}
-	if err := a.grants.WriteSchema(ctx); err != nil {
-		return err
-	}
-	rels := []string{"team:loadtest#member@kubernetes/namespace:" + Namespace}
-	for i := range r.opts.Domains {
-		rels = append(rels, "configdomain:"+configcenter.SeedDomain(i)+"#reader@team:loadtest#member")
-	}
-	for i := range grantProbes {
-		rels = append(rels, probeGrant(i))
-	}
-	if err := a.grants.Touch(ctx, rels...); err != nil {
-		return err
-	}
-	if err := r.ensureNamespace(ctx, GrantNamespace, map[string]string{targetsLabel: "enabled"}); err != nil {
-		return err
-	}
-	for i := range grantProbes {
-		cb := grantProbe(i)
-		if err := r.c.Create(ctx, cb); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("creating grant probe %s/%s: %w", cb.Namespace, cb.Name, err)
-		}
-	}
-	r.progress.printf("authorization: SpiceDB at %s (in memory): namespace %s reads the %d domains through team loadtest; %s reads domain-0…%d by direct grants, revoked and given back during an authorized fleet's load",
-		srv.Endpoint(), Namespace, r.opts.Domains, GrantNamespace, grantProbes-1)
-	return nil
 }
 
 // probeGrant is grant probe i's direct grant.

@@ -186,9 +186,6 @@ type faults struct {
 	r *run
 	// rotation is the chaos scenario's order of faults (Options.Faults).
 	rotation []faultKind
-	// restartServer restarts the control plane's kube-apiserver: nil on a
-	// cluster the load tester did not start and cannot restart.
-	restartServer func(context.Context) error
 
 	mu       sync.Mutex
 	held     []heldWindow
@@ -384,7 +381,7 @@ func (fs *faults) pauseAndResume(ctx context.Context, f *fleet, s *slot) error {
 // and waits for the fleet to settle, reading Leases directly meanwhile.
 func (fs *faults) restartAPIServer(ctx context.Context, f *fleet) error {
 	r := fs.r
-	if fs.restartServer == nil {
+	if fs.r.restartAPIServer == nil {
 		return errors.New("restarting the API server: the load tester did not start it (--kubeconfig)")
 	}
 	r.mark("restart the API server")
@@ -393,7 +390,7 @@ func (fs *faults) restartAPIServer(ctx context.Context, f *fleet) error {
 	stopPoll := r.ring.poll(ctx)
 	defer stopPoll()
 	at := time.Now()
-	if err := fs.restartServer(ctx); err != nil {
+	if err := fs.r.restartAPIServer(ctx); err != nil {
 		return err
 	}
 	ready := time.Now()

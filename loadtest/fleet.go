@@ -13,9 +13,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -739,30 +736,6 @@ func (r *run) setDesired(ctx context.Context, n int) error {
 	sts.Spec.Replicas = ptr.To(int32(n))
 	if err := r.c.Update(ctx, &sts); err != nil {
 		return fmt.Errorf("scaling StatefulSet %s to %d: %w", StatefulSet, n, err)
-	}
-	return nil
-}
-
-// ensureStatefulSet creates the inert StatefulSet the replicas consult.
-func (r *run) ensureStatefulSet(ctx context.Context) error {
-	labels := map[string]string{"app.kubernetes.io/name": "kshard-loadtest"}
-	sts := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: StatefulSet},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas:    ptr.To(int32(0)),
-			ServiceName: StatefulSet,
-			Selector:    &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name:  "kshard",
-					Image: "kshard:loadtest-processes-not-pods",
-				}}},
-			},
-		},
-	}
-	if err := r.c.Create(ctx, sts); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating StatefulSet %s/%s: %w", LeaseNamespace, StatefulSet, err)
 	}
 	return nil
 }

@@ -13,53 +13,6 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// startMeasuring starts what the report's figures come from: the load
-// tester's own metrics and the Prometheus that scrapes them with the
-// replicas, the API server, its etcd and the config center.
-func (r *run) startMeasuring(ctx context.Context, etcdURL string) error {
-	var err error
-	if r.queries, err = loadQueries(); err != nil {
-		return err
-	}
-	dir := filepath.Join(r.work, "prometheus")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating Prometheus's folder: %w", err)
-	}
-	o := promOptions{binary: r.opts.Prometheus, dir: dir, interval: r.opts.SampleInterval,
-		tester: promScrape{addr: r.obs.addr}}
-	if o.apiServer, err = apiServerScrape(r.restConfig, r.apiAddr, dir); err != nil {
-		return err
-	}
-	if etcdURL != "" {
-		if u, err := url.Parse(etcdURL); err == nil {
-			o.etcd = promScrape{addr: u.Host, scheme: u.Scheme}
-		}
-	}
-	if job, s := r.center.scrape(); job == jobConfigEtcd {
-		o.configEtcd = s
-	} else {
-		o.configCenter = s
-	}
-	if r.authz != nil {
-		o.spicedb = promScrape{addr: r.authz.server.Metrics()}
-	}
-	if r.pods != nil {
-		token := filepath.Join(dir, "replicas.token")
-		if err := os.WriteFile(token, []byte(r.pods.metricsToken), 0o600); err != nil {
-			return fmt.Errorf("writing the replicas' scrape token: %w", err)
-		}
-		// The replicas serve a self-signed certificate (deploy/base
-		// without deploy/metrics-cert): what is read is counters.
-		o.replicas = promScrape{scheme: "https", tokenFile: token, insecure: true}
-	}
-	r.progress.printf("starting Prometheus ...")
-	if r.prom, err = startPrometheus(ctx, r.procs, o); err != nil {
-		return err
-	}
-	r.progress.printf("Prometheus at %s scrapes every %s (the API server and its etcd every %s)", r.prom.url, o.interval, r.prom.controlPlane)
-	return nil
-}
-
 // apiServerScrape is how Prometheus reads the API server's /metrics: with
 // the load tester's own credentials, written into dir.
 func apiServerScrape(cfg *rest.Config, addr, dir string) (promScrape, error) {

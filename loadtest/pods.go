@@ -645,47 +645,6 @@ func (t *podTarget) runningCount() int {
 	return n
 }
 
-// preparePods takes over the StatefulSet: reads it, lets the load tester
-// read its pods' metrics, follows its pods, and scales it to 0 until the
-// first fleet starts (the calibration runs with no replica, and every
-// fleet starts from none).
-func (r *run) preparePods(ctx context.Context) error {
-	t, err := newPodTarget(ctx, r.cs, r.opts.StatefulSet, filepath.Join(r.work, "logs"), &r.opts)
-	if err != nil {
-		return err
-	}
-	if err := t.authorize(ctx, Namespace); err != nil {
-		return err
-	}
-	r.pods = t
-	t.onStart = r.containerStarted
-	if err := t.watch(ctx); err != nil {
-		return err
-	}
-	r.progress.printf("replicas: the pods of StatefulSet %s/%s (image %s, ring %s), %d now; scaled to 0 until the first fleet, back to %d at the end",
-		t.namespace, t.name, t.image, t.ring, t.restoreReplicas, t.restoreReplicas)
-	if err := t.scale(ctx, 0); err != nil {
-		return err
-	}
-	return t.waitFor(ctx, r.opts.StopTimeout+containerLogGrace, "the StatefulSet's pods gone", func() bool { return t.runningCount() == 0 })
-}
-
-// restorePods scales the StatefulSet back to its size before the run and
-// gives the config center its faults back.
-func (r *run) restorePods(ctx context.Context) {
-	t := r.pods
-	if err := t.scale(ctx, int(t.restoreReplicas)); err != nil {
-		r.log.Error(err, "Restoring the StatefulSet's replicas")
-	} else {
-		r.progress.printf("StatefulSet %s/%s scaled back to %d", t.namespace, t.name, t.restoreReplicas)
-	}
-	if h, ok := r.center.(*httpCenter); ok && t.centerFaults != nil {
-		if err := h.cc.SetFaults(ctx, *t.centerFaults); err != nil {
-			r.log.Error(err, "Restoring the config center's faults")
-		}
-	}
-}
-
 // connectCenter uses the cluster's config center: an etcd of
 // deploy/config-etcd (the default), or kshard's stand-in of
 // deploy/configcenter (--config-center http), both at their Service's

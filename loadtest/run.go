@@ -4,28 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/childproc"
-	"github.com/kshard/kshard/internal/controlplane"
 	"github.com/kshard/kshard/internal/replica"
 )
 
@@ -53,7 +43,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.setDefaults(sc); err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", opts.Scenario, err)
 	}
-	r := &run{opts: opts, sc: sc, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}
+	r := &run{bench: &bench{opts: opts, log: logr.FromContextOrDiscard(ctx).WithName("loadtest")}, sc: sc}
 	r.chosen, _ = parseFleets(opts.Fleets) // validated by setDefaults
 	if r.chosen == nil {
 		r.chosen, _ = sc.fleets(opts.Replicas) // validated when loaded
@@ -65,7 +55,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 // run is one load test: what it started, so it can stop all of it, and what
 // it measured.
 type run struct {
-	opts Options
+	*bench
 	// chosen are the comparison's columns: Options.Fleets, else the
 	// scenario's.
 	chosen []fleetSpec
@@ -73,63 +63,9 @@ type run struct {
 	// figure is in (the scale scenario's findings).
 	concluders []func(context.Context)
 	sc         *scenario
-	log        logr.Logger
 	// faults are what the run breaks, and what it broke.
 	faults *faults
-
-	work       string
-	begin      time.Time
-	kubeconfig string
-	kshardBin  string
-	centerBin  string
-	// plainBin is cmd/plaincontroller, for a scenario with a plain fleet
-	// (scenario.plain); empty otherwise.
-	plainBin string
-
-	restConfig    *rest.Config
-	serverVersion string
-	// controlPlaneGOGC is the GOGC of the control plane the run started
-	// ("" for a --kubeconfig cluster).
-	controlPlaneGOGC string
-	// apiAuditLog is the API server's audit log under internal/audit's
-	// Policy, the evidence of the write check: the one the run's own
-	// control plane writes, or Options.APIServerAuditLog; empty without
-	// one.
-	apiAuditLog string
-	c           client.Client
-	cs          kubernetes.Interface
-	rc          rest.Interface
-	procs       *childproc.Supervisor
-	// cpuQuota holds the replica processes to Options.ReplicaCPU; nil
-	// without one.
-	cpuQuota *cpuQuota
-	// pods is the StatefulSet whose pods are the replicas
-	// (Options.StatefulSet); nil when the load tester starts them as
-	// processes.
-	pods *podTarget
-	// fencing is deploy/base's identity and fencing policy, under which the
-	// sharded replica processes run; nil on a StatefulSet's pods.
-	fencing *fencing
-	// apiAddr is the API server's "host:port", which the proxies of the
-	// delay fault forward to.
-	apiAddr string
-	// center is the config center (Options.ConfigCenter, or the cluster's
-	// on a StatefulSet's pods).
-	center center
-	// ownWrites counts the writes of ConfigBindings and ConfigMaps the load
-	// tester sent through any client built from restConfig, so the API
-	// server's counts can be split into the replicas' and its own.
-	ownWrites atomic.Int64
-	// ownSyncs counts the initial syncs of ConfigBindings the load tester's
-	// own watch made, for the same split of the API server's counts.
-	ownSyncs atomic.Int64
-
-	// obs are the load tester's own observations as metrics; prom the
-	// Prometheus that scrapes them with everything else, and queries what
-	// the report asks it.
-	obs     *observations
-	prom    *promServer
-	queries querySet
+	begin  time.Time
 
 	set     *objectSet
 	tracker *tracker
@@ -138,16 +74,13 @@ type run struct {
 	audit   *auditTail
 	// propagation probes config-center changes (--value-change-interval).
 	propagation *propagation
-	// authz is the run's SpiceDB, nil unless a fleet is authorized.
-	authz *authorization
 
 	mu     sync.Mutex
 	fleet  *fleet
 	fleets []*fleet
 	phase  string
 
-	report   *Report
-	progress *progress
+	report *Report
 	// calibration is the API server's write ceiling, measured before the
 	// first fleet; nil when turned off.
 	calibration *Calibration
@@ -172,7 +105,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	r.progress.printf("scenario %s; work folder %s", r.opts.Scenario, r.work)
 
 	if r.opts.StatefulSet == "" {
-		if err := r.binaries(ctx); err != nil {
+		if err := r.binaries(ctx, r.needsPlain()); err != nil {
 			return nil, err
 		}
 	}
@@ -203,7 +136,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		r.procs.StopAll(r.opts.StopTimeout)
 	}()
 
-	if err := r.prepare(ctx); err != nil {
+	if err := r.prepare(ctx, r.containerStarted); err != nil {
 		if r.pods != nil {
 			r.restorePods(context.WithoutCancel(ctx))
 		}
@@ -223,7 +156,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.startCenter(ctx); err != nil {
 		return nil, err
 	}
-	err = r.startAuthorization(ctx)
+	err = r.startAuthorization(ctx, r.authorizes())
 	if r.authz != nil {
 		defer r.authz.close()
 	}
@@ -264,45 +197,6 @@ func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) e
 		r.stopFleet(context.WithoutCancel(ctx), f)
 	}
 	return err
-}
-
-// startCPUQuota puts the replicas under the CPU quota the options ask for,
-// if any, and returns how to remove it.
-func (r *run) startCPUQuota() (remove func(), err error) {
-	m, _ := r.opts.replicaMillicores()
-	if m <= 0 {
-		return func() {}, nil
-	}
-	if r.cpuQuota, err = newCPUQuota(m); err != nil {
-		return nil, err
-	}
-	return func() {
-		if err := r.cpuQuota.remove(); err != nil {
-			r.progress.printf("%v", err)
-		}
-	}, nil
-}
-
-// folders creates the work folder (a temporary one unless WorkDir names
-// it) and the report folder.
-func (r *run) folders() error {
-	r.work = r.opts.WorkDir
-	if r.work == "" {
-		dir, err := os.MkdirTemp("", "kshard-loadtest-")
-		if err != nil {
-			return fmt.Errorf("creating the work folder: %w", err)
-		}
-		r.work = dir
-	}
-	for _, d := range []string{"logs", "audit", "bin"} {
-		if err := os.MkdirAll(filepath.Join(r.work, d), 0o755); err != nil {
-			return fmt.Errorf("creating the work folder: %w", err)
-		}
-	}
-	if err := os.MkdirAll(r.opts.Out, 0o755); err != nil {
-		return fmt.Errorf("creating the report folder: %w", err)
-	}
-	return nil
 }
 
 // watch starts what the load tester watches and writes with: the object
@@ -366,207 +260,10 @@ func (r *run) needsPlain() bool {
 	return hasPlain(r.chosen)
 }
 
-// binaries builds kshard, configcenter for a run on the stand-in, and
-// plaincontroller for a scenario with a plain fleet, unless BinDir has
-// them.
-func (r *run) binaries(ctx context.Context) error {
-	names := []string{"kshard"}
-	if r.opts.ConfigCenter == CenterHTTP && r.opts.StatefulSet == "" {
-		names = append(names, "configcenter")
-	}
-	if r.needsPlain() {
-		names = append(names, "plaincontroller")
-	}
-	dir := r.opts.BinDir
-	if dir != "" {
-		for _, n := range names {
-			if _, err := os.Stat(filepath.Join(dir, n)); err != nil {
-				return fmt.Errorf("--bin-dir: %w (build them with `make build` or omit --bin-dir)", err)
-			}
-		}
-	} else {
-		root, err := controlplane.RepoRoot()
-		if err != nil {
-			return fmt.Errorf("building the binaries (or give --bin-dir): %w", err)
-		}
-		dir = filepath.Join(root, "bin", "loadtest")
-		r.progress.printf("building %s into %s ...", strings.Join(names, ", "), dir)
-		start := time.Now()
-		if _, err := childproc.Build(ctx, root, dir, names...); err != nil {
-			return err
-		}
-		r.progress.printf("built in %s", time.Since(start).Round(100*time.Millisecond))
-	}
-	r.kshardBin, r.centerBin = filepath.Join(dir, "kshard"), filepath.Join(dir, "configcenter")
-	if r.needsPlain() {
-		r.plainBin = filepath.Join(dir, "plaincontroller")
-	}
-	return nil
-}
-
-// cluster starts the control plane, or loads the kubeconfig of an existing
-// one, and returns how to stop what it started.
-func (r *run) cluster(ctx context.Context) (stop func(), etcdURL string, err error) {
-	var cfg *rest.Config
-	stop = func() {}
-	if r.opts.Kubeconfig != "" {
-		if cfg, err = clientcmd.BuildConfigFromFlags("", r.opts.Kubeconfig); err != nil {
-			return nil, "", fmt.Errorf("loading --kubeconfig %s: %w", r.opts.Kubeconfig, err)
-		}
-		r.kubeconfig, r.apiAuditLog = r.opts.Kubeconfig, r.opts.APIServerAuditLog
-		r.progress.printf("using the cluster of %s", r.kubeconfig)
-	} else {
-		r.kubeconfig = filepath.Join(r.work, "kubeconfig")
-		r.progress.printf("starting the control plane (etcd + kube-apiserver) ...")
-		start := time.Now()
-		r.apiAuditLog = filepath.Join(r.work, "apiserver-audit.log")
-		// Go's default GOGC, as a cluster's API server runs: the tests'
-		// 400 makes its heap grow to five times what is live, and the
-		// reports' memory of the API server would be the tests' setting.
-		r.controlPlaneGOGC = "100"
-		if env, ok := os.LookupEnv("GOGC"); ok {
-			r.controlPlaneGOGC = env
-		}
-		cp, err := controlplane.Start(controlplane.Options{AssetsDir: r.opts.AssetsDir, KubeconfigPath: r.kubeconfig, UseExistingCluster: new(bool),
-			AuditLogPath: r.apiAuditLog, RestartLogPath: filepath.Join(r.work, "logs", "kube-apiserver-restarted.log"), GOGC: r.controlPlaneGOGC})
-		if err != nil {
-			return nil, "", err
-		}
-		stop = func() {
-			r.progress.printf("stopping the control plane ...")
-			if err := cp.Stop(); err != nil {
-				r.log.Error(err, "Stopping the control plane")
-			}
-		}
-		cfg = cp.Config
-		r.faults.restartServer = cp.RestartAPIServer
-		etcdURL = cp.EtcdURL()
-		r.progress.printf("control plane ready in %s", time.Since(start).Round(100*time.Millisecond))
-	}
-	if r.opts.NodeFaults != "" {
-		r.faults.restartServer = func(ctx context.Context) error { return restartNodeAPIServer(ctx, r.opts.NodeFaults, cfg) }
-	}
-	host := cfg.Host
-	if !strings.Contains(host, "://") {
-		host = "https://" + host
-	}
-	u, err := url.Parse(host)
-	if err != nil || u.Host == "" {
-		stop()
-		return nil, "", fmt.Errorf("the API server's address %q: want https://host:port (%v)", cfg.Host, err)
-	}
-	r.apiAddr = u.Host
-	cfg = rest.CopyConfig(cfg)
-	// The load tester's own writes must measure the API server, not
-	// client-go's default limit of 5 requests per second.
-	cfg.QPS, cfg.Burst = 1000, 2000
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &writeCounter{next: rt, n: &r.ownWrites} })
-	r.restConfig = cfg
-	if r.c, err = client.New(cfg, client.Options{Scheme: replica.Scheme()}); err != nil {
-		stop()
-		return nil, "", fmt.Errorf("creating the API client: %w", err)
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		stop()
-		return nil, "", fmt.Errorf("creating the API client: %w", err)
-	}
-	r.cs, r.rc = cs, cs.RESTClient()
-	if v, err := cs.Discovery().ServerVersion(); err == nil {
-		r.serverVersion = v.GitVersion
-	}
-	return stop, etcdURL, nil
-}
-
-// prepare creates the namespaces and the StatefulSet, and refuses a cluster
-// that already holds the load tester's objects (a previous run's leftovers
-// would skew every number).
-func (r *run) prepare(ctx context.Context) error {
-	if err := r.ensureNamespace(ctx, Namespace, map[string]string{targetsLabel: "enabled"}); err != nil {
-		return err
-	}
-	if r.opts.StatefulSet == "" {
-		if err := r.ensureNamespace(ctx, LeaseNamespace, nil); err != nil {
-			return err
-		}
-	}
-	var existing metav1.PartialObjectMetadataList
-	existing.SetGroupVersionKind(bindingListGVK)
-	if err := r.c.List(ctx, &existing, client.InNamespace(Namespace), client.Limit(1)); err != nil {
-		return fmt.Errorf("checking namespace %s: %w", Namespace, err)
-	}
-	if len(existing.Items) > 0 {
-		return fmt.Errorf("namespace %s already holds ConfigBindings (a previous run's?): delete it first (kubectl delete namespace %s %s)", Namespace, Namespace, LeaseNamespace)
-	}
-	if r.opts.StatefulSet != "" {
-		return r.preparePods(ctx)
-	}
-	if err := r.ensureStatefulSet(ctx); err != nil {
-		return err
-	}
-	var err error
-	r.fencing, err = installFencing(ctx, r.c, r.opts, r.kubeconfig, r.work)
-	return err
-}
-
 // targetsLabel opts a namespace in to kshard's ConfigMap writes where
 // deploy/base's admission policy runs; the load tester's objects and their
 // ConfigMaps live in Namespace.
 const targetsLabel = "kshard.dev/targets"
-
-// ensureNamespace creates a namespace with labels, or adds them to one that
-// exists.
-func (r *run) ensureNamespace(ctx context.Context, name string, labels map[string]string) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
-	err := r.c.Create(ctx, ns)
-	if err == nil || !apierrors.IsAlreadyExists(err) {
-		if err != nil {
-			return fmt.Errorf("creating namespace %s: %w", name, err)
-		}
-		return nil
-	}
-	if err := r.c.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
-		return fmt.Errorf("reading namespace %s: %w", name, err)
-	}
-	if ns.DeletionTimestamp != nil {
-		return fmt.Errorf("namespace %s is being deleted (a previous run's?): wait until it is gone", name)
-	}
-	missing := false
-	for k, v := range labels {
-		if ns.Labels[k] != v {
-			missing = true
-			if ns.Labels == nil {
-				ns.Labels = map[string]string{}
-			}
-			ns.Labels[k] = v
-		}
-	}
-	if missing {
-		if err := r.c.Update(ctx, ns); err != nil {
-			return fmt.Errorf("labelling namespace %s: %w", name, err)
-		}
-	}
-	return nil
-}
-
-// startCenter starts the run's config center with its data and faults
-// (Options.ConfigCenter), or on a StatefulSet's pods takes the cluster's.
-func (r *run) startCenter(ctx context.Context) error {
-	var err error
-	switch {
-	case r.pods != nil:
-		r.center, err = r.pods.connectCenter(ctx, r.opts, r.work)
-	case r.opts.ConfigCenter == CenterHTTP:
-		r.center, err = startHTTPCenter(ctx, r.opts, r.procs, r.centerBin, r.work)
-	default:
-		r.center, err = startEtcdCenter(ctx, r.opts, r.work)
-	}
-	if err != nil {
-		return err
-	}
-	r.progress.printf("config center: %s", r.center)
-	return nil
-}
 
 // bindingListGVK lists ConfigBindings as metadata only.
 var bindingListGVK = configv1alpha1.GroupVersion.WithKind("ConfigBindingList")

@@ -101,7 +101,7 @@ const restartSettle = 15 * time.Second
 // against the API server's audit log (one sync per informer, noteRestart),
 // and the updates sent meanwhile must all become Ready.
 func (r *run) restartComparison(ctx context.Context, f *fleet) error {
-	if r.faults.restartServer == nil || r.fencing == nil {
+	if r.restartAPIServer == nil || r.fencing == nil {
 		r.report.addFinding("API server restarts: not run (the load tester did not start the API server, or the replicas run without deploy/base's identity)")
 		return nil
 	}
@@ -144,7 +144,7 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 	r.mark("restart the API server, %s", map[bool]string{true: "with the FlowSchema", false: "without the FlowSchema"}[withSchema])
 	stopPoll := r.ring.poll(ctx)
 	at := time.Now()
-	if err := r.faults.restartServer(ctx); err != nil {
+	if err := r.restartAPIServer(ctx); err != nil {
 		stopPoll()
 		return err
 	}

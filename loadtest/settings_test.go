@@ -37,7 +37,7 @@ func TestSettingsText(t *testing.T) {
 		if err := o.setDefaults(sc); err != nil {
 			t.Fatalf("%s: %v", tc.scenario, err)
 		}
-		r := &run{opts: o, sc: sc, apiAuditLog: "audit.log", fencing: &fencing{enforced: true}, center: &etcdCenter{desc: "(the etcd center's description)"}}
+		r := &run{sc: sc, bench: &bench{opts: o, apiAuditLog: "audit.log", fencing: &fencing{enforced: true}, center: &etcdCenter{desc: "(the etcd center's description)"}}}
 		r.faults = &faults{r: r}
 		r.faults.rotation, _ = parseFaults(o.Faults, tc.pods, o.NodeFaults != "")
 		if tc.pods {
