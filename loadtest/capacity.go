@@ -89,7 +89,7 @@ type CapacityWindow struct {
 // runCapacity finds each fleet's capacity in turn, on the same objects.
 func runCapacity(ctx context.Context, r *run) error {
 	specs := r.chosen
-	defer r.capacityFindings()
+	defer capacityFindings(r)
 	if err := r.createAll(ctx, nil); err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func runCapacity(ctx context.Context, r *run) error {
 			start = capacityStartShare * float64(s.Replicas) * first.Capacity / float64(first.Replicas)
 		}
 		r.beginLoad(ctx, f)
-		res, err := r.findCapacity(ctx, f, start)
+		res, err := findCapacity(ctx, r, f, start)
 		r.endLoad(ctx, f)
 		r.mu.Lock()
 		r.report.Capacity = append(r.report.Capacity, res)
@@ -124,7 +124,7 @@ func runCapacity(ctx context.Context, r *run) error {
 
 // findCapacity ramps the rate by capacityStep from start until one window
 // held and one missed, then bisects the bracket.
-func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (CapacityResult, error) {
+func findCapacity(ctx context.Context, r *run, f *fleet, start float64) (CapacityResult, error) {
 	res := CapacityResult{Fleet: f.label(), Replicas: f.size(), IdleCores: -1}
 	from := time.Now()
 	r.setPhase("%s with no load", f.label())
@@ -136,7 +136,7 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 	}
 	// try runs a window at rate and moves the bracket's edge it decides.
 	try := func(rate float64) error {
-		w, err := r.capacityWindow(ctx, f, rate)
+		w, err := capacityWindow(ctx, r, f, rate)
 		if err != nil {
 			return err
 		}
@@ -177,7 +177,7 @@ func (r *run) findCapacity(ctx context.Context, f *fleet, start float64) (Capaci
 // duration), waits until every update sent became Ready (bounded by the
 // settle timeout), and judges the window by its updates' p99 and the
 // replicas' work-queue waits.
-func (r *run) capacityWindow(ctx context.Context, f *fleet, rate float64) (CapacityWindow, error) {
+func capacityWindow(ctx context.Context, r *run, f *fleet, rate float64) (CapacityWindow, error) {
 	w := CapacityWindow{Rate: rate, QueueWithin: -1, ReplicaCores: -1, APIServerCores: -1, Throttled: -1}
 	r.setPhase("%s at %.1f updates/s", f.label(), rate)
 	r.mark("%s: %.1f updates/s", f.label(), rate)
@@ -254,7 +254,7 @@ const (
 
 // capacityFindings states each fleet's capacity against n times the first
 // fleet's, per replica, and the goal for the largest.
-func (r *run) capacityFindings() {
+func capacityFindings(r *run) {
 	caps := r.report.Capacity
 	if len(caps) == 0 || caps[0].Capacity <= 0 {
 		r.report.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")

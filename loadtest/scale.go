@@ -36,7 +36,7 @@ const (
 // writes are counted.
 func runScale(ctx context.Context, r *run) error {
 	specs := r.chosen
-	r.concluders = append(r.concluders, r.scaleFindings)
+	r.concluders = append(r.concluders, func(ctx context.Context) { scaleFindings(ctx, r) })
 	// The goals of the fleets that ran, also when a later one failed.
 	if err := r.createAll(ctx, nil); err != nil {
 		return err
@@ -55,7 +55,7 @@ func runScale(ctx context.Context, r *run) error {
 			return err
 		}
 		if s.Mode.Sharded() && s.Replicas == restartFleet(specs) {
-			if err := r.restartComparison(ctx, f); err != nil {
+			if err := restartComparison(ctx, r, f); err != nil {
 				return err
 			}
 		}
@@ -63,7 +63,7 @@ func runScale(ctx context.Context, r *run) error {
 			// The handovers count their writes: the updates' last
 			// reconciles must be done first.
 			r.settle(ctx, f, "end of the updates to "+f.label(), time.Now(), settleLoad)
-			if err := r.handovers(ctx, f); err != nil {
+			if err := quietHandovers(ctx, r, f); err != nil {
 				return err
 			}
 		}
@@ -100,7 +100,7 @@ const restartSettle = 15 * time.Second
 // what the relists cost other clients. The relists themselves are checked
 // against the API server's audit log (one sync per informer, noteRestart),
 // and the updates sent meanwhile must all become Ready.
-func (r *run) restartComparison(ctx context.Context, f *fleet) error {
+func restartComparison(ctx context.Context, r *run, f *fleet) error {
 	if r.restartAPIServer == nil || r.fencing == nil {
 		r.report.addFinding("API server restarts: not run (the load tester did not start the API server, or the replicas run without deploy/base's identity)")
 		return nil
@@ -119,7 +119,7 @@ func (r *run) restartComparison(ctx context.Context, f *fleet) error {
 	}()
 	defer func() { stop(); <-done }()
 	for _, withSchema := range []bool{true, false} {
-		if err := r.restartUnder(ctx, f, p, withSchema); err != nil {
+		if err := restartUnder(ctx, r, f, p, withSchema); err != nil {
 			return err
 		}
 	}
@@ -129,7 +129,7 @@ func (r *run) restartComparison(ctx context.Context, f *fleet) error {
 
 // restartUnder restarts the API server once, with the replicas' FlowSchema
 // or without it, and states what the probe and the updates saw.
-func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withSchema bool) error {
+func restartUnder(ctx context.Context, r *run, f *fleet, p *latencyProbe, withSchema bool) error {
 	how := "with deploy/base's kshard-syncs FlowSchema (the replicas' syncs in their own priority level)"
 	if !withSchema {
 		how = "without the kshard-syncs FlowSchema (the replicas' syncs in workload-low, with the probe; their Lease requests keep kshard-leases)"
@@ -175,7 +175,7 @@ func (r *run) restartUnder(ctx context.Context, f *fleet, p *latencyProbe, withS
 // scaleFindings states each goal of the scale scenario against what the run
 // measured: the heap a sharded fleet divides, the objects its initial syncs
 // scanned, and its handovers.
-func (r *run) scaleFindings(ctx context.Context) {
+func scaleFindings(ctx context.Context, r *run) {
 	var single *FleetResult
 	for _, f := range r.fleets {
 		if f.result != nil && f.purpose == "" && f.mode.Name == ModeSingleton.Name && f.result.Replicas == 1 {

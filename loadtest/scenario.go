@@ -250,7 +250,7 @@ var steps = map[string]step{
 	"end": func(ctx context.Context, r *run, _ string) error { return r.endFleet(ctx, r.currentFleet()) },
 	// resync-storms: every object updated at once, then every replica
 	// restarted at once, each timed until every object is Ready again.
-	"resync-storms": func(ctx context.Context, r *run, _ string) error { return r.resyncStorms(ctx, r.currentFleet()) },
+	"resync-storms": func(ctx context.Context, r *run, _ string) error { return resyncStorms(ctx, r, r.currentFleet()) },
 	// handovers: a graceful leave, a join, a crash and a rejoin with no
 	// load, each settled before the next.
 	"handovers": func(ctx context.Context, r *run, _ string) error {
@@ -259,7 +259,7 @@ var steps = map[string]step{
 			return fmt.Errorf("handovers need at least 2 replicas, not %d", f.size())
 		}
 		r.beginLoad(ctx, f)
-		if err := r.handovers(ctx, f); err != nil {
+		if err := quietHandovers(ctx, r, f); err != nil {
 			return err
 		}
 		r.endLoad(ctx, f)
@@ -267,7 +267,7 @@ var steps = map[string]step{
 	},
 	// compare: the scenario's fleets one after another on the same objects
 	// and load.
-	"compare": func(ctx context.Context, r *run, _ string) error { return r.compare(ctx, r.chosen) },
+	"compare": func(ctx context.Context, r *run, _ string) error { return compareFleets(ctx, r, r.chosen) },
 	// capacity: each fleet's highest update rate within the objectives.
 	"capacity": func(ctx context.Context, r *run, _ string) error { return runCapacity(ctx, r) },
 	// scale: the scale scenario's fleets, starts, loads and handovers.
@@ -297,8 +297,9 @@ func stepStart(ctx context.Context, r *run, arg string) error {
 // stepLoad runs the measured phase on the current fleet with an action.
 func stepLoad(ctx context.Context, r *run, action string) error {
 	f := r.currentFleet()
-	acts := map[string]func(context.Context, *fleet) error{
-		"": nil, "scale-out": r.scaleOut, "rolling-restart": r.rollingRestart, "outage": r.outage, "chaos": r.faults.run,
+	acts := map[string]func(context.Context, *run, *fleet) error{
+		"": nil, "scale-out": scaleOut, "rolling-restart": rollingRestart, "outage": outageUnderLoad,
+		"chaos": func(ctx context.Context, r *run, f *fleet) error { return r.faults.run(ctx, f) },
 	}
 	act, ok := acts[action]
 	if !ok {
@@ -306,7 +307,7 @@ func stepLoad(ctx context.Context, r *run, action string) error {
 	}
 	var during func(context.Context) error
 	if act != nil {
-		during = func(ctx context.Context) error { return act(ctx, f) }
+		during = func(ctx context.Context) error { return act(ctx, r, f) }
 	}
 	return r.withLoad(ctx, f, r.opts.Duration, during)
 }

@@ -22,7 +22,7 @@ import (
 
 // / scaleOut grows the fleet to 2, then 4 replicas, a third of the duration
 // apart, each join a handover.
-func (r *run) scaleOut(ctx context.Context, f *fleet) error {
+func scaleOut(ctx context.Context, r *run, f *fleet) error {
 	step := r.opts.Duration / 3
 	for _, n := range []int{2, 4} {
 		if err := sleep(ctx, step); err != nil {
@@ -41,7 +41,7 @@ func (r *run) scaleOut(ctx context.Context, f *fleet) error {
 
 // rollingRestart restarts every replica, highest ordinal first, after a
 // share of the duration, each restart a handover.
-func (r *run) rollingRestart(ctx context.Context, f *fleet) error {
+func rollingRestart(ctx context.Context, r *run, f *fleet) error {
 	if err := sleep(ctx, r.opts.Duration/(time.Duration(r.opts.Replicas)+1)); err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func (r *run) rollingRestart(ctx context.Context, f *fleet) error {
 
 // resyncStorms times two storms that reconcile every object: a spec
 // update of each, then a restart of every replica at once.
-func (r *run) resyncStorms(ctx context.Context, f *fleet) error {
+func resyncStorms(ctx context.Context, r *run, f *fleet) error {
 	r.beginLoad(ctx, f)
 	at := time.Now()
 	r.mark("touch every object")
@@ -232,13 +232,13 @@ func (r *run) handover(ctx context.Context, f *fleet, name string, at time.Time)
 	r.settle(ctx, f, name, at, settleHandover)
 }
 
-// compare runs the fleets one after another on the same objects and load.
+// compareFleets runs the fleets one after another on the same objects and load.
 //
 // Every fleet starts on the same objects in the same state: new, with no
 // label, status or ConfigMap. Before each fleet after the first, the
 // objects are deleted and created again, so that each fleet's start is the
 // same create storm rather than a check of what the fleet before it did.
-func (r *run) compare(ctx context.Context, specs []fleetSpec) error {
+func compareFleets(ctx context.Context, r *run, specs []fleetSpec) error {
 	if r.chosen != nil {
 		specs = r.chosen
 	}
@@ -296,7 +296,7 @@ func (r *run) shardTableDomains(ctx context.Context) (int, error) {
 	return len(cm.Data), nil
 }
 
-// handovers runs a sharded fleet of n replicas through the handovers a
+// quietHandovers runs a sharded fleet of n replicas through the handovers a
 // StatefulSet meets, with no load, each settled before the next: a graceful
 // scale-down to n-1 (SIGTERM to the highest ordinal after the StatefulSet's
 // count drops, so it leaves the ring), the scale-up back to n (a join), a
@@ -306,7 +306,7 @@ func (r *run) shardTableDomains(ctx context.Context) (int, error) {
 // Each event's object writes count from a scrape of the quiet right before
 // it: the load tester writes no ConfigBinding or ConfigMap meanwhile (only
 // the StatefulSet's count), so they are the replicas' handover cost.
-func (r *run) handovers(ctx context.Context, f *fleet) error {
+func quietHandovers(ctx context.Context, r *run, f *fleet) error {
 	n := f.size()
 	at := r.spanStart(ctx)
 	r.mark("scale %d → %d (SIGTERM %s-%d)", n, n-1, StatefulSet, n-1)
@@ -340,13 +340,13 @@ func (r *run) handovers(ctx context.Context, f *fleet) error {
 	return nil
 }
 
-// outage takes the config center away after OutageAfter, for
+// outageUnderLoad takes the config center away after OutageAfter, for
 // OutageFor, observing what it does, then times the recovery.
-func (r *run) outage(ctx context.Context, _ *fleet) error {
+func outageUnderLoad(ctx context.Context, r *run, _ *fleet) error {
 	if err := sleep(ctx, r.opts.OutageAfter); err != nil {
 		return err
 	}
-	last, held, err := r.changeBeforeOutage(ctx)
+	last, held, err := changeBeforeOutage(ctx, r)
 	if err != nil {
 		return err
 	}
@@ -373,10 +373,10 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 	if err := r.center.setOutage(ctx, false); err != nil {
 		return err
 	}
-	if err := r.awaitRecovery(ctx); err != nil {
+	if err := awaitRecovery(ctx, r); err != nil {
 		return err
 	}
-	r.checkChangeBeforeOutage(ctx, last)
+	checkChangeBeforeOutage(ctx, r, last)
 	return nil
 }
 
@@ -386,7 +386,7 @@ func (r *run) outage(ctx context.Context, _ *fleet) error {
 // spec updates leave that binding alone until the caller releases it
 // (held), so that it still reads the key when the check looks: with its
 // keys switched by an update, the check had no binding to decide on.
-func (r *run) changeBeforeOutage(ctx context.Context) (pr *probe, held int, err error) {
+func changeBeforeOutage(ctx context.Context, r *run) (pr *probe, held int, err error) {
 	r.gen.mu.Lock()
 	live := slices.Clone(r.gen.live)
 	r.gen.mu.Unlock()
@@ -410,7 +410,7 @@ func (r *run) changeBeforeOutage(ctx context.Context) (pr *probe, held int, err 
 // server has it) still reads the key changed before the outage holds its
 // value, and reports the check; with no such binding left it has nothing
 // to decide on, and fails.
-func (r *run) checkChangeBeforeOutage(ctx context.Context, pr *probe) {
+func checkChangeBeforeOutage(ctx context.Context, r *run, pr *probe) {
 	const name = "no change made just before the outage lost"
 	deadline := time.Now().Add(r.opts.SettleTimeout)
 	for {
@@ -447,7 +447,7 @@ func (r *run) checkChangeBeforeOutage(ctx context.Context, pr *probe) {
 }
 
 // awaitRecovery waits until no object says ExternalUnavailable any more.
-func (r *run) awaitRecovery(ctx context.Context) error {
+func awaitRecovery(ctx context.Context, r *run) error {
 	at := time.Now()
 	for r.tracker.reasons()["ExternalUnavailable"] != 0 {
 		if time.Since(at) > r.opts.SettleTimeout {
