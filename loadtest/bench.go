@@ -253,7 +253,7 @@ func (b *bench) cluster(ctx context.Context) (stop func(), etcdURL string, err e
 // prepare creates the namespaces and the StatefulSet, and refuses a cluster
 // that already holds the load tester's objects (a previous run's leftovers
 // would skew every number).
-func (b *bench) prepare(ctx context.Context, onStart func(pod string, c *container)) error {
+func (b *bench) prepare(ctx context.Context, onStart func(ordinal int, c *container)) error {
 	if err := b.ensureNamespace(ctx, Namespace, map[string]string{targetsLabel: "enabled"}); err != nil {
 		return err
 	}
@@ -386,7 +386,7 @@ func (b *bench) startMeasuring(ctx context.Context, etcdURL string) error {
 // read its pods' metrics, follows its pods, and scales it to 0 until the
 // first fleet starts (the calibration runs with no replica, and every
 // fleet starts from none).
-func (b *bench) preparePods(ctx context.Context, onStart func(pod string, c *container)) error {
+func (b *bench) preparePods(ctx context.Context, onStart func(ordinal int, c *container)) error {
 	t, err := newPodTarget(ctx, b.cs, b.opts.StatefulSet, filepath.Join(b.work, "logs"), &b.opts)
 	if err != nil {
 		return err

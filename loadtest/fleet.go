@@ -213,11 +213,6 @@ func (s *slot) running() bool {
 	return in != nil && in.proc.Running()
 }
 
-// newFleet creates a fleet of the mode; nothing runs until scaleTo.
-func (r *run) newFleet(mode Mode) *fleet {
-	return &fleet{r: r, mode: mode}
-}
-
 // label names the fleet in reports: "sharded ×3", or "sharded ×1→2→4"
 // for a fleet that was scaled.
 func (f *fleet) label() string {
@@ -725,16 +720,16 @@ func (f *fleet) auditPaths() []string {
 // setDesired writes the StatefulSet's desired replica count, which replicas
 // read when they stop: below it they restart (keep their shards' place),
 // at or above it they leave.
-func (r *run) setDesired(ctx context.Context, n int) error {
+func (b *bench) setDesired(ctx context.Context, n int) error {
 	var sts appsv1.StatefulSet
-	if err := r.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: StatefulSet}, &sts); err != nil {
+	if err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: StatefulSet}, &sts); err != nil {
 		return fmt.Errorf("reading StatefulSet %s: %w", StatefulSet, err)
 	}
 	if ptr.Deref(sts.Spec.Replicas, 1) == int32(n) {
 		return nil
 	}
 	sts.Spec.Replicas = ptr.To(int32(n))
-	if err := r.c.Update(ctx, &sts); err != nil {
+	if err := b.c.Update(ctx, &sts); err != nil {
 		return fmt.Errorf("scaling StatefulSet %s to %d: %w", StatefulSet, n, err)
 	}
 	return nil

@@ -54,7 +54,7 @@ func (r *run) followTargets(ctx context.Context) {
 	defer t.Stop()
 	for {
 		var targets []promReplica
-		if f := r.currentFleet(); f != nil {
+		if f := r.fleets.running(); f != nil {
 			f.mu.Lock()
 			for _, s := range f.slots {
 				in := s.current()
@@ -81,8 +81,9 @@ func (r *run) followTargets(ctx context.Context) {
 		}
 		reasons := r.tracker.reasons()
 		r.mu.Lock()
-		phase, f := r.phase, r.fleet
+		phase := r.phase
 		r.mu.Unlock()
+		f := r.fleets.running()
 		label, size := "", 0
 		if f != nil {
 			label, size = f.label(), f.size()

@@ -73,8 +73,9 @@ type podTarget struct {
 	// centerFaults are the config center's faults before the run, set
 	// back at its end.
 	centerFaults *configcenter.Faults
-	// onStart tells the run about a container that started.
-	onStart func(pod string, c *container)
+	// onStart tells the run about a container that started in the pod of
+	// an ordinal.
+	onStart func(ordinal int, c *container)
 
 	mu sync.Mutex
 	// byPod is each pod's running container, by pod UID.
@@ -394,8 +395,8 @@ func (t *podTarget) pod(ctx context.Context, obj any, deleted bool) {
 	}
 	t.byPod[p.UID] = c
 	t.all = append(t.all, c)
-	if t.onStart != nil {
-		t.onStart(p.Name, c)
+	if ordinal, err := strconv.Atoi(strings.TrimPrefix(p.Name, t.name+"-")); err == nil && t.onStart != nil {
+		t.onStart(ordinal, c) // a pod of the StatefulSet's ordinals
 	}
 	go t.follow(ctx, c)
 	t.notifyLocked()
@@ -744,40 +745,3 @@ func (t *podTarget) connectHTTPCenter(ctx context.Context, o Options) (*httpCent
 
 // centerService is the config center's Service in deploy/configcenter.
 const centerService = "configcenter"
-
-// containerStarted makes a container of the StatefulSet's pods an instance
-// of the current fleet's replica; between fleets, nothing uses it.
-func (r *run) containerStarted(pod string, c *container) {
-	ordinal, err := strconv.Atoi(strings.TrimPrefix(pod, r.pods.name+"-"))
-	if err != nil {
-		return // not a pod of the StatefulSet's ordinals
-	}
-	if f := r.currentFleet(); f != nil {
-		f.addContainer(ordinal, c)
-	}
-}
-
-// instanceOfHolder is the container instance behind a holder identity,
-// once its log named it.
-func (r *run) instanceOfHolder(holder string) *instance {
-	c := r.pods.containerOf(holder)
-	if c == nil {
-		return nil
-	}
-	r.mu.Lock()
-	fleets := slices.Clone(r.fleets)
-	r.mu.Unlock()
-	for _, f := range fleets {
-		f.mu.Lock()
-		for _, s := range f.slots {
-			for _, in := range s.instances {
-				if in.proc == replicaProcess(c) {
-					f.mu.Unlock()
-					return in
-				}
-			}
-		}
-		f.mu.Unlock()
-	}
-	return nil
-}

@@ -365,7 +365,7 @@ func (r *run) finish(ctx context.Context, runErr error) {
 		rep.Machine.LoadMax = v
 	}
 	sharded := false
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		if f.result != nil {
 			rep.Fleets = append(rep.Fleets, f.result)
 		}
@@ -422,7 +422,7 @@ func (r *run) auditChecks(sharded bool) {
 	var files []auditFile
 	var plain, single []string
 	pauses := map[string][]window{}
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		files = append(files, f.auditFiles()...)
 		switch {
 		case f.mode.Plain:
@@ -460,7 +460,7 @@ func (r *run) auditChecks(sharded bool) {
 		return
 	}
 	rep.Audit = auditSummary(data, len(files), audit.Overlaps(data.ByObject), pauses, r.opts.RetryPeriod)
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		if f.result != nil && f.mode.Sharded() && !f.loadFrom.IsZero() {
 			f.result.Split = splitLatencies(r.tracker.samplesBetween(f.loadFrom, f.loadTo, writeUpdate), data.ByObject)
 		}
@@ -477,7 +477,7 @@ func (r *run) addNotes(ctx context.Context) {
 		last, _ := st.lastErr.Load().(string)
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of the load tester's writes failed (not retried, not counted as latency); the last: %s", e, last))
 	}
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		q := fmt.Sprintf(`changes(process_start_time_seconds{job=%q}[%dms])`, jobAPIServer, max(f.stopped.Sub(f.started).Milliseconds(), 1))
 		if n, err := r.prom.scalar(ctx, q, f.stopped); err == nil && n > 0 {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("The API server restarted while %s ran: its counters started over, so the fleet's counts of what it served over spans across the restart count only what it served after it.", f.label()))

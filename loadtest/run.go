@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -75,10 +74,10 @@ type run struct {
 	// propagation probes config-center changes (--value-change-interval).
 	propagation *propagation
 
-	mu     sync.Mutex
-	fleet  *fleet
-	fleets []*fleet
-	phase  string
+	fleets fleetLog
+
+	mu    sync.Mutex
+	phase string
 
 	report *Report
 	// calibration is the API server's write ceiling, measured before the
@@ -136,7 +135,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 		r.procs.StopAll(r.opts.StopTimeout)
 	}()
 
-	if err := r.prepare(ctx, r.containerStarted); err != nil {
+	if err := r.prepare(ctx, r.fleets.containerStarted); err != nil {
 		if r.pods != nil {
 			r.restorePods(context.WithoutCancel(ctx))
 		}
@@ -193,7 +192,7 @@ func (r *run) runScenario(ctx context.Context, cancel context.CancelCauseFunc) e
 	r.faults.closeRestartWindow(ctx)
 	// Stop whatever fleet still runs (an error left it), so its numbers are
 	// final, then stop sampling.
-	if f := r.currentFleet(); f != nil && f.result == nil {
+	if f := r.fleets.running(); f != nil && f.result == nil {
 		r.stopFleet(context.WithoutCancel(ctx), f)
 	}
 	return err
@@ -209,9 +208,14 @@ func (r *run) watch(ctx context.Context) error {
 	}
 	ns, ring, byHolder := LeaseNamespace, Ring, (func(string) *instance)(nil)
 	if r.pods != nil {
-		ns, ring, byHolder = r.pods.namespace, r.pods.ring, r.instanceOfHolder
+		ns, ring, byHolder = r.pods.namespace, r.pods.ring, func(holder string) *instance {
+			if c := r.pods.containerOf(holder); c != nil {
+				return r.fleets.instanceOf(c)
+			}
+			return nil
+		}
 	}
-	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.opts.Shards, r.processOf, byHolder); err != nil {
+	if r.ring, err = newRingWatch(ctx, rest.CopyConfig(r.restConfig), ns, ring, r.opts.Shards, r.fleets.processOf, byHolder); err != nil {
 		return err
 	}
 	r.audit = newAuditTail()
@@ -271,29 +275,6 @@ var bindingListGVK = configv1alpha1.GroupVersion.WithKind("ConfigBindingList")
 // loadtestCaller names the load tester in the config center's counts, so
 // its own requests are told from the replicas'.
 const loadtestCaller = "loadtest"
-
-// currentFleet is the fleet running now, nil between fleets.
-func (r *run) currentFleet() *fleet {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.fleet
-}
-
-// processOf is the newest process of replica id, in any fleet of the run,
-// started at or before at; nil if none. Fleets run one after another, so
-// the newest is the one that ran then, if any did.
-func (r *run) processOf(id string, at time.Time) *instance {
-	r.mu.Lock()
-	fleets := slices.Clone(r.fleets)
-	r.mu.Unlock()
-	var newest *instance
-	for _, f := range fleets {
-		if in := f.processOf(id, at); in != nil && (newest == nil || in.proc.Started().After(newest.proc.Started())) {
-			newest = in
-		}
-	}
-	return newest
-}
 
 // mark prints an event of the run in the progress output.
 func (r *run) mark(format string, args ...any) {

@@ -177,12 +177,12 @@ func restartUnder(ctx context.Context, r *run, f *fleet, p *latencyProbe, withSc
 // scanned, and its handovers.
 func scaleFindings(ctx context.Context, r *run) {
 	var single *FleetResult
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		if f.result != nil && f.purpose == "" && f.mode.Name == ModeSingleton.Name && f.result.Replicas == 1 {
 			single = f.result
 		}
 	}
-	for _, f := range r.fleets {
+	for _, f := range r.fleets.list() {
 		res := f.result
 		if res == nil || f.purpose != "" {
 			continue

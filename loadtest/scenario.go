@@ -242,19 +242,19 @@ var steps = map[string]step{
 	"start": stepStart,
 	// create: the objects are created; with a fleet running, they are its
 	// create storm, awaited until every one is Ready.
-	"create": func(ctx context.Context, r *run, _ string) error { return r.createAll(ctx, r.currentFleet()) },
+	"create": func(ctx context.Context, r *run, _ string) error { return r.createAll(ctx, r.fleets.running()) },
 	// load [action]: spec updates for the duration (the measured phase),
 	// while the action runs: scale-out, rolling-restart, outage, chaos.
 	"load": stepLoad,
 	// end: the final settle, and the fleet stops.
-	"end": func(ctx context.Context, r *run, _ string) error { return r.endFleet(ctx, r.currentFleet()) },
+	"end": func(ctx context.Context, r *run, _ string) error { return r.endFleet(ctx, r.fleets.running()) },
 	// resync-storms: every object updated at once, then every replica
 	// restarted at once, each timed until every object is Ready again.
-	"resync-storms": func(ctx context.Context, r *run, _ string) error { return resyncStorms(ctx, r, r.currentFleet()) },
+	"resync-storms": func(ctx context.Context, r *run, _ string) error { return resyncStorms(ctx, r, r.fleets.running()) },
 	// handovers: a graceful leave, a join, a crash and a rejoin with no
 	// load, each settled before the next.
 	"handovers": func(ctx context.Context, r *run, _ string) error {
-		f := r.currentFleet()
+		f := r.fleets.running()
 		if f.size() < 2 {
 			return fmt.Errorf("handovers need at least 2 replicas, not %d", f.size())
 		}
@@ -296,7 +296,7 @@ func stepStart(ctx context.Context, r *run, arg string) error {
 
 // stepLoad runs the measured phase on the current fleet with an action.
 func stepLoad(ctx context.Context, r *run, action string) error {
-	f := r.currentFleet()
+	f := r.fleets.running()
 	acts := map[string]func(context.Context, *run, *fleet) error{
 		"": nil, "scale-out": scaleOut, "rolling-restart": rollingRestart, "outage": outageUnderLoad,
 		"chaos": func(ctx context.Context, r *run, f *fleet) error { return r.faults.run(ctx, f) },
@@ -316,7 +316,7 @@ func stepLoad(ctx context.Context, r *run, action string) error {
 func (r *run) runSteps(ctx context.Context) error {
 	for _, s := range r.sc.Steps {
 		name, arg, _ := strings.Cut(s, " ")
-		if name != "start" && name != "create" && name != "compare" && name != "capacity" && name != "scale" && r.currentFleet() == nil {
+		if name != "start" && name != "create" && name != "compare" && name != "capacity" && name != "scale" && r.fleets.running() == nil {
 			return fmt.Errorf("step %q: no fleet runs (a start step comes first)", s)
 		}
 		if err := steps[name](ctx, r, arg); err != nil {

@@ -60,7 +60,7 @@ func (r *run) startFleet(ctx context.Context, mode Mode, n int) (*fleet, error) 
 
 // startFleetFor is startFleet for a fleet run for a purpose its label says.
 func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose string) (*fleet, error) {
-	f := r.newFleet(mode)
+	f := &fleet{r: r, mode: mode}
 	f.purpose = purpose
 	if mode.Sharded() {
 		n, err := r.shardTableDomains(ctx)
@@ -78,11 +78,7 @@ func (r *run) startFleetFor(ctx context.Context, mode Mode, n int, purpose strin
 		r.progress.printf("%s  the API server's count of ConfigBindings walked still moved after %s; going on", r.elapsed(), scansStillWithin)
 	}
 	r.spanStart(ctx)
-	r.mu.Lock()
-	r.fleet = f
-	f.id = fmt.Sprintf("fleet-%d", len(r.fleets)+1)
-	r.fleets = append(r.fleets, f)
-	r.mu.Unlock()
+	r.fleets.start(f)
 	r.obs.setFleet(f.id, time.Now())
 	r.mark("start %s", f.label())
 	r.setPhase("starting")
@@ -110,11 +106,7 @@ func (r *run) stopFleet(ctx context.Context, f *fleet) {
 	if err := f.scaleTo(ctx, 0); err != nil {
 		r.progress.printf("stopping %s: %v", f.label(), err)
 	}
-	r.mu.Lock()
-	if r.fleet == f {
-		r.fleet = nil
-	}
-	r.mu.Unlock()
+	r.fleets.stopped(f)
 	f.result = r.fleetResult(f)
 	r.measureFleet(ctx, f, f.result)
 	r.obs.setFleet("", time.Time{})
