@@ -550,7 +550,8 @@ func committedText(by map[string]int) string {
 // audit log, the ring whose Leases grant the shards, the users the
 // replicas authenticate as, whether the fencing policy was bound, and the
 // delay faults.
-func (r *run) evidence() evidenceFor {
+func (rp reporter) evidence() evidenceFor {
+	r := rp.r
 	ev := evidenceFor{log: r.apiAuditLog, begin: r.begin}
 	switch {
 	case r.pods != nil:

@@ -3,12 +3,13 @@ package loadtest
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
@@ -38,11 +39,6 @@ const (
 type authorization struct {
 	server *spicedbserver.Server
 	grants *spicedbserver.Grants
-}
-
-// authorizes says whether a fleet of the run asks SpiceDB.
-func (r *run) authorizes() bool {
-	return slices.ContainsFunc(r.chosen, func(s fleetSpec) bool { return s.Mode.authorized() })
 }
 
 // probeGrant is grant probe i's direct grant.
@@ -81,14 +77,14 @@ func (a *authorization) close() {
 	_ = a.server.Close()
 }
 
-// probeGrants revokes and gives back the grant probes' grants, one change
+// probe revokes and gives back the grant probes' grants, one change
 // at a time, until ctx ends, and times each from its write to the watch
 // showing the probe's ConfigMap without its value (revoke) or with it
 // (grant): loadtest_authorization_seconds.
-func (r *run) probeGrants(ctx context.Context) {
-	wc, err := client.NewWithWatch(r.restConfig, client.Options{Scheme: replica.Scheme()})
+func (a *authorization) probe(ctx context.Context, restConfig *rest.Config, obs *observations, log logr.Logger) {
+	wc, err := client.NewWithWatch(restConfig, client.Options{Scheme: replica.Scheme()})
 	if err != nil {
-		r.log.Error(err, "Creating the grant probes' watch client")
+		log.Error(err, "Creating the grant probes' watch client")
 		return
 	}
 	maps := &grantMaps{has: map[string]bool{}, changed: make(chan struct{})}
@@ -107,20 +103,20 @@ func (r *run) probeGrants(ctx context.Context) {
 			at := time.Now()
 			var err error
 			if give {
-				err = r.authz.grants.Touch(ctx, probeGrant(p))
+				err = a.grants.Touch(ctx, probeGrant(p))
 			} else {
-				err = r.authz.grants.Delete(ctx, probeGrant(p))
+				err = a.grants.Delete(ctx, probeGrant(p))
 			}
 			if err != nil {
 				if ctx.Err() == nil {
-					r.log.Error(err, "Changing a grant", "grant", probeGrant(p))
+					log.Error(err, "Changing a grant", "grant", probeGrant(p))
 				}
 				return
 			}
 			if d, ok := maps.await(context.WithoutCancel(ctx), name, give, at); ok {
-				r.obs.authorized(change, d)
+				obs.authorized(change, d)
 			} else {
-				r.obs.authorizationLost(change)
+				obs.authorizationLost(change)
 			}
 			if sleep(ctx, grantPause) != nil {
 				break
@@ -129,7 +125,7 @@ func (r *run) probeGrants(ctx context.Context) {
 	}
 	// The probes end granted, as the next fleet finds them.
 	for p := range grantProbes {
-		_ = r.authz.grants.Touch(context.WithoutCancel(ctx), probeGrant(p))
+		_ = a.grants.Touch(context.WithoutCancel(ctx), probeGrant(p))
 	}
 }
 

@@ -124,7 +124,8 @@ func (r *run) status(fleet, phase string, size int, reasons map[string]int) stri
 }
 
 // measureFleet evaluates the report's queries over a stopped fleet.
-func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
+func (rp reporter) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
+	r := rp.r
 	if err := r.prom.caughtUp(ctx, f.stopped.Add(r.opts.SampleInterval)); err != nil {
 		r.log.Error(err, "Waiting for Prometheus to scrape the fleet's end")
 	}
@@ -155,7 +156,8 @@ func (r *run) measureFleet(ctx context.Context, f *fleet, res *FleetResult) {
 
 // measureEvents evaluates the events queries over every event whose
 // writes the run counted.
-func (r *run) measureEvents(ctx context.Context) {
+func (rp reporter) measureEvents(ctx context.Context) {
+	r := rp.r
 	for i := range r.report.Events {
 		ev := &r.report.Events[i]
 		if !ev.WritesCounted {

@@ -29,19 +29,19 @@ type profiles struct {
 
 // beginProfiles starts a CPU profile of every running replica of f for
 // the phase's duration d; nil without Options.Profile.
-func (r *run) beginProfiles(ctx context.Context, f *fleet, d time.Duration) *profiles {
-	if !r.opts.Profile {
+func (b *bench) beginProfiles(ctx context.Context, f *fleet, d time.Duration) *profiles {
+	if !b.opts.Profile {
 		return nil
 	}
-	p := &profiles{dir: filepath.Join(r.work, "profiles"), hc: &http.Client{Timeout: d + time.Minute}}
+	p := &profiles{dir: filepath.Join(b.work, "profiles"), hc: &http.Client{Timeout: d + time.Minute}}
 	if err := os.MkdirAll(p.dir, 0o755); err != nil {
-		r.log.Error(err, "Creating the profile folder")
+		b.log.Error(err, "Creating the profile folder")
 		return nil
 	}
-	if hc, err := rest.HTTPClientFor(r.restConfig); err == nil {
+	if hc, err := rest.HTTPClientFor(b.restConfig); err == nil {
 		p.apiServer = hc
 	} else {
-		r.log.Error(err, "A client of the API server's profiles")
+		b.log.Error(err, "A client of the API server's profiles")
 	}
 	secs := max(int(d.Seconds()), 1)
 	for _, s := range f.runningSlots() {
@@ -50,7 +50,7 @@ func (r *run) beginProfiles(ctx context.Context, f *fleet, d time.Duration) *pro
 		}
 		p.wg.Go(func() {
 			if err := p.fetch(ctx, s.pprofAddr, fmt.Sprintf("profile?seconds=%d", secs), p.file(f, s, "cpu")); err != nil {
-				r.log.Error(err, "Taking a CPU profile", "replica", s.id)
+				b.log.Error(err, "Taking a CPU profile", "replica", s.id)
 			}
 		})
 	}

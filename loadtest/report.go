@@ -11,9 +11,17 @@ import (
 	"github.com/kshard/kshard/internal/controlplane"
 )
 
+// reporter turns what a run recorded into its Report: the settings it ran
+// with, each fleet's figures from Prometheus, the checks against the API
+// server's audit log, the replicas' audit logs and the Leases, and the
+// notes; then writes it. It keeps no state of its own: the run's report is
+// where the scenario and the reporter both write.
+type reporter struct{ r *run }
+
 // writeReport writes <scenario>.md and <scenario>.json into the report
 // folder.
-func (r *run) writeReport() error {
+func (rp reporter) writeReport() error {
+	r := rp.r
 	rep := r.report
 	name := r.opts.Scenario
 	rep.guide = readmeFrom(r.opts.Out)

@@ -175,7 +175,8 @@ type FleetResult struct {
 }
 
 // fleetResult is a stopped fleet's result, before its figures are read.
-func (r *run) fleetResult(f *fleet) *FleetResult {
+func (rp reporter) fleetResult(f *fleet) *FleetResult {
+	r := rp.r
 	label := f.label()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -194,7 +195,8 @@ func (r *run) fleetResult(f *fleet) *FleetResult {
 
 // newReport starts the run's report: what it is, where it runs, and its
 // settings in words.
-func (r *run) newReport(ctx context.Context) *Report {
+func (rp reporter) newReport(ctx context.Context) *Report {
+	r := rp.r
 	o := r.opts
 	src, err := readSource(ctx)
 	if err != nil {
@@ -217,18 +219,19 @@ func (r *run) newReport(ctx context.Context) *Report {
 	if t := r.pods; t != nil {
 		rep.Machine.Pods = fmt.Sprintf("the pods of StatefulSet %s/%s", t.namespace, t.name)
 	}
-	rep.Settings = r.settings()
+	rep.Settings = rp.settings()
 	return rep
 }
 
 // settings is the report's settings table, in order.
-func (r *run) settings() [][2]string {
+func (rp reporter) settings() [][2]string {
+	r := rp.r
 	o := r.opts
 	var out [][2]string
 	set := func(k, v string) { out = append(out, [2]string{k, v}) }
 	set("objects", fmt.Sprintf("%d ConfigBindings over %d domains (%s), %d of %d keys each", o.Objects, o.Domains, skewText(o), o.KeysPerObject, o.KeysPerDomain))
-	set("load", r.loadSetting())
-	r.replicaSettings(set)
+	set("load", rp.loadSetting())
+	rp.replicaSettings(set)
 	set("API server write ceiling (calibration)", ceilingText(r.calibration))
 	switch {
 	case r.apiAuditLog == "":
@@ -245,7 +248,7 @@ func (r *run) settings() [][2]string {
 	if r.sc.Faults {
 		var rotation []string
 		for _, k := range r.faults.rotation {
-			rotation = append(rotation, r.faultText(k))
+			rotation = append(rotation, rp.faultText(k))
 		}
 		set("chaos", fmt.Sprintf("a fault on a random replica every %s (from the settle after the last one), in rotation: %s", o.ChaosInterval, strings.Join(rotation, ", ")))
 	}
@@ -261,7 +264,8 @@ func (r *run) settings() [][2]string {
 }
 
 // loadSetting says what load the run put on the replicas.
-func (r *run) loadSetting() string {
+func (rp reporter) loadSetting() string {
+	r := rp.r
 	o := r.opts
 	switch {
 	case r.sc.name == "capacity":
@@ -275,7 +279,8 @@ func (r *run) loadSetting() string {
 // replicaSettings say what the replicas and the config center were: a
 // StatefulSet's pods and the cluster's config center, or the load
 // tester's processes with its identity for each.
-func (r *run) replicaSettings(set func(k, v string)) {
+func (rp reporter) replicaSettings(set func(k, v string)) {
+	r := rp.r
 	o := r.opts
 	if t := r.pods; t != nil {
 		set("replicas", fmt.Sprintf("%d pods of StatefulSet %s/%s (image %s, ring %s), scaled and deleted through the API server; "+
@@ -297,7 +302,8 @@ func (r *run) replicaSettings(set func(k, v string)) {
 
 // faultText says what a fault of the kind does, on pods or on the load
 // tester's processes.
-func (r *run) faultText(k faultKind) string {
+func (rp reporter) faultText(k faultKind) string {
+	r := rp.r
 	o := r.opts
 	if r.pods != nil {
 		return map[faultKind]string{
@@ -353,7 +359,8 @@ func cpuModel() string {
 
 // finish runs the checks every scenario reports, after the last fleet
 // stopped.
-func (r *run) finish(ctx context.Context, runErr error) {
+func (rp reporter) finish(ctx context.Context, runErr error) {
+	r := rp.r
 	rep := r.report
 	rep.Wall = time.Since(rep.Started)
 	rep.Machine.LoadMean, rep.Machine.LoadMax = -1, -1
@@ -371,14 +378,14 @@ func (r *run) finish(ctx context.Context, runErr error) {
 		}
 		sharded = sharded || f.mode.Sharded()
 	}
-	r.measureEvents(ctx)
+	rp.measureEvents(ctx)
 	for _, conclude := range r.concluders {
 		conclude(ctx)
 	}
 
 	// 1. Writes outside a tenure, from the API server's audit log; 2.
 	// overlapping reconciles, from every replica process's audit log.
-	r.auditChecks(sharded)
+	rp.auditChecks(sharded)
 	// 3. Every object's latest generation Ready after the final settle.
 	rep.Checks = append(rep.Checks, readyCheck(r.tracker.notReady()))
 	// 4. No shard unowned beyond lease duration + retry period.
@@ -408,7 +415,7 @@ func (r *run) finish(ctx context.Context, runErr error) {
 	if runErr != nil {
 		rep.Error = runErr.Error()
 	}
-	r.addNotes(ctx)
+	rp.addNotes(ctx)
 	sort.SliceStable(rep.Events, func(i, j int) bool { return rep.Events[i].At < rep.Events[j].At })
 }
 
@@ -417,7 +424,8 @@ func (r *run) finish(ctx context.Context, runErr error) {
 // replica process's). A plain fleet has no audit log, so its reconciles
 // are not checked; one active replica holds no shard Lease, so its writes
 // are not.
-func (r *run) auditChecks(sharded bool) {
+func (rp reporter) auditChecks(sharded bool) {
+	r := rp.r
 	rep := r.report
 	var files []auditFile
 	var plain, single []string
@@ -446,7 +454,7 @@ func (r *run) auditChecks(sharded bool) {
 		rep.Checks = append(rep.Checks, notApplicableCheck(checkWrites, na+notChecked), notApplicableCheck(checkReconciles, na+notAudited))
 		return
 	}
-	rep.Writes = writeEvidence(r.evidence())
+	rep.Writes = writeEvidence(rp.evidence())
 	rep.Checks = append(rep.Checks, rep.Writes.check(notChecked))
 	if c, ok := rep.Writes.relistCheck(); ok {
 		rep.Checks = append(rep.Checks, c)
@@ -470,7 +478,8 @@ func (r *run) auditChecks(sharded bool) {
 
 // addNotes notes what makes some of the report's figures partial: the
 // load tester's own failed writes, an API server restart during a fleet.
-func (r *run) addNotes(ctx context.Context) {
+func (rp reporter) addNotes(ctx context.Context) {
+	r := rp.r
 	rep := r.report
 	st := &r.gen.stats
 	if e := st.errors.Load(); e > 0 {

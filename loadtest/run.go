@@ -104,7 +104,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	r.progress.printf("scenario %s; work folder %s", r.opts.Scenario, r.work)
 
 	if r.opts.StatefulSet == "" {
-		if err := r.binaries(ctx, r.needsPlain()); err != nil {
+		if err := r.binaries(ctx, hasPlain(r.chosen)); err != nil {
 			return nil, err
 		}
 	}
@@ -155,7 +155,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.startCenter(ctx); err != nil {
 		return nil, err
 	}
-	err = r.startAuthorization(ctx, r.authorizes())
+	err = r.startAuthorization(ctx, hasAuthorized(r.chosen))
 	if r.authz != nil {
 		defer r.authz.close()
 	}
@@ -168,7 +168,7 @@ func (r *run) run(parent context.Context) (*Report, error) {
 	if err := r.watch(ctx); err != nil {
 		return nil, err
 	}
-	r.report = r.newReport(ctx)
+	r.report = reporter{r}.newReport(ctx)
 
 	scenarioErr := r.runScenario(ctx, cancel)
 	if parent.Err() != nil {
@@ -239,8 +239,9 @@ func (r *run) conclude(ctx context.Context, scenarioErr error) (*Report, error) 
 	// report's queries still have Prometheus to ask.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
 	defer cancel()
-	r.finish(ctx, scenarioErr)
-	if err := r.writeReport(); err != nil {
+	rp := reporter{r}
+	rp.finish(ctx, scenarioErr)
+	if err := rp.writeReport(); err != nil {
 		return r.report, err
 	}
 	r.progress.printf("report: %s", filepath.Join(r.opts.Out, r.opts.Scenario+".md"))
@@ -256,12 +257,6 @@ func (r *run) conclude(ctx context.Context, scenarioErr error) (*Report, error) 
 		r.progress.printf("checks failed; logs and audit logs kept in %s", r.work)
 	}
 	return r.report, nil
-}
-
-// needsPlain says whether a fleet of the run is the plain controller: the
-// scenario's own, or one --fleets lists.
-func (r *run) needsPlain() bool {
-	return hasPlain(r.chosen)
 }
 
 // targetsLabel opts a namespace in to kshard's ConfigMap writes where

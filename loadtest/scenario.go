@@ -232,6 +232,11 @@ func hasPlain(specs []fleetSpec) bool {
 	return slices.ContainsFunc(specs, func(s fleetSpec) bool { return s.Mode.Plain })
 }
 
+// hasAuthorized says whether a fleet of specs asks SpiceDB.
+func hasAuthorized(specs []fleetSpec) bool {
+	return slices.ContainsFunc(specs, func(s fleetSpec) bool { return s.Mode.authorized() })
+}
+
 // step is one step of a scenario: arg is the text after its name.
 type step func(ctx context.Context, r *run, arg string) error
 

@@ -45,7 +45,7 @@ func TestSettingsText(t *testing.T) {
 			r.center = &httpCenter{desc: "(the cluster's stand-in's description)"}
 		}
 		fmt.Fprintf(&got, "## %s pods=%v\n", tc.scenario, tc.pods)
-		for _, s := range r.newReport(context.Background()).Settings {
+		for _, s := range (reporter{r}).newReport(context.Background()).Settings {
 			fmt.Fprintf(&got, "%s: %s\n", s[0], s[1])
 		}
 	}

@@ -107,8 +107,9 @@ func (r *run) stopFleet(ctx context.Context, f *fleet) {
 		r.progress.printf("stopping %s: %v", f.label(), err)
 	}
 	r.fleets.stopped(f)
-	f.result = r.fleetResult(f)
-	r.measureFleet(ctx, f, f.result)
+	rp := reporter{r}
+	f.result = rp.fleetResult(f)
+	rp.measureFleet(ctx, f, f.result)
 	r.obs.setFleet("", time.Time{})
 	r.mark("stopped %s", f.label())
 }

@@ -186,7 +186,7 @@ func (r *run) withLoad(ctx context.Context, f *fleet, d time.Duration, actions f
 	go func() {
 		defer close(granted)
 		if r.authz != nil && f.mode.authorized() {
-			r.probeGrants(loadCtx)
+			r.authz.probe(loadCtx, r.restConfig, r.obs, r.log)
 		}
 	}()
 	var err error
@@ -252,6 +252,7 @@ func compareFleets(ctx context.Context, r *run, specs []fleetSpec) error {
 		}
 		purpose := ""
 		if s.ColdTable {
+			r.mark("delete the shard table")
 			if err := r.deleteShardTable(ctx); err != nil {
 				return err
 			}
@@ -273,10 +274,9 @@ func compareFleets(ctx context.Context, r *run, specs []fleetSpec) error {
 
 // deleteShardTable deletes the labeler's shard table, so that the next
 // fleet starts on a cold one.
-func (r *run) deleteShardTable(ctx context.Context) error {
+func (b *bench) deleteShardTable(ctx context.Context) error {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}}
-	r.mark("delete the shard table")
-	if err := r.c.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+	if err := b.c.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting the shard table: %w", err)
 	}
 	return nil
@@ -284,9 +284,9 @@ func (r *run) deleteShardTable(ctx context.Context) error {
 
 // shardTableDomains counts the domains in the labeler's shard table; -1
 // when there is none.
-func (r *run) shardTableDomains(ctx context.Context) (int, error) {
+func (b *bench) shardTableDomains(ctx context.Context) (int, error) {
 	var cm corev1.ConfigMap
-	err := r.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}, &cm)
+	err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}, &cm)
 	switch {
 	case apierrors.IsNotFound(err):
 		return -1, nil
