@@ -1,15 +1,16 @@
 package loadtest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // cgroupCPURoot is where a cgroup v1 host mounts the cpu controller.
@@ -19,6 +20,10 @@ const cgroupCPURoot = "/sys/fs/cgroup/cpu"
 // quota of a few milliseconds per period a throttled replica waits at most
 // one period, far below the 1 s objectives the capacity scenario holds.
 const cpuQuotaPeriod = 100 * time.Millisecond
+
+// cpuOnly is the cgroup v1 hierarchy of the cpu controller alone: a
+// replica's cgroup needs no other.
+var cpuOnly = cgroup1.SingleSubsystem(cgroup1.Default, cgroup1.Cpu)
 
 // cpuQuota holds every replica process to the same CPU bandwidth, each in a
 // cgroup of its own (the v1 cpu controller's CFS quota), as a container's
@@ -34,7 +39,7 @@ type cpuQuota struct {
 
 	mu     sync.Mutex
 	seq    int
-	groups map[string]string // cgroup name → its folder
+	groups map[string]cgroup1.Cgroup
 }
 
 // newCPUQuota creates the run's cgroup folder under the cpu controller,
@@ -51,7 +56,7 @@ func newCPUQuota(millicores int64) (*cpuQuota, error) {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, fmt.Errorf("creating the run's cgroup: %w", err)
 	}
-	return &cpuQuota{root: root, quota: quota, groups: map[string]string{}}, nil
+	return &cpuQuota{root: root, quota: quota, groups: map[string]cgroup1.Cgroup{}}, nil
 }
 
 // command returns the command line that runs bin with args inside a new
@@ -65,16 +70,14 @@ func (q *cpuQuota) command(name, bin string, args []string) (group, cmd string, 
 	group = fmt.Sprintf("%03d.%s", q.seq, name)
 	q.mu.Unlock()
 	dir := filepath.Join(q.root, group)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	period, quota := uint64(cpuQuotaPeriod.Microseconds()), q.quota.Microseconds()
+	cg, err := cgroup1.New(cgroup1.StaticPath(strings.TrimPrefix(dir, cgroupCPURoot)),
+		&specs.LinuxResources{CPU: &specs.LinuxCPU{Period: &period, Quota: &quota}}, cgroup1.WithHierarchy(cpuOnly))
+	if err != nil {
 		return "", "", nil, fmt.Errorf("creating the cgroup of %s: %w", name, err)
 	}
-	for file, v := range map[string]time.Duration{"cpu.cfs_period_us": cpuQuotaPeriod, "cpu.cfs_quota_us": q.quota} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(strconv.FormatInt(v.Microseconds(), 10)), 0o644); err != nil {
-			return "", "", nil, fmt.Errorf("setting %s of %s's cgroup: %w", file, name, err)
-		}
-	}
 	q.mu.Lock()
-	q.groups[group] = dir
+	q.groups[group] = cg
 	q.mu.Unlock()
 	const script = `echo $$ > "$1" && shift && exec "$@"`
 	return group, "/bin/sh", append([]string{"-c", script, "kshard-cpu-quota", filepath.Join(dir, "cgroup.procs"), bin}, args...), nil
@@ -91,42 +94,17 @@ type cpuThrottling struct {
 // throttling reads the cpu.stat of a cgroup command made.
 func (q *cpuQuota) throttling(group string) (cpuThrottling, error) {
 	q.mu.Lock()
-	dir, ok := q.groups[group]
+	cg, ok := q.groups[group]
 	q.mu.Unlock()
 	if !ok {
 		return cpuThrottling{}, fmt.Errorf("no cgroup %s", group)
 	}
-	f, err := os.Open(filepath.Join(dir, "cpu.stat"))
+	m, err := cg.Stat()
 	if err != nil {
 		return cpuThrottling{}, fmt.Errorf("reading cgroup %s: %w", group, err)
 	}
-	defer f.Close()
-	return parseCPUStat(f)
-}
-
-// parseCPUStat reads cgroup v1's cpu.stat.
-func parseCPUStat(f *os.File) (cpuThrottling, error) {
-	var t cpuThrottling
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok {
-			continue
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return t, fmt.Errorf("cpu.stat: %q: %w", sc.Text(), err)
-		}
-		switch k {
-		case "nr_periods":
-			t.Periods = n
-		case "nr_throttled":
-			t.Throttled = n
-		case "throttled_time":
-			t.ThrottledTime = time.Duration(n)
-		}
-	}
-	return t, sc.Err()
+	t := m.GetCPU().GetThrottling()
+	return cpuThrottling{Periods: int64(t.GetPeriods()), Throttled: int64(t.GetThrottledPeriods()), ThrottledTime: time.Duration(t.GetThrottledTime())}, nil
 }
 
 // remove deletes the run's cgroups, once their processes ended (a cgroup
@@ -135,8 +113,8 @@ func (q *cpuQuota) remove() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var errs []error
-	for name, dir := range q.groups {
-		if err := os.Remove(dir); err != nil {
+	for name, cg := range q.groups {
+		if err := cg.Delete(); err != nil {
 			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", name, err))
 			continue
 		}
