@@ -21,6 +21,18 @@
 // becoming Ready, a shard without an owner for longer than a lease duration
 // plus a retry period, or a replica above its memory limit.
 //
+// A run (run.go) is the runner of a scenario's steps (scenario.go,
+// scenarios/*.yaml) on a bench (bench.go: the cluster, the processes or
+// pods, the config center, SpiceDB, Prometheus), with the fleets it
+// started in a fleet log (fleetlog.go). The steps' actions are functions of
+// the run (steps.go, scale.go, capacity.go), faults are injected and
+// recorded by faults (chaos.go), a settle is decided by a settler
+// (settle.go), every figure is a PromQL query (queries/*.yaml) that
+// promServer evaluates (prometheus.go, queries.go), and a reporter
+// assembles the report from what the run recorded (result.go, report.go)
+// and checks the invariants against the API server's audit log and the
+// Leases (audit.go, ring.go).
+//
 // loadtest/cmd/loadtest is this package plus flags; loadtest/README.md says what each
 // scenario does and what each number means.
 package loadtest
