@@ -18,8 +18,8 @@ const (
 	// capacityStep^(1/2^capacityBisections), 1.026.
 	capacityStep       = 1.5
 	capacityBisections = 4
-	// capacityMaxWindows bounds the windows of one fleet.
-	capacityMaxWindows = 16
+	// capacityMaxRates bounds the rates one fleet's search decides.
+	capacityMaxRates = 16
 	// capacityMinRate is the lowest rate tried: a fleet that misses the
 	// objectives below it has no capacity worth searching.
 	capacityMinRate = 0.5
@@ -134,43 +134,82 @@ func findCapacity(ctx context.Context, r *run, f *fleet, start float64) (Capacit
 	if v, err := r.prom.scalar(ctx, fmt.Sprintf(`sum(rate(%s[%dms]))`, f.selector("process_cpu_seconds_total", ""), time.Since(from).Milliseconds()), time.Now()); err == nil {
 		res.IdleCores = v
 	}
-	// try runs a window at rate and moves the bracket's edge it decides.
-	try := func(rate float64) error {
+	window := func(rate float64) (bool, error) {
 		w, err := capacityWindow(ctx, r, f, rate)
 		if err != nil {
-			return err
+			return false, err
 		}
 		res.Windows = append(res.Windows, w)
 		r.progress.printf("%s  %s at %.1f updates/s: p99 %s, work-queue waits within %s %s: %s",
 			r.elapsed(), f.label(), rate, fmtDur(w.P99), capacityObjective, pct(w.QueueWithin), map[bool]string{true: "held", false: "missed (" + w.Why + ")"}[w.Held])
-		if w.Held {
-			res.Capacity = rate
-		} else {
-			res.Missed = rate
-		}
-		return nil
+		return w.Held, nil
 	}
-	rate := start
-	for (res.Capacity == 0 || res.Missed == 0) && len(res.Windows) < capacityMaxWindows && rate >= capacityMinRate {
-		if err := try(rate); err != nil {
-			return res, err
-		}
-		switch {
-		case res.Missed == 0:
-			rate *= capacityStep
-		case res.Capacity == 0:
-			rate /= capacityStep
-		}
-	}
-	for i := 0; i < capacityBisections && res.Capacity > 0 && res.Missed > 0 && len(res.Windows) < capacityMaxWindows; i++ {
-		if err := try(math.Sqrt(res.Capacity * res.Missed)); err != nil {
-			return res, err
-		}
+	var err error
+	res.Capacity, res.Missed, err = capacitySearch(start, window)
+	if err != nil {
+		return res, err
 	}
 	if n := len(res.Windows); n > 0 {
 		res.SharesMax = res.Windows[n-1].SharesMax
 	}
 	return res, nil
+}
+
+// capacitySearch finds the highest rate whose windows hold, from start: it
+// ramps the rate by capacityStep until one rate held and one missed, then
+// bisects the bracket capacityBisections times. A rate is decided by two
+// windows that agree, or by the third when they do not: on a shared
+// machine one slow window must not cap a fleet's capacity, nor one lucky
+// window raise it. capacity is the highest rate that held (0 when none
+// did), missed the lowest that missed above it (0 when none did).
+func capacitySearch(start float64, window func(rate float64) (bool, error)) (capacity, missed float64, err error) {
+	decide := func(rate float64) (bool, error) {
+		var held, runs int
+		for runs < 3 && held < 2 && runs-held < 2 {
+			ok, err := window(rate)
+			if err != nil {
+				return false, err
+			}
+			runs++
+			if ok {
+				held++
+			}
+		}
+		return held >= 2, nil
+	}
+	try := func(rate float64) error {
+		held, err := decide(rate)
+		switch {
+		case err != nil:
+			return err
+		case held:
+			capacity = rate
+		default:
+			missed = rate
+		}
+		return nil
+	}
+	rates := 0
+	rate := start
+	for (capacity == 0 || missed == 0) && rates < capacityMaxRates && rate >= capacityMinRate {
+		if err := try(rate); err != nil {
+			return capacity, missed, err
+		}
+		rates++
+		switch {
+		case missed == 0:
+			rate *= capacityStep
+		case capacity == 0:
+			rate /= capacityStep
+		}
+	}
+	for i := 0; i < capacityBisections && capacity > 0 && missed > 0 && rates < capacityMaxRates; i++ {
+		if err := try(math.Sqrt(capacity * missed)); err != nil {
+			return capacity, missed, err
+		}
+		rates++
+	}
+	return capacity, missed, nil
 }
 
 // capacityWindow runs the update load at rate for the window (the run's
