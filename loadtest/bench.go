@@ -99,23 +99,6 @@ type bench struct {
 	queries querySet
 }
 
-// startCPUQuota puts the replicas under the CPU quota the options ask for,
-// if any, and returns how to remove it.
-func (b *bench) startCPUQuota() (remove func(), err error) {
-	m, _ := b.opts.replicaMillicores()
-	if m <= 0 {
-		return func() {}, nil
-	}
-	if b.cpuQuota, err = newCPUQuota(m); err != nil {
-		return nil, err
-	}
-	return func() {
-		if err := b.cpuQuota.remove(); err != nil {
-			b.progress.printf("%v", err)
-		}
-	}, nil
-}
-
 // folders creates the work folder (a temporary one unless WorkDir names
 // it) and the report folder.
 func (b *bench) folders() error {
@@ -250,6 +233,23 @@ func (b *bench) cluster(ctx context.Context) (stop func(), etcdURL string, err e
 	return stop, etcdURL, nil
 }
 
+// startCPUQuota puts the replicas under the CPU quota the options ask for,
+// if any, and returns how to remove it.
+func (b *bench) startCPUQuota() (remove func(), err error) {
+	m, _ := b.opts.replicaMillicores()
+	if m <= 0 {
+		return func() {}, nil
+	}
+	if b.cpuQuota, err = newCPUQuota(m); err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := b.cpuQuota.remove(); err != nil {
+			b.progress.printf("%v", err)
+		}
+	}, nil
+}
+
 // prepare creates the namespaces and the StatefulSet, and refuses a cluster
 // that already holds the load tester's objects (a previous run's leftovers
 // would skew every number).
@@ -316,72 +316,6 @@ func (b *bench) ensureNamespace(ctx context.Context, name string, labels map[str
 	return nil
 }
 
-// startCenter starts the run's config center with its data and faults
-// (Options.ConfigCenter), or on a StatefulSet's pods takes the cluster's.
-func (b *bench) startCenter(ctx context.Context) error {
-	var err error
-	switch {
-	case b.pods != nil:
-		b.center, err = b.pods.connectCenter(ctx, b.opts, b.work)
-	case b.opts.ConfigCenter == CenterHTTP:
-		b.center, err = startHTTPCenter(ctx, b.opts, b.procs, b.centerBin, b.work)
-	default:
-		b.center, err = startEtcdCenter(ctx, b.opts, b.work)
-	}
-	if err != nil {
-		return err
-	}
-	b.progress.printf("config center: %s", b.center)
-	return nil
-}
-
-// startMeasuring starts what the report's figures come from: the load
-// tester's own metrics and the Prometheus that scrapes them with the
-// replicas, the API server, its etcd and the config center.
-func (b *bench) startMeasuring(ctx context.Context, etcdURL string) error {
-	var err error
-	if b.queries, err = loadQueries(); err != nil {
-		return err
-	}
-	dir := filepath.Join(b.work, "prometheus")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating Prometheus's folder: %w", err)
-	}
-	o := promOptions{binary: b.opts.Prometheus, dir: dir, interval: b.opts.SampleInterval,
-		tester: promScrape{addr: b.obs.addr}}
-	if o.apiServer, err = apiServerScrape(b.restConfig, b.apiAddr, dir); err != nil {
-		return err
-	}
-	if etcdURL != "" {
-		if u, err := url.Parse(etcdURL); err == nil {
-			o.etcd = promScrape{addr: u.Host, scheme: u.Scheme}
-		}
-	}
-	if job, s := b.center.scrape(); job == jobConfigEtcd {
-		o.configEtcd = s
-	} else {
-		o.configCenter = s
-	}
-	if b.authz != nil {
-		o.spicedb = promScrape{addr: b.authz.server.Metrics()}
-	}
-	if b.pods != nil {
-		token := filepath.Join(dir, "replicas.token")
-		if err := os.WriteFile(token, []byte(b.pods.metricsToken), 0o600); err != nil {
-			return fmt.Errorf("writing the replicas' scrape token: %w", err)
-		}
-		// The replicas serve a self-signed certificate (deploy/base
-		// without deploy/metrics-cert): what is read is counters.
-		o.replicas = promScrape{scheme: "https", tokenFile: token, insecure: true}
-	}
-	b.progress.printf("starting Prometheus ...")
-	if b.prom, err = startPrometheus(ctx, b.procs, o); err != nil {
-		return err
-	}
-	b.progress.printf("Prometheus at %s scrapes every %s (the API server and its etcd every %s)", b.prom.url, o.interval, b.prom.controlPlane)
-	return nil
-}
-
 // preparePods takes over the StatefulSet: reads it, lets the load tester
 // read its pods' metrics, follows its pods, and scales it to 0 until the
 // first fleet starts (the calibration runs with no replica, and every
@@ -407,22 +341,6 @@ func (b *bench) preparePods(ctx context.Context, onStart func(ordinal int, c *co
 	return t.waitFor(ctx, b.opts.StopTimeout+containerLogGrace, "the StatefulSet's pods gone", func() bool { return t.runningCount() == 0 })
 }
 
-// restorePods scales the StatefulSet back to its size before the run and
-// gives the config center its faults back.
-func (b *bench) restorePods(ctx context.Context) {
-	t := b.pods
-	if err := t.scale(ctx, int(t.restoreReplicas)); err != nil {
-		b.log.Error(err, "Restoring the StatefulSet's replicas")
-	} else {
-		b.progress.printf("StatefulSet %s/%s scaled back to %d", t.namespace, t.name, t.restoreReplicas)
-	}
-	if h, ok := b.center.(*httpCenter); ok && t.centerFaults != nil {
-		if err := h.cc.SetFaults(ctx, *t.centerFaults); err != nil {
-			b.log.Error(err, "Restoring the config center's faults")
-		}
-	}
-}
-
 // ensureStatefulSet creates the inert StatefulSet the replicas consult.
 func (b *bench) ensureStatefulSet(ctx context.Context) error {
 	labels := map[string]string{"app.kubernetes.io/name": "kshard-loadtest"}
@@ -444,6 +362,59 @@ func (b *bench) ensureStatefulSet(ctx context.Context) error {
 	if err := b.c.Create(ctx, sts); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating StatefulSet %s/%s: %w", LeaseNamespace, StatefulSet, err)
 	}
+	return nil
+}
+
+// setDesired writes the StatefulSet's desired replica count, which replicas
+// read when they stop: below it they restart (keep their shards' place),
+// at or above it they leave.
+func (b *bench) setDesired(ctx context.Context, n int) error {
+	var sts appsv1.StatefulSet
+	if err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: StatefulSet}, &sts); err != nil {
+		return fmt.Errorf("reading StatefulSet %s: %w", StatefulSet, err)
+	}
+	if ptr.Deref(sts.Spec.Replicas, 1) == int32(n) {
+		return nil
+	}
+	sts.Spec.Replicas = ptr.To(int32(n))
+	if err := b.c.Update(ctx, &sts); err != nil {
+		return fmt.Errorf("scaling StatefulSet %s to %d: %w", StatefulSet, n, err)
+	}
+	return nil
+}
+
+// restorePods scales the StatefulSet back to its size before the run and
+// gives the config center its faults back.
+func (b *bench) restorePods(ctx context.Context) {
+	t := b.pods
+	if err := t.scale(ctx, int(t.restoreReplicas)); err != nil {
+		b.log.Error(err, "Restoring the StatefulSet's replicas")
+	} else {
+		b.progress.printf("StatefulSet %s/%s scaled back to %d", t.namespace, t.name, t.restoreReplicas)
+	}
+	if h, ok := b.center.(*httpCenter); ok && t.centerFaults != nil {
+		if err := h.cc.SetFaults(ctx, *t.centerFaults); err != nil {
+			b.log.Error(err, "Restoring the config center's faults")
+		}
+	}
+}
+
+// startCenter starts the run's config center with its data and faults
+// (Options.ConfigCenter), or on a StatefulSet's pods takes the cluster's.
+func (b *bench) startCenter(ctx context.Context) error {
+	var err error
+	switch {
+	case b.pods != nil:
+		b.center, err = b.pods.connectCenter(ctx, b.opts, b.work)
+	case b.opts.ConfigCenter == CenterHTTP:
+		b.center, err = startHTTPCenter(ctx, b.opts, b.procs, b.centerBin, b.work)
+	default:
+		b.center, err = startEtcdCenter(ctx, b.opts, b.work)
+	}
+	if err != nil {
+		return err
+	}
+	b.progress.printf("config center: %s", b.center)
 	return nil
 }
 
@@ -496,5 +467,76 @@ func (b *bench) startAuthorization(ctx context.Context, authorized bool) error {
 	}
 	b.progress.printf("authorization: SpiceDB at %s (in memory): namespace %s reads the %d domains through team loadtest; %s reads domain-0…%d by direct grants, revoked and given back during an authorized fleet's load",
 		srv.Endpoint(), Namespace, b.opts.Domains, GrantNamespace, grantProbes-1)
+	return nil
+}
+
+// startMeasuring starts what the report's figures come from: the load
+// tester's own metrics and the Prometheus that scrapes them with the
+// replicas, the API server, its etcd and the config center.
+func (b *bench) startMeasuring(ctx context.Context, etcdURL string) error {
+	var err error
+	if b.queries, err = loadQueries(); err != nil {
+		return err
+	}
+	dir := filepath.Join(b.work, "prometheus")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating Prometheus's folder: %w", err)
+	}
+	o := promOptions{binary: b.opts.Prometheus, dir: dir, interval: b.opts.SampleInterval,
+		tester: promScrape{addr: b.obs.addr}}
+	if o.apiServer, err = apiServerScrape(b.restConfig, b.apiAddr, dir); err != nil {
+		return err
+	}
+	if etcdURL != "" {
+		if u, err := url.Parse(etcdURL); err == nil {
+			o.etcd = promScrape{addr: u.Host, scheme: u.Scheme}
+		}
+	}
+	if job, s := b.center.scrape(); job == jobConfigEtcd {
+		o.configEtcd = s
+	} else {
+		o.configCenter = s
+	}
+	if b.authz != nil {
+		o.spicedb = promScrape{addr: b.authz.server.Metrics()}
+	}
+	if b.pods != nil {
+		token := filepath.Join(dir, "replicas.token")
+		if err := os.WriteFile(token, []byte(b.pods.metricsToken), 0o600); err != nil {
+			return fmt.Errorf("writing the replicas' scrape token: %w", err)
+		}
+		// The replicas serve a self-signed certificate (deploy/base
+		// without deploy/metrics-cert): what is read is counters.
+		o.replicas = promScrape{scheme: "https", tokenFile: token, insecure: true}
+	}
+	b.progress.printf("starting Prometheus ...")
+	if b.prom, err = startPrometheus(ctx, b.procs, o); err != nil {
+		return err
+	}
+	b.progress.printf("Prometheus at %s scrapes every %s (the API server and its etcd every %s)", b.prom.url, o.interval, b.prom.controlPlane)
+	return nil
+}
+
+// shardTableDomains counts the domains in the labeler's shard table; -1
+// when there is none.
+func (b *bench) shardTableDomains(ctx context.Context) (int, error) {
+	var cm corev1.ConfigMap
+	err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		return -1, nil
+	case err != nil:
+		return 0, fmt.Errorf("reading the shard table: %w", err)
+	}
+	return len(cm.Data), nil
+}
+
+// deleteShardTable deletes the labeler's shard table, so that the next
+// fleet starts on a cold one.
+func (b *bench) deleteShardTable(ctx context.Context) error {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}}
+	if err := b.c.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting the shard table: %w", err)
+	}
 	return nil
 }

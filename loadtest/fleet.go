@@ -12,10 +12,6 @@ import (
 	"sync"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/kshard/kshard/internal/childproc"
 	"github.com/kshard/kshard/internal/netfault"
 )
@@ -715,22 +711,4 @@ func (f *fleet) auditPaths() []string {
 		}
 	}
 	return out
-}
-
-// setDesired writes the StatefulSet's desired replica count, which replicas
-// read when they stop: below it they restart (keep their shards' place),
-// at or above it they leave.
-func (b *bench) setDesired(ctx context.Context, n int) error {
-	var sts appsv1.StatefulSet
-	if err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: StatefulSet}, &sts); err != nil {
-		return fmt.Errorf("reading StatefulSet %s: %w", StatefulSet, err)
-	}
-	if ptr.Deref(sts.Spec.Replicas, 1) == int32(n) {
-		return nil
-	}
-	sts.Spec.Replicas = ptr.To(int32(n))
-	if err := b.c.Update(ctx, &sts); err != nil {
-		return fmt.Errorf("scaling StatefulSet %s to %d: %w", StatefulSet, n, err)
-	}
-	return nil
 }

@@ -11,13 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	configv1alpha1 "github.com/kshard/kshard/api/v1alpha1"
 	"github.com/kshard/kshard/internal/configcenter"
-	"github.com/kshard/kshard/internal/replica"
 )
 
 // / scaleOut grows the fleet to 2, then 4 replicas, a third of the duration
@@ -270,30 +267,6 @@ func compareFleets(ctx context.Context, r *run, specs []fleetSpec) error {
 		}
 	}
 	return nil
-}
-
-// deleteShardTable deletes the labeler's shard table, so that the next
-// fleet starts on a cold one.
-func (b *bench) deleteShardTable(ctx context.Context) error {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}}
-	if err := b.c.Delete(ctx, cm); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting the shard table: %w", err)
-	}
-	return nil
-}
-
-// shardTableDomains counts the domains in the labeler's shard table; -1
-// when there is none.
-func (b *bench) shardTableDomains(ctx context.Context) (int, error) {
-	var cm corev1.ConfigMap
-	err := b.c.Get(ctx, client.ObjectKey{Namespace: LeaseNamespace, Name: replica.DefaultShardTable}, &cm)
-	switch {
-	case apierrors.IsNotFound(err):
-		return -1, nil
-	case err != nil:
-		return 0, fmt.Errorf("reading the shard table: %w", err)
-	}
-	return len(cm.Data), nil
 }
 
 // quietHandovers runs a sharded fleet of n replicas through the handovers a
