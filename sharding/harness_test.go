@@ -554,20 +554,6 @@ func leaseExpiry(l coordinationv1.Lease) time.Time {
 	return l.Spec.RenewTime.Add(time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second)
 }
 
-// heldBy counts shards per holder; "" counts unheld or expired shards.
-func heldBy(leases map[int32]coordinationv1.Lease, shards int32, now time.Time) map[string][]int32 {
-	out := map[string][]int32{}
-	for n := range shards {
-		l, ok := leases[n]
-		h := ""
-		if ok && holderOf(l) != "" && leaseExpiry(l).After(now) {
-			h = holderOf(l)
-		}
-		out[h] = append(out[h], n)
-	}
-	return out
-}
-
 // createBindings creates n ConfigBindings spread over domains, unlabeled:
 // the labeler stamps them.
 func createBindings(t testing.TB, c client.Client, ns string, n, domains int) []client.ObjectKey {
@@ -711,18 +697,6 @@ func overlaps(byObject map[string][]interval) []string {
 		}
 	}
 	return found
-}
-
-// syncWriter lets replicas in one process share an audit file.
-type syncWriter struct {
-	mu sync.Mutex
-	f  *os.File
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.f.Write(p)
 }
 
 // updateContinuously changes the spec of the objects, one after another,

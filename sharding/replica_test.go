@@ -83,7 +83,6 @@ func expectRingHeld(t *testing.T, c client.Client, ns, ringName string, members 
 type leaseHistory struct {
 	mu        sync.Mutex
 	last      map[string]coordinationv1.Lease
-	tenures   map[string][]tenure // per Lease, in order
 	violation []string
 	// seen is when each Lease's last version arrived, on the test's clock;
 	// fromLive lists the Leases another holder took less than half a
@@ -95,13 +94,6 @@ type leaseHistory struct {
 	fromLive []string
 }
 
-// tenure is one holder's time with a Lease, from its acquire time ("" for
-// released) until the next tenure's.
-type tenure struct {
-	holder string
-	from   time.Time
-}
-
 func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
 	t.Helper()
 	cs := kubernetes.NewForConfigOrDie(cp.Config)
@@ -111,7 +103,7 @@ func watchLeases(t *testing.T, ns, ring string) *leaseHistory {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}, seen: map[string]time.Time{}}
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, seen: map[string]time.Time{}}
 	go func() {
 		for ev := range w.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
@@ -132,9 +124,6 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 	h.last[l.Name] = l
 	now, prevAt := time.Now(), h.seen[l.Name]
 	h.seen[l.Name] = now
-	if (!seen || holderIdentity(prev) != holderIdentity(l)) && l.Spec.AcquireTime != nil {
-		h.tenures[l.Name] = append(h.tenures[l.Name], tenure{holder: holderIdentity(l), from: l.Spec.AcquireTime.Time})
-	}
 	if !seen || holderIdentity(l) == "" || holderIdentity(prev) == "" || holderIdentity(prev) == holderIdentity(l) {
 		return
 	}
@@ -147,21 +136,6 @@ func (h *leaseHistory) observe(l coordinationv1.Lease) {
 		h.violation = append(h.violation, fmt.Sprintf("%s taken by %s at %v while %s held it until %v",
 			l.Name, holderIdentity(l), l.Spec.AcquireTime, holderIdentity(prev), leaseExpiry(prev)))
 	}
-}
-
-// holderAt returns who held a Lease at time at, by the tenures seen, as
-// written ("<replica>_<incarnation>").
-func (h *leaseHistory) holderAt(lease string, at time.Time) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	holder := ""
-	for _, tn := range h.tenures[lease] {
-		if tn.from.After(at) {
-			break
-		}
-		holder = tn.holder
-	}
-	return holder
 }
 
 func (h *leaseHistory) check(t *testing.T) {
@@ -925,7 +899,7 @@ func TestTwoRingsShareANamespace(t *testing.T) {
 // taken straight from a holder that wrote it a moment before, and not one
 // taken after a release.
 func TestLeaseHistoryTakenFromLive(t *testing.T) {
-	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, tenures: map[string][]tenure{}, seen: map[string]time.Time{}}
+	h := &leaseHistory{last: map[string]coordinationv1.Lease{}, seen: map[string]time.Time{}}
 	version := func(name, holder string) coordinationv1.Lease {
 		now := metav1.NewMicroTime(time.Now())
 		return coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
