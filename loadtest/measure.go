@@ -209,17 +209,16 @@ func (p *promServer) cpuSeconds(ctx context.Context, job string, from, to time.T
 
 // live is the sum of what q selects, now: a fleet's state as its replicas
 // export it (work queues, fetches, reconciles), at most a scrape interval
-// old, for the settle's waits. ok is false when q selects nothing or
-// Prometheus did not answer.
-func (p *promServer) live(ctx context.Context, q string) (float64, bool) {
+// old, for the settle's waits: errNoData when q selects nothing.
+func (p *promServer) live(ctx context.Context, q string) (float64, error) {
 	v, err := p.vector(ctx, liveQuery(q, 2*p.interval), time.Now())
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	if len(v) == 0 {
-		return 0, false
+		return 0, errNoData
 	}
-	return float64(v[0].Value), true
+	return float64(v[0].Value), nil
 }
 
 // liveQuery sums the last value within window of what selector selects.

@@ -2,9 +2,12 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // settlePoll is how often a settle checks the ring, the audit logs and the
@@ -142,7 +145,7 @@ func (r *run) settle(ctx context.Context, f *fleet, name string, since time.Time
 // run.spanStart).
 func (r *run) settleFrom(ctx context.Context, f *fleet, name string, since time.Time, countWrites bool, kind settleKind) EventResult {
 	r.setPhase("settling after %s", name)
-	s := settler{ring: r.ring, tracker: r.tracker, audit: r.audit, prom: r.prom}
+	s := settler{ring: r.ring, tracker: r.tracker, audit: r.audit, prom: r.prom, log: r.log}
 	ev, err := s.await(ctx, f, since, kind, r.opts.SettleTimeout)
 	ev.Name, ev.At, ev.WritesCounted = name, since.Sub(r.begin), countWrites
 	if err != nil {
@@ -164,6 +167,7 @@ type settler struct {
 	tracker *tracker
 	audit   *auditTail
 	prom    *promServer
+	log     logr.Logger
 }
 
 // await polls until the fleet has settled after an event at since, or
@@ -291,13 +295,13 @@ func (s *settler) single(ctx context.Context, hc *http.Client, f *fleet, since, 
 		return true, "", heldAt
 	}
 	// Counted since the processes started, with the fleet.
-	reconciles, _ := s.prom.live(ctx, f.selector("controller_runtime_reconcile_total", `controller="`+controllerName+`"`))
+	reconciles, _ := s.live(ctx, f.selector("controller_runtime_reconcile_total", `controller="`+controllerName+`"`))
 	depth := s.queueDepth(ctx, f)
 	objects := s.tracker.count()
 	if reconciles < float64(objects) || depth > 0 {
 		return false, fmt.Sprintf("%.0f reconciles of %d objects since the event, %.0f queued", reconciles, objects, depth), heldAt
 	}
-	fetching, ok := s.prom.live(ctx, f.selector(metricFetches, `state=~"queued|calling|backoff"`))
+	fetching, ok := s.live(ctx, f.selector(metricFetches, `state=~"queued|calling|backoff"`))
 	switch {
 	case !ok && f.mode.externalCache():
 		return false, "no " + metricFetches + " from the replicas: their warm-up cannot be seen", heldAt
@@ -321,8 +325,18 @@ func round(d time.Duration) time.Duration {
 
 // queueDepth is the fleet's work-queue depth, summed over its replicas.
 func (s *settler) queueDepth(ctx context.Context, f *fleet) float64 {
-	depth, _ := s.prom.live(ctx, f.selector("workqueue_depth", `name="`+controllerName+`"`))
+	depth, _ := s.live(ctx, f.selector("workqueue_depth", `name="`+controllerName+`"`))
 	return depth
+}
+
+// live reads what q sums now (promServer.live); ok is false when it
+// selects nothing, and a failed query is logged.
+func (s *settler) live(ctx context.Context, q string) (float64, bool) {
+	v, err := s.prom.live(ctx, q)
+	if err != nil && !errors.Is(err, errNoData) && ctx.Err() == nil {
+		s.log.Error(err, "Reading the fleet's state from Prometheus")
+	}
+	return v, err == nil
 }
 
 // ready reports whether a replica's /readyz answers 200.
