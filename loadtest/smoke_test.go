@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/kshard/kshard/internal/audit"
 	"github.com/kshard/kshard/internal/controlplane"
 )
 
@@ -137,6 +138,7 @@ func TestSmoke(t *testing.T) {
 	t.Logf("%v initial syncs of ConfigBindings; the replicas report %v caches", syncs, caches)
 	if syncs < 1 || syncs > caches || caches > 32 {
 		t.Errorf("the API server served %v syncs of ConfigBindings, the replicas report %v caches for 64 shards", syncs, caches)
+		logSyncs(t, "configbindings")
 	}
 	// The replicas held every object between them at the end, once each.
 	var held float64
@@ -158,5 +160,20 @@ func TestSmoke(t *testing.T) {
 	}
 	if s := f.Storm; s.Kind != stormCreates || !s.Settled || s.Objects != 300 {
 		t.Errorf("the create storm: %+v", s)
+	}
+}
+
+// logSyncs logs every initial sync of resource in the test control
+// plane's audit log, for a failed count to say who synced and when.
+func logSyncs(t *testing.T, resource string) {
+	l, err := audit.ReadAPILogFile(apiAudit)
+	if err != nil {
+		t.Logf("reading the API server's audit log: %v", err)
+		return
+	}
+	for _, s := range l.Syncs {
+		if s.Resource == resource {
+			t.Logf("sync at %s by %s %s: %s", s.Received.Format(time.StampMilli), s.Username, s.Holder, s.Group)
+		}
 	}
 }
