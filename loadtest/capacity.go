@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -36,6 +37,11 @@ const (
 	// goalLinear is the issue's goal for the largest fleet: its capacity
 	// at least this share of n times one replica's.
 	goalLinear = 0.90
+	// maxLinear bounds every fleet's share of linear: n replicas cannot do
+	// more than n times one replica's work, so a fleet above it says the
+	// first fleet was bound by something other than reconciling (its
+	// Leases, its quota's throttling), and its capacity is no baseline.
+	maxLinear = 1.05
 )
 
 // CapacityResult is one fleet's capacity: the highest spec-update rate at
@@ -53,8 +59,10 @@ type CapacityResult struct {
 	// IdleCores is the CPU the replicas used together with no load, before
 	// the search (Lease renewals, the load tester's scrapes, the Go
 	// runtime): the part of each replica's quota no update gets. -1
-	// without data.
+	// without data. Idle are that span's figures (queries/capacity.yaml):
+	// the Lease writes per second then, and the CPU per write.
 	IdleCores float64
+	Idle      []Figure
 	Windows   []CapacityWindow
 }
 
@@ -126,13 +134,21 @@ func runCapacity(ctx context.Context, r *run) error {
 // held and one missed, then bisects the bracket.
 func findCapacity(ctx context.Context, r *run, f *fleet, start float64) (CapacityResult, error) {
 	res := CapacityResult{Fleet: f.label(), Replicas: f.size(), IdleCores: -1}
-	from := time.Now()
 	r.setPhase("%s with no load", f.label())
+	from := r.spanStart(ctx)
 	if err := sleep(ctx, capacityIdle); err != nil {
 		return res, err
 	}
-	if v, err := r.prom.scalar(ctx, fmt.Sprintf(`sum(rate(%s[%dms]))`, f.selector("process_cpu_seconds_total", ""), time.Since(from).Milliseconds()), time.Now()); err == nil {
-		res.IdleCores = v
+	to := time.Now()
+	if err := r.prom.caughtUp(ctx, to.Add(r.opts.SampleInterval)); err != nil {
+		return res, err
+	}
+	res.Idle = r.prom.figures(ctx, r.queries.Idle, queryWindow{fleet: f.id, step: r.opts.SampleInterval, sharded: f.mode.Sharded(),
+		spans: map[string]span{"idle": {from: from, to: to}}})
+	for _, x := range res.Idle {
+		if x.Name == idleCores && x.NoData == "" {
+			res.IdleCores = x.Value
+		}
 	}
 	window := func(rate float64) (bool, error) {
 		w, err := capacityWindow(ctx, r, f, rate)
@@ -278,8 +294,9 @@ func capacityWindow(ctx context.Context, r *run, f *fleet, rate float64) (Capaci
 	return w, sleep(ctx, capacityRest)
 }
 
-// The window figures (queries/capacity.yaml) a window is judged by;
-// TestQueriesParse holds them to the file.
+// The window figures (queries/capacity.yaml) a window is judged by, and
+// the idle figures the report shows; TestQueriesParse holds them to the
+// file.
 const (
 	winSent         = "updates sent"
 	winReady        = "updates Ready"
@@ -289,14 +306,21 @@ const (
 	winAPICores     = "kube-apiserver CPU (cores)"
 	winThrottled    = "CFS periods throttled"
 	winShares       = "largest replica's objects ÷ the mean"
+	idleCores       = "replicas' CPU with no load (cores)"
+	idleLeaseWrites = "Lease writes per second with no load (API server)"
+	idleCPUPerWrite = "replicas' CPU per Lease write with no load, at most"
 )
 
 // capacityFindings states each fleet's capacity against n times the first
-// fleet's, per replica, and the goal for the largest.
+// fleet's, per replica, and the goal for the largest; a check fails when a
+// fleet is above linear (the baseline is wrong) or the largest below the
+// goal.
 func capacityFindings(r *run) {
+	const check = "scale-out: every fleet at most 1.05 of linear, the largest at least 0.90"
 	caps := r.report.Capacity
 	if len(caps) == 0 || caps[0].Capacity <= 0 {
 		r.report.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")
+		r.report.addCheck(noDataCheck(check, "the first fleet held no window"))
 		return
 	}
 	base := caps[0]
@@ -305,9 +329,11 @@ func capacityFindings(r *run) {
 	for _, c := range caps {
 		largest = max(largest, c.Replicas)
 	}
+	var failed []string
 	for _, c := range caps[1:] {
 		if c.Capacity <= 0 {
 			r.report.addFinding(fmt.Sprintf("%s: no window held", c.Fleet))
+			failed = append(failed, c.Fleet+" held no window")
 			continue
 		}
 		eff := c.Capacity / (per * float64(c.Replicas))
@@ -321,9 +347,21 @@ func capacityFindings(r *run) {
 		}
 		s := fmt.Sprintf("%s: capacity %.1f updates/s = %.2f of %d × %s's %.1f per replica (between %.2f and %.2f by the brackets of both searches); its largest replica held %.2f× the mean share of objects",
 			c.Fleet, c.Capacity, eff, c.Replicas, base.Fleet, per, lo, hi, c.SharesMax)
+		if eff > maxLinear {
+			s += fmt.Sprintf(": above %.2f of linear, which %d replicas cannot do: %s was bound by something other than reconciling, so its capacity is no baseline", maxLinear, c.Replicas, base.Fleet)
+			failed = append(failed, fmt.Sprintf("%s at %.2f of linear", c.Fleet, eff))
+		}
 		if c.Replicas == largest {
 			s += fmt.Sprintf(": goal ≥ %.2f of linear, %s", goalLinear, metText(eff >= goalLinear))
+			if eff < goalLinear {
+				failed = append(failed, fmt.Sprintf("%s at %.2f of linear, below %.2f", c.Fleet, eff, goalLinear))
+			}
 		}
 		r.report.addFinding(s)
 	}
+	if len(failed) > 0 {
+		r.report.addCheck(Check{Name: check, Detail: strings.Join(failed, "; ")})
+		return
+	}
+	r.report.addCheck(Check{Name: check, Passed: true, Detail: fmt.Sprintf("every fleet within %.2f of linear, the largest at least %.2f", maxLinear, goalLinear)})
 }

@@ -46,8 +46,10 @@ type querySet struct {
 	Replicas []query `json:"replicas"`
 	// Events are the events table's counted columns, each over the event.
 	Events []query `json:"events"`
-	// Windows are the capacity scenario's figures of a window of load.
+	// Windows are the capacity scenario's figures of a window of load,
+	// Idle its figures of a fleet with no load before the first window.
 	Windows []query `json:"windows"`
+	Idle    []query `json:"idle"`
 }
 
 // Figure is one query's value for one fleet (or one replica of it).
@@ -86,6 +88,7 @@ func loadQueries() (querySet, error) {
 		all.Replicas = append(all.Replicas, qs.Replicas...)
 		all.Events = append(all.Events, qs.Events...)
 		all.Windows = append(all.Windows, qs.Windows...)
+		all.Idle = append(all.Idle, qs.Idle...)
 	}
 	return all, nil
 }
@@ -100,7 +103,7 @@ func loadQueryFile(name string) (querySet, error) {
 	if err := yaml.UnmarshalStrict(b, &qs); err != nil {
 		return qs, fmt.Errorf("reading the queries %s: %w", name, err)
 	}
-	for _, q := range slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows) {
+	for _, q := range slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows, qs.Idle) {
 		if q.Name == "" || q.Query == "" || !slices.Contains(spanNames, q.Over) {
 			return qs, fmt.Errorf("the queries %s: %q needs a name, a query and a span to be over (one of %v)", name, q.Name, spanNames)
 		}
@@ -112,7 +115,7 @@ func loadQueryFile(name string) (querySet, error) {
 }
 
 // spanNames are the spans of a fleet a query can be over.
-var spanNames = []string{"life", "phase", "start", "storm", "probes", "event", "window"}
+var spanNames = []string{"life", "phase", "start", "storm", "probes", "event", "window", "idle"}
 
 // span is a stretch of a fleet's time, and the objects it concerns.
 type span struct {

@@ -22,7 +22,7 @@ func TestQueriesParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows)
+	all := slices.Concat(qs.Rows, qs.Replicas, qs.Events, qs.Windows, qs.Idle)
 	// The figures the load tester's own code reads by name are in the files.
 	names := map[string]bool{}
 	for _, q := range all {
@@ -33,7 +33,7 @@ func TestQueriesParse(t *testing.T) {
 	}
 	for _, name := range []string{figHeapPeak, figHeapEnd, figHeapEndSum, figLiveHeapPeak, figLiveHeapEnd, figLiveHeapEndSum,
 		figStartSyncs, figStartWalked, figEventWrites, colRSSPeak,
-		winSent, winReady, winP99, winQueue, winReplicaCores, winAPICores, winThrottled, winShares} {
+		winSent, winReady, winP99, winQueue, winReplicaCores, winAPICores, winThrottled, winShares, idleCores, idleLeaseWrites, idleCPUPerWrite} {
 		if !names[name] {
 			t.Errorf("the code reads figure %q, which no query names", name)
 		}

@@ -221,7 +221,8 @@ func renderCapacity(b *strings.Builder, caps []CapacityResult) {
 		"and 99 %% of work-queue waits ≤ %s (the replicas' workqueue_queue_duration_seconds), with every update Ready. "+
 		"The rate rises by ×%.1f until one window holds and one misses, then the bracket is bisected %d times.\n\n",
 		fmtDur(capacityObjective), fmtDur(capacityObjective), capacityStep, capacityBisections)
-	p("| fleet | capacity (updates/s) | lowest rate missed | ÷ (replicas × first fleet's per replica) | largest replica's objects ÷ mean | replicas' CPU with no load (cores) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	p("| fleet | capacity (updates/s) | lowest rate missed | ÷ (replicas × first fleet's per replica) | largest replica's objects ÷ mean | " +
+		"replicas' CPU with no load (cores) | Lease writes per second with no load | CPU per Lease write, at most |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	per := 0.0
 	if caps[0].Capacity > 0 {
 		per = caps[0].Capacity / float64(caps[0].Replicas)
@@ -229,9 +230,14 @@ func renderCapacity(b *strings.Builder, caps []CapacityResult) {
 	for _, c := range caps {
 		eff := noData
 		if per > 0 && c.Capacity > 0 {
-			eff = fmt.Sprintf("%.2f", c.Capacity/(per*float64(c.Replicas)))
+			v := c.Capacity / (per * float64(c.Replicas))
+			eff = fmt.Sprintf("%.2f", v)
+			if v > maxLinear {
+				eff += " **superlinear: the baseline is wrong**"
+			}
 		}
-		p("| %s | %.1f | %s | %s | %.2f | %s |\n", mdEscape(c.Fleet), c.Capacity, orNone(c.Missed), eff, c.SharesMax, coresText(c.IdleCores))
+		p("| %s | %.1f | %s | %s | %.2f | %s | %s | %s |\n", mdEscape(c.Fleet), c.Capacity, orNone(c.Missed), eff, c.SharesMax, coresText(c.IdleCores),
+			figureText(c.Idle, idleLeaseWrites), figureText(c.Idle, idleCPUPerWrite))
 	}
 	p("\n| fleet | rate asked | updates sent / Ready | update → Ready p99 | work-queue waits ≤ %s | replicas' CPU (cores) | CFS periods throttled | kube-apiserver CPU (cores) | window |\n"+
 		"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n", fmtDur(capacityObjective))
@@ -245,6 +251,16 @@ func renderCapacity(b *strings.Builder, caps []CapacityResult) {
 				shareText(w.QueueWithin), coresText(w.ReplicaCores), shareText(w.Throttled), coresText(w.APIServerCores), mdEscape(verdict))
 		}
 	}
+}
+
+// figureText is the named figure in its unit, or no data.
+func figureText(figs []Figure, name string) string {
+	for _, x := range figs {
+		if x.Name == name && x.NoData == "" {
+			return unitFormats[x.Unit](x.Value)
+		}
+	}
+	return noData
 }
 
 // orNone is a rate, or "none" for 0.
