@@ -23,6 +23,9 @@ type fetcher struct {
 	log      logr.Logger
 	guard    *guard
 	notifier *notifier
+	// batch is the source when it reads a domain's keys together (BatchSource and a MaxBatch
+	// above 1); nil fetches every key alone.
+	batch BatchSource
 	// ctx is the cache's lifetime: no flight is created once it ended.
 	ctx context.Context
 
@@ -37,6 +40,9 @@ func newFetcher(ctx context.Context, opts Options, g *guard, n *notifier, feedEr
 	f := &fetcher{opts: opts, log: log, guard: g, notifier: n, ctx: ctx,
 		flights: map[flightKey]*flight{}, queue: newQueue(opts.QueueSize, opts.Workers)}
 	f.fallback = fallback{f: f, feedErr: feedErr, refreshes: metrics.fallbackRefreshes, timers: map[flightKey]*ttlTimer{}}
+	if b, ok := opts.Source.(BatchSource); ok && opts.MaxBatch > 1 {
+		f.batch = b
+	}
 	return f
 }
 
@@ -141,32 +147,61 @@ func (f *fetcher) endedLocked(sh *shard) error {
 // work is one fetch worker, until the cache stops.
 func (f *fetcher) work() {
 	for {
-		if fl := f.pop(); fl != nil {
-			f.fetch(fl)
-			continue
-		}
-		select {
-		case <-f.queue.wake:
-		case <-f.ctx.Done():
-			return
+		switch fls := f.pop(); len(fls) {
+		case 0:
+			select {
+			case <-f.queue.wake:
+			case <-f.ctx.Done():
+				return
+			}
+		case 1:
+			f.fetch(fls[0])
+		default:
+			f.fetchBatch(fls)
 		}
 	}
 }
 
-// pop takes the next queued flight in flight, skipping those that ended meanwhile.
-func (f *fetcher) pop() *flight {
+// pop takes the next queued flight in flight, skipping those that ended meanwhile, and, when the
+// source reads a domain's keys together, the other queued flights of its shard's domain, up to
+// MaxBatch in all.
+func (f *fetcher) pop() []*flight {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for fl := f.queue.next(); fl != nil; fl = f.queue.next() {
-		if f.flights[fl.fk] == fl && fl.state == stateQueued {
+		if !f.queuedLocked(fl) {
+			continue
+		}
+		fls := []*flight{fl}
+		if f.batch != nil {
+			// Only the next few flights are looked at: a domain's keys are queued together
+			// (a warm-up, a feed's changes), and a pop must not cost the whole queue.
+			more := f.queue.take(batchScan*f.opts.MaxBatch, f.opts.MaxBatch-1, func(o *flight) bool {
+				return o != fl && o.sh == fl.sh && o.key.Domain == fl.key.Domain && f.queuedLocked(o)
+			})
+			if len(more) > 0 {
+				fls = append(fls, more...)
+				f.queue.roomMade()
+			}
+		}
+		now := time.Now()
+		for _, fl := range fls {
 			fl.state = stateInflight
 			if fl.roundStart.IsZero() {
-				fl.roundStart = time.Now()
+				fl.roundStart = now
 			}
-			return fl
 		}
+		return fls
 	}
 	return nil
+}
+
+// batchScan × MaxBatch is how many queued flights a pop looks at for the keys of its domain.
+const batchScan = 16
+
+// queuedLocked says fl is its key's flight and waits in the queue.
+func (f *fetcher) queuedLocked(fl *flight) bool {
+	return f.flights[fl.fk] == fl && fl.state == stateQueued
 }
 
 // fetch runs one attempt for fl. A Retry-After hold defers it without spending an attempt; the
@@ -187,16 +222,68 @@ func (f *fetcher) fetch(fl *flight) {
 		// this one too should it still be there; the shared call, bounded by CallTimeout,
 		// finishes for whoever else waits on it.
 		f.mu.Lock()
-		if f.flights[fl.fk] == fl {
-			err := f.endedLocked(fl.sh)
-			if err == nil {
-				err = ErrShardDropped
+		f.discardLocked(fl)
+		f.mu.Unlock()
+	}
+}
+
+// fetchBatch runs one attempt for flights of one shard's domain with one call of the
+// BatchSource, and acts on each key's answer as fetch does on a key's; the call's error is every
+// key's. A Retry-After hold defers them all without spending an attempt.
+func (f *fetcher) fetchBatch(fls []*flight) {
+	if d := f.guard.hold.remaining(); d > 0 {
+		f.mu.Lock()
+		for _, fl := range fls {
+			f.backoffLocked(fl, d)
+		}
+		f.mu.Unlock()
+		return
+	}
+	sh, domain := fls[0].sh, fls[0].key.Domain
+	names := make([]string, len(fls))
+	for i, fl := range fls {
+		names[i] = fl.key.Name
+	}
+	type answer struct {
+		values []Fetched
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		values, err := f.guard.callBatch(f.batch, domain, names)
+		done <- answer{values, err}
+	}()
+	select {
+	case a := <-done:
+		for i, fl := range fls {
+			if a.err != nil {
+				f.complete(fl, Value{}, a.err)
+				continue
 			}
-			delete(f.flights, fl.fk)
-			fl.release(Lookup{Err: fmt.Errorf("fetching %s: %w", fl.key, err)})
+			f.complete(fl, a.values[i].Value, a.values[i].Err)
+		}
+	case <-sh.ctx.Done():
+		// As in fetch: the call, bounded by CallTimeout, ends by itself.
+		f.mu.Lock()
+		for _, fl := range fls {
+			f.discardLocked(fl)
 		}
 		f.mu.Unlock()
 	}
+}
+
+// discardLocked ends the flight of a dropped shard (or a stopped cache), if it is still its
+// key's, and tells its waiters why.
+func (f *fetcher) discardLocked(fl *flight) {
+	if f.flights[fl.fk] != fl {
+		return
+	}
+	err := f.endedLocked(fl.sh)
+	if err == nil {
+		err = ErrShardDropped
+	}
+	delete(f.flights, fl.fk)
+	fl.release(Lookup{Err: fmt.Errorf("fetching %s: %w", fl.key, err)})
 }
 
 // complete acts on the outcome of a fetch.

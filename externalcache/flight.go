@@ -141,6 +141,40 @@ func (q *queue) next() *flight {
 	return f
 }
 
+// take removes and returns the first n flights that match among the first scan of the queue,
+// keeping the order of the others, at a cost of scan whatever the queue's length; it makes no
+// room (the caller says when).
+func (q *queue) take(scan, n int, match func(*flight) bool) []*flight {
+	end := min(scan, len(q.ready))
+	var out []*flight
+	taken := map[*flight]bool{}
+	for _, f := range q.ready[:end] {
+		if len(out) == n {
+			break
+		}
+		if !taken[f] && match(f) {
+			taken[f] = true
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	// Close the gaps toward the end of the scanned part, and start the queue after them.
+	w := end
+	for i := end - 1; i >= 0; i-- {
+		if f := q.ready[i]; !taken[f] {
+			w--
+			q.ready[w] = f
+		} else {
+			delete(taken, f)
+		}
+	}
+	clear(q.ready[:w])
+	q.ready = q.ready[w:]
+	return out
+}
+
 // remove drops the flights that match; it makes no room (the caller says when).
 func (q *queue) remove(match func(*flight) bool) {
 	q.ready = slices.DeleteFunc(q.ready, match)

@@ -83,6 +83,33 @@ func (g *guard) call(key Key) (Value, error) {
 	return v, err
 }
 
+// callBatch makes one protected call for several keys of a domain (BatchSource.FetchBatch): one
+// token of the rate limit, one timeout and one outcome for the circuit breaker, as one call is.
+// It is not shared with other callers: the keys' flights are this shard's.
+func (g *guard) callBatch(source BatchSource, domain string, names []string) ([]Fetched, error) {
+	if err := g.limiter.Wait(g.ctx); err != nil {
+		return nil, fmt.Errorf("waiting for the rate limit: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.callTimeout)
+	defer cancel()
+	var values []Fetched
+	_, err := g.breaker.Execute(func() (Value, error) {
+		start := time.Now()
+		var err error
+		values, err = source.FetchBatch(ctx, domain, names)
+		if err == nil && len(values) != len(names) {
+			err = fmt.Errorf("%w: %d answers to a batch of %d keys of domain %s", ErrInvalidValue, len(values), len(names), domain)
+		}
+		g.metrics.callDuration.Observe(time.Since(start).Seconds())
+		g.metrics.calls.WithLabelValues(callCode(err, g.classify(err))).Inc()
+		return Value{}, err
+	})
+	if g.classify(err) == classCircuitOpen {
+		err = circuitOpen(err)
+	}
+	return values, err
+}
+
 // fetch is Cache.Fetch: one guarded call for a reader that caches nothing, which waits no longer
 // than ctx. A Retry-After it is answered with holds every later call.
 func (g *guard) fetch(ctx context.Context, key Key) (Value, error) {

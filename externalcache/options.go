@@ -100,6 +100,10 @@ type Options struct {
 	RateLimit rate.Limit
 	// RateBurst is the rate limit's burst. Default 100.
 	RateBurst int
+	// MaxBatch bounds the keys of one domain a BatchSource reads in one call (the queued keys
+	// of a shard's domain go together, each call one token of RateLimit). 1 reads every key
+	// alone. Ignored for a Source that is not a BatchSource. Default 64.
+	MaxBatch int
 	// CallTimeout bounds one call to the source. Default 5s.
 	CallTimeout time.Duration
 	// Breaker configures the circuit breaker.
@@ -233,6 +237,7 @@ func (o *Options) setDefaults() {
 	setDefault(&o.QueueSize, 32768)
 	setDefault(&o.RateLimit, 500)
 	setDefault(&o.RateBurst, 100)
+	setDefault(&o.MaxBatch, 64)
 	setDefault(&o.CallTimeout, 5*time.Second)
 	setDefault(&o.Breaker.ConsecutiveFailures, 5)
 	setDefault(&o.Breaker.Timeout, 5*time.Second)

@@ -69,6 +69,24 @@ type Source interface {
 	Fetch(ctx context.Context, key Key) (Value, error)
 }
 
+// BatchSource is a Source that reads several keys of one domain in one call, at one revision of
+// the service. The cache then fetches the queued keys of a domain together, up to
+// Options.MaxBatch a call and one token of the rate limit each: a new owner of a shard asks for
+// every key its objects read at once, and one call per key would make a handover at 100,000
+// objects wait on the rate limit for seconds. FetchBatch answers names[i] in its i-th result as
+// Fetch would answer it (a key that does not exist with an error wrapping ErrNotFound); its error
+// is the whole call's, every key's.
+type BatchSource interface {
+	Source
+	FetchBatch(ctx context.Context, domain string, names []string) ([]Fetched, error)
+}
+
+// Fetched is a BatchSource's answer for one key: its value, or what Fetch would have failed with.
+type Fetched struct {
+	Value Value
+	Err   error
+}
+
 // Feed is the external service's change feed: a long poll that returns when keys of the domain
 // changed after since, or after a while with no changes. A Source without a feed still works;
 // freshness is then bounded by the TTLs alone.

@@ -71,8 +71,8 @@ type Source struct {
 }
 
 var (
-	_ externalcache.Source = (*Source)(nil)
-	_ externalcache.Feed   = (*Source)(nil)
+	_ externalcache.BatchSource = (*Source)(nil)
+	_ externalcache.Feed        = (*Source)(nil)
 )
 
 // New validates the options and applies their defaults.
@@ -114,6 +114,44 @@ func (s *Source) Fetch(ctx context.Context, key externalcache.Key) (externalcach
 	}
 	kv := resp.Kvs[0]
 	return externalcache.Value{Data: kv.Value, Revision: kv.ModRevision}, nil
+}
+
+// FetchBatch reads several keys of a domain in one transaction of Gets, at
+// one revision, each answered as Fetch answers it. Its keys are at most the
+// cache's MaxBatch (64 by default; etcd allows 128 operations in a
+// transaction unless --max-txn-ops says otherwise). A batch etcd refuses
+// as too many operations, or whose answer is larger than the client's
+// message limit, is read again key by key, so that only a key too large
+// for a message fails, as with Fetch.
+func (s *Source) FetchBatch(ctx context.Context, domain string, names []string) ([]externalcache.Fetched, error) {
+	ops := make([]clientv3.Op, len(names))
+	for i, name := range names {
+		ops[i] = clientv3.OpGet(s.domainPrefix(domain) + name)
+	}
+	actx, tried := withAttempts(ctx)
+	resp, err := s.opts.Client.Txn(actx).Then(ops...).Commit()
+	if status.Code(err) == codes.ResourceExhausted || errors.Is(err, rpctypes.ErrTooManyOps) {
+		out := make([]externalcache.Fetched, len(names))
+		for i, name := range names {
+			out[i].Value, out[i].Err = s.Fetch(ctx, externalcache.Key{Domain: domain, Name: name})
+		}
+		return out, nil
+	}
+	if err != nil {
+		return nil, classify(fmt.Sprintf("reading %d keys of domain %s from etcd", len(names), domain), tried.explain(err))
+	}
+	if len(resp.Responses) != len(names) {
+		return nil, fmt.Errorf("reading %d keys of domain %s from etcd: %d answers", len(names), domain, len(resp.Responses))
+	}
+	out := make([]externalcache.Fetched, len(names))
+	for i, r := range resp.Responses {
+		if kvs := r.GetResponseRange().GetKvs(); len(kvs) > 0 {
+			out[i].Value = externalcache.Value{Data: kvs[0].Value, Revision: kvs[0].ModRevision}
+		} else {
+			out[i].Err = fmt.Errorf("%s/%s: %w", domain, names[i], externalcache.ErrNotFound)
+		}
+	}
+	return out, nil
 }
 
 // Changes answers a long poll of a domain's changes after revision since.
