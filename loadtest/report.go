@@ -139,7 +139,8 @@ func renderEvents(b *strings.Builder, events []EventResult) {
 		"(a rolling restart's goal is 0: the restarted replica takes its own shards back; —: no shard had a running holder before, or no shards). " +
 		"*Object writes*: the API server's mutating requests (POST, PUT, PATCH, APPLY, DELETE) on ConfigBindings and ConfigMaps, " +
 		"any subresource, from the event until the first scrape after it settled, less the load tester's own (queries/fleets.yaml's events queries); " +
-		"counted for events without load only (—: under load).\n\n")
+		"counted for events without load only (—: under load). *Config-center reads*: etcd's Range and Txn calls in the same window " +
+		"(a new owner reads its domains' keys again, a domain's queued keys in one call).\n\n")
 	var counted []string
 	for _, ev := range events {
 		if len(ev.Figures) > 0 {
