@@ -134,6 +134,7 @@ func newControllerCommand() *cobra.Command {
 	f.DurationVar(&opts.Cache.HardTTL, "cache-ttl", time.Hour, "how long the external cache serves a value at all (fresh for 5m or half of this, then stale while it refreshes); a changed key whose value expired still requeues its objects")
 	f.DurationVar(&opts.Cache.NegativeTTL, "cache-negative-ttl", 30*time.Second, "how long the external cache remembers that a key does not exist; a key created later heals its objects through the change feed")
 	f.DurationVar(&opts.Cache.MaxRetryAfter, "cache-max-retry-after", time.Minute, "longest Retry-After of the config center the external cache and the ExternalDomain mirrors honour (the cache stops every call meanwhile; bindings waiting on it say ExternalUnavailable)")
+	f.IntVar(&opts.Cache.MaxBatch, "cache-max-batch", 64, "keys of one domain the external cache reads from the config center in one call (etcd: one transaction of Gets), each call one of the 500 per second it makes at most; 1 reads every key alone")
 	f.IntVar(&opts.Cache.MaxEntryBytes, "cache-max-entry-bytes", 64<<10, "largest value the external cache holds; a binding of a larger one says ValueTooLarge (it must fit in half of one of the cache's 16 internal shards)")
 	f.Int64Var(&opts.MirrorMaxBytes, "mirror-max-bytes", 512<<10, "largest domain an ExternalDomain mirror holds; a larger one gets the TooLarge condition")
 	f.IntVar(&opts.WebhookPort, "webhook-port", 0, "port of the ConfigBinding admission pre-check over HTTPS (0 disables it)")
