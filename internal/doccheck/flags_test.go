@@ -23,6 +23,7 @@ var otherTools = map[string]string{
 	"node-faults":         "loadtest/cmd/loadtest",
 	"apiserver-audit-log": "loadtest/cmd/loadtest",
 	"profile":             "loadtest/cmd/loadtest",
+	"replica-args":        "loadtest/cmd/loadtest",
 	"seed-domains":        "cmd/configcenter",
 	"keys-per-domain":     "cmd/configcenter",
 	"root-dir":            "the kubelet",
