@@ -72,8 +72,9 @@ type Source interface {
 // BatchSource is a Source that reads several keys of one domain in one call, at one revision of
 // the service. The cache then fetches the queued keys of a domain together, up to
 // Options.MaxBatch a call and one token of the rate limit each: a new owner of a shard asks for
-// every key its objects read at once, and one call per key would make a handover at 100,000
-// objects wait on the rate limit for seconds. FetchBatch answers names[i] in its i-th result as
+// every key its objects read at once, one call per key costs the service thousands of calls in
+// a handover at 100,000 objects, and the rate limit spaces them over seconds. FetchBatch answers
+// names[i] in its i-th result as
 // Fetch would answer it (a key that does not exist with an error wrapping ErrNotFound); its error
 // is the whole call's, every key's.
 type BatchSource interface {
