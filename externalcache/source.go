@@ -74,9 +74,8 @@ type Source interface {
 // Options.MaxBatch a call and one token of the rate limit each: a new owner of a shard asks for
 // every key its objects read at once, one call per key costs the service thousands of calls in
 // a handover at 100,000 objects, and the rate limit spaces them over seconds. FetchBatch answers
-// names[i] in its i-th result as
-// Fetch would answer it (a key that does not exist with an error wrapping ErrNotFound); its error
-// is the whole call's, every key's.
+// names[i] in its i-th result as Fetch would answer it (a key that does not exist with an error
+// wrapping ErrNotFound); its error is the whole call's, every key's.
 type BatchSource interface {
 	Source
 	FetchBatch(ctx context.Context, domain string, names []string) ([]Fetched, error)

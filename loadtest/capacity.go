@@ -316,7 +316,7 @@ const (
 // fleet is above linear (the baseline is wrong) or the largest below the
 // goal.
 func capacityFindings(r *run) {
-	const check = "scale-out: every fleet at most 1.05 of linear, the largest at least 0.90"
+	check := fmt.Sprintf("scale-out: every fleet at most %.2f of linear, the largest at least %.2f", maxLinear, goalLinear)
 	caps := r.report.Capacity
 	if len(caps) == 0 || caps[0].Capacity <= 0 {
 		r.report.addFinding("capacity: the first fleet held no window, so no fleet's capacity can be divided by it")
